@@ -1,0 +1,748 @@
+//! What the central node knows: buckets, distribution, per-slot sums, quotas.
+//!
+//! The [`Ledger`] is plain synchronous code driven by the caller's clock: the
+//! gRPC server feeds it reports and timer ticks, the simulator feeds it the
+//! same from virtual time. Per (service, user, resource) it keeps
+//!
+//! - the [`Bucket`], when the user has a limit for that resource;
+//! - the *distribution*: per node, the latest `{slot, consumption, rejection}`;
+//! - the per-slot sums of consumption and rejection (`nr_slot` slots).
+//!
+//! Slots in the ledger are *data* slots: a report sent at the start of slot
+//! `S` carries slot `S - 1`, and that is the slot its amounts are filed under.
+//!
+//! # Examples
+//!
+//! ```
+//! use throttle_central::ledger::{Ledger, LedgerConfig};
+//! use throttle_central::limits::Limit;
+//! use throttle_proto::legacy;
+//!
+//! let mut ledger = Ledger::new(LedgerConfig::default());
+//! let limit = Limit { user: "alice".into(), per_second: [("requests".into(), 100.0)].into(), burst_seconds: 10.0 };
+//! ledger.apply_limits("front", &[limit], 10_000);
+//! let report = legacy::report_from_json(
+//!     r#"{"node_id": "n1", "slot_number": 10, "consumption": {"front": {"alice": {"requests": 40}}}, "rejection": {"front": {}}}"#,
+//! )?;
+//! ledger.ingest(&report, 10_050).unwrap();
+//! assert_eq!(ledger.bucket_level("front", "alice", "requests", 10_050), Some(60.0 + 5.0));
+//! # Ok::<(), throttle_proto::legacy::LegacyError>(())
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+
+use serde_json::{Value, json};
+use throttle_proto::slot::SlotLength;
+use throttle_proto::{MAX_NAME_LEN, v1};
+
+use crate::bucket::Bucket;
+use crate::limits::Limit;
+use crate::policy::{Assignment, Classic, Policy};
+
+/// Hash map with a fast, seeded hasher: names come from the network, so the
+/// seed matters, and ingest hashes several names per entry, so speed does too.
+pub type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A node, interned: cheap to copy and compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(u32);
+
+impl NodeId {
+    #[cfg(test)]
+    pub(crate) fn test(i: u32) -> Self {
+        Self(i)
+    }
+}
+
+/// Settings of a [`Ledger`].
+#[derive(Debug, Clone)]
+pub struct LedgerConfig {
+    /// Slot length shared with the nodes.
+    pub slot: SlotLength,
+    /// How many slots of history to keep (the original's `nr_slot`).
+    pub nr_slot: u32,
+    /// Most users one report may carry, over all its services.
+    pub max_users_per_report: usize,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            slot: SlotLength::SECOND,
+            nr_slot: 60,
+            max_users_per_report: 1_000_000,
+        }
+    }
+}
+
+/// One node's latest report for one (service, user, resource).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NodeUsage {
+    /// The node.
+    pub node: NodeId,
+    /// The data slot of that report.
+    pub slot: i64,
+    /// What it consumed in that slot.
+    pub consumption: i64,
+    /// How many requests it refused for this resource in that slot.
+    pub rejection: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct SlotSum {
+    slot: i64,
+    consumption: i64,
+    rejection: i64,
+}
+
+/// Everything the ledger keeps for one (service, user, resource).
+#[derive(Debug, Default)]
+pub struct ResourceState {
+    /// The bucket, when the user has a limit on this resource.
+    pub bucket: Option<Bucket>,
+    /// Latest report per node.
+    pub nodes: Vec<NodeUsage>,
+    sums: VecDeque<SlotSum>,
+}
+
+/// All (user, resource) state of one service; what a [`Policy`] reads.
+#[derive(Debug, Default)]
+pub struct ServiceState {
+    /// user -> resource -> state.
+    pub users: Map<Box<str>, Map<Box<str>, ResourceState>>,
+}
+
+struct Service {
+    state: ServiceState,
+    policy: Box<dyn Policy>,
+    /// slot -> node -> quota.
+    book: BTreeMap<i64, Assignment>,
+}
+
+impl fmt::Debug for Service {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Service")
+            .field("users", &self.state.users.len())
+            .field("policy", &self.policy.name())
+            .field("book_slots", &self.book.len())
+            .finish()
+    }
+}
+
+/// Why a report was refused as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// `node_id` is empty or too long.
+    #[error("node_id must be 1 to {MAX_NAME_LEN} bytes")]
+    BadNodeId,
+    /// The slot is further than `nr_slot` slots from the central's clock.
+    #[error("slot {slot} is more than {nr_slot} slots away from the current slot {current}")]
+    SlotOutOfRange {
+        /// The report's slot.
+        slot: i64,
+        /// The central's current slot.
+        current: i64,
+        /// The retention.
+        nr_slot: u32,
+    },
+    /// The report names more users than allowed.
+    #[error("report carries {users} users, more than the limit of {max}")]
+    TooManyUsers {
+        /// Users in the report.
+        users: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+}
+
+/// Why one entry of a report was left out (the rest is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// An empty or overlong service, user or resource name.
+    BadName,
+    /// An amount below zero.
+    NegativeAmount,
+}
+
+impl DropReason {
+    /// Label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadName => "bad_name",
+            Self::NegativeAmount => "negative_amount",
+        }
+    }
+}
+
+/// What [`Ledger::ingest`] did with a report.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ingested {
+    /// The same node already reported this slot; nothing was charged again.
+    pub duplicate: bool,
+    /// Entries applied.
+    pub entries: usize,
+    /// Entries left out, with why.
+    pub dropped: Vec<(DropReason, String)>,
+}
+
+/// An inclusive slot range for monitor queries; open ends are unbounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotRange {
+    /// First slot, inclusive.
+    pub start: Option<i64>,
+    /// Last slot, inclusive.
+    pub end: Option<i64>,
+}
+
+impl SlotRange {
+    fn contains(&self, slot: i64) -> bool {
+        self.start.is_none_or(|s| slot >= s) && self.end.is_none_or(|e| slot <= e)
+    }
+}
+
+/// Builds the policy of a service when it first appears.
+pub type PolicyFactory = Box<dyn Fn(&str) -> Box<dyn Policy> + Send>;
+
+/// The central node's state; see the [module docs](self).
+pub struct Ledger {
+    config: LedgerConfig,
+    node_names: Vec<Box<str>>,
+    node_ids: Map<Box<str>, NodeId>,
+    services: BTreeMap<Box<str>, Service>,
+    /// data slot -> nodes that reported it.
+    reported: BTreeMap<i64, BTreeSet<NodeId>>,
+    policy_factory: PolicyFactory,
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("config", &self.config)
+            .field("nodes", &self.node_names.len())
+            .field("services", &self.services)
+            .finish()
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_LEN
+}
+
+impl Ledger {
+    /// An empty ledger whose services use the [`Classic`] policy.
+    pub fn new(config: LedgerConfig) -> Self {
+        Self::with_policies(config, Box::new(|_| Box::new(Classic::new())))
+    }
+
+    /// An empty ledger whose services get their policy from `factory`.
+    pub fn with_policies(config: LedgerConfig, factory: PolicyFactory) -> Self {
+        Self {
+            config,
+            node_names: Vec::new(),
+            node_ids: Map::default(),
+            services: BTreeMap::new(),
+            reported: BTreeMap::new(),
+            policy_factory: factory,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LedgerConfig {
+        &self.config
+    }
+
+    /// The interned id of `node`, interning it if new.
+    pub fn node_id(&mut self, node: &str) -> NodeId {
+        if let Some(&id) = self.node_ids.get(node) {
+            return id;
+        }
+        let id = NodeId(u32::try_from(self.node_names.len()).unwrap_or(u32::MAX));
+        self.node_names.push(node.into());
+        self.node_ids.insert(node.into(), id);
+        id
+    }
+
+    /// The name of an interned node.
+    pub fn node_name(&self, id: NodeId) -> &str {
+        self.node_names.get(id.0 as usize).map_or("", |s| s)
+    }
+
+    fn service_mut(&mut self, name: &str) -> &mut Service {
+        if !self.services.contains_key(name) {
+            let policy = (self.policy_factory)(name);
+            self.services.insert(
+                name.into(),
+                Service {
+                    state: ServiceState::default(),
+                    policy,
+                    book: BTreeMap::new(),
+                },
+            );
+        }
+        self.services.get_mut(name).expect("inserted above")
+    }
+
+    /// Names of the services seen so far.
+    pub fn services(&self) -> impl Iterator<Item = &str> {
+        self.services.keys().map(|s| &**s)
+    }
+
+    /// Makes `limits` the limits of `service`: buckets are created, changed
+    /// (a new rate applies from `now_ms`), or dropped for users and resources
+    /// no longer listed.
+    pub fn apply_limits(&mut self, service: &str, limits: &[Limit], now_ms: i64) {
+        let by_user: Map<&str, &Limit> = limits.iter().map(|l| (l.user.as_str(), l)).collect();
+        let svc = self.service_mut(service);
+        for (user, resources) in svc.state.users.iter_mut() {
+            let limit = by_user.get(&**user);
+            for (resource, state) in resources.iter_mut() {
+                if limit.and_then(|l| l.per_second.get(&**resource)).is_none() {
+                    state.bucket = None;
+                }
+            }
+        }
+        for limit in limits {
+            let resources = svc.state.users.entry(limit.user.as_str().into()).or_default();
+            for (resource, &rate) in &limit.per_second {
+                let state = resources.entry(resource.as_str().into()).or_default();
+                match &mut state.bucket {
+                    Some(b) if b.rate() == rate && b.capacity() == rate * limit.burst_seconds => {}
+                    Some(b) => b.set_limit(rate, limit.burst_seconds, now_ms),
+                    None => state.bucket = Some(Bucket::new(rate, limit.burst_seconds, now_ms)),
+                }
+            }
+        }
+    }
+
+    /// Files a report: charges the buckets, updates the distribution and the
+    /// sums, and lets each service's policy see it.
+    ///
+    /// # Errors
+    ///
+    /// [`ReportError`] when the report as a whole is unusable; bad entries
+    /// are only left out and listed in [`Ingested::dropped`].
+    pub fn ingest(&mut self, report: &v1::Report, now_ms: i64) -> Result<Ingested, ReportError> {
+        if !valid_name(&report.node_id) {
+            return Err(ReportError::BadNodeId);
+        }
+        let current = self.config.slot.slot_at(now_ms);
+        let nr_slot = self.config.nr_slot;
+        if report.slot_number.abs_diff(current) > u64::from(nr_slot) {
+            return Err(ReportError::SlotOutOfRange {
+                slot: report.slot_number,
+                current,
+                nr_slot,
+            });
+        }
+        let users: usize = report
+            .consumption
+            .values()
+            .chain(report.rejection.values())
+            .map(|u| u.users.len())
+            .sum();
+        if users > self.config.max_users_per_report {
+            return Err(ReportError::TooManyUsers {
+                users,
+                max: self.config.max_users_per_report,
+            });
+        }
+        let node = self.node_id(&report.node_id);
+        let slot = report.slot_number - 1;
+        if !self.reported.entry(slot).or_default().insert(node) {
+            return Ok(Ingested {
+                duplicate: true,
+                ..Ingested::default()
+            });
+        }
+        let mut out = Ingested::default();
+        let services: BTreeSet<&String> = report.consumption.keys().chain(report.rejection.keys()).collect();
+        for name in services {
+            if !valid_name(name) {
+                out.dropped.push((DropReason::BadName, name.clone()));
+                continue;
+            }
+            let svc = self.service_mut(name);
+            for (usage, is_rejection) in [(report.consumption.get(name), false), (report.rejection.get(name), true)] {
+                for (user, amounts) in usage.iter().flat_map(|u| &u.users) {
+                    for (resource, &amount) in &amounts.resources {
+                        if !valid_name(user) || !valid_name(resource) {
+                            out.dropped.push((DropReason::BadName, format!("{name}/{user}/{resource}")));
+                        } else if amount < 0 {
+                            out.dropped.push((DropReason::NegativeAmount, format!("{name}/{user}/{resource}")));
+                        } else {
+                            let state = svc.state.resource_mut(user, resource);
+                            state.file(node, slot, amount, is_rejection, now_ms);
+                            out.entries += 1;
+                        }
+                    }
+                }
+            }
+            svc.policy.consume(&svc.state, node, slot, now_ms);
+        }
+        Ok(out)
+    }
+
+    /// Runs every service's policy to compute the quotas of `slot`, normally
+    /// called at the middle of slot `slot - 2`.
+    pub fn assign(&mut self, slot: i64, now_ms: i64) {
+        for svc in self.services.values_mut() {
+            let assignment = svc.policy.assign(&svc.state, slot, now_ms);
+            svc.book.insert(slot, assignment);
+        }
+    }
+
+    /// The quota of `node` for `slot` in each of `services`: `{slot: {}}` for
+    /// a service with nothing for this node.
+    pub fn quota_for<'a>(
+        &mut self,
+        node: NodeId,
+        services: impl IntoIterator<Item = &'a str>,
+        slot: i64,
+        now_ms: i64,
+    ) -> v1::Quota {
+        let mut quota = v1::Quota::default();
+        for name in services {
+            let users = match self.services.get_mut(name) {
+                Some(svc) => svc.policy.quota_for(&svc.state, &svc.book, node, slot, now_ms),
+                None => None,
+            };
+            let slots = [(slot, users.unwrap_or_default())].into();
+            quota.services.insert(name.to_owned(), v1::ServiceQuota { slots });
+        }
+        quota
+    }
+
+    /// Forgets everything older than `nr_slot` slots before `now_ms`.
+    pub fn forget(&mut self, now_ms: i64) {
+        let cutoff = self.config.slot.slot_at(now_ms) - i64::from(self.config.nr_slot);
+        self.reported = self.reported.split_off(&cutoff);
+        for svc in self.services.values_mut() {
+            svc.book = svc.book.split_off(&cutoff);
+            svc.policy.forget_before(cutoff);
+            svc.state.users.retain(|_, resources| {
+                resources.retain(|_, r| {
+                    r.nodes.retain(|n| n.slot >= cutoff);
+                    while r.sums.front().is_some_and(|s| s.slot < cutoff) {
+                        r.sums.pop_front();
+                    }
+                    r.bucket.is_some() || !r.nodes.is_empty() || !r.sums.is_empty()
+                });
+                !resources.is_empty()
+            });
+        }
+    }
+
+    /// Level of one bucket at `now_ms`, if it exists.
+    pub fn bucket_level(&mut self, service: &str, user: &str, resource: &str, now_ms: i64) -> Option<f64> {
+        let state = self.services.get_mut(service)?.state.users.get_mut(user)?.get_mut(resource)?;
+        state.bucket.as_mut().map(|b| b.level(now_ms))
+    }
+
+    /// Sum of consumption (or rejection) of one key in data slot `slot`.
+    pub fn slot_sum(&self, service: &str, user: &str, resource: &str, slot: i64, rejection: bool) -> i64 {
+        self.services
+            .get(service)
+            .and_then(|s| s.state.users.get(user)?.get(resource))
+            .and_then(|r| r.sums.iter().find(|s| s.slot == slot))
+            .map_or(0, |s| if rejection { s.rejection } else { s.consumption })
+    }
+
+    /// Number of (service, user, resource) keys held.
+    pub fn key_count(&self) -> usize {
+        self.services
+            .values()
+            .flat_map(|s| s.state.users.values())
+            .map(Map::len)
+            .sum()
+    }
+
+    /// Monitor: data slot -> nodes that reported it.
+    pub fn monitor_reported(&self, range: SlotRange) -> Value {
+        let map: BTreeMap<String, Vec<&str>> = self
+            .reported
+            .iter()
+            .filter(|(slot, _)| range.contains(**slot))
+            .map(|(slot, nodes)| (slot.to_string(), nodes.iter().map(|n| self.node_name(*n)).collect()))
+            .collect();
+        json!(map)
+    }
+
+    /// Monitor: service -> slot -> user -> resource -> summed consumption
+    /// (or rejection).
+    pub fn monitor_sums(&self, range: SlotRange, rejection: bool) -> Value {
+        let mut out: BTreeMap<&str, BTreeMap<String, BTreeMap<&str, BTreeMap<&str, i64>>>> = BTreeMap::new();
+        for (service, svc) in &self.services {
+            let slots = out.entry(service).or_default();
+            for (user, resources) in &svc.state.users {
+                for (resource, state) in resources {
+                    for sum in state.sums.iter().filter(|s| range.contains(s.slot)) {
+                        let amount = if rejection { sum.rejection } else { sum.consumption };
+                        if amount != 0 {
+                            *slots
+                                .entry(sum.slot.to_string())
+                                .or_default()
+                                .entry(user)
+                                .or_default()
+                                .entry(resource)
+                                .or_default() += amount;
+                        }
+                    }
+                }
+            }
+        }
+        json!(out)
+    }
+
+    /// Monitor: service -> user -> resource -> node -> latest entry, and the
+    /// bucket level.
+    pub fn monitor_distribution(&mut self, range: SlotRange, now_ms: i64) -> Value {
+        let mut out = serde_json::Map::new();
+        for (service, svc) in &mut self.services {
+            let mut users = serde_json::Map::new();
+            for (user, resources) in &mut svc.state.users {
+                let mut res = serde_json::Map::new();
+                for (resource, state) in resources.iter_mut() {
+                    let nodes: serde_json::Map<String, Value> = state
+                        .nodes
+                        .iter()
+                        .filter(|n| range.contains(n.slot))
+                        .map(|n| {
+                            let name = self.node_names.get(n.node.0 as usize).map_or("", |s| s);
+                            let entry =
+                                json!({"slot": n.slot, "consumption": n.consumption, "rejection": n.rejection});
+                            (name.to_owned(), entry)
+                        })
+                        .collect();
+                    let bucket = state.bucket.as_mut().map(|b| {
+                        json!({"level": b.level(now_ms), "rate": b.rate(), "capacity": b.capacity()})
+                    });
+                    res.insert(resource.to_string(), json!({"nodes": nodes, "bucket": bucket}));
+                }
+                users.insert(user.to_string(), Value::Object(res));
+            }
+            out.insert(service.to_string(), Value::Object(users));
+        }
+        Value::Object(out)
+    }
+
+    /// Monitor: service -> slot -> node -> user -> resource -> quota.
+    pub fn monitor_quota(&self, range: SlotRange) -> Value {
+        let mut out = serde_json::Map::new();
+        for (service, svc) in &self.services {
+            let mut slots = serde_json::Map::new();
+            for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
+                let nodes: BTreeMap<&str, &BTreeMap<String, v1::ResourceQuotas>> =
+                    assignment.iter().map(|(n, q)| (self.node_name(*n), &q.users)).collect();
+                let nodes: BTreeMap<&str, BTreeMap<&String, &BTreeMap<String, f64>>> = nodes
+                    .into_iter()
+                    .map(|(n, users)| (n, users.iter().map(|(u, r)| (u, &r.resources)).collect()))
+                    .collect();
+                slots.insert(slot.to_string(), json!(nodes));
+            }
+            out.insert(service.to_string(), Value::Object(slots));
+        }
+        Value::Object(out)
+    }
+}
+
+impl ServiceState {
+    fn resource_mut(&mut self, user: &str, resource: &str) -> &mut ResourceState {
+        // Look up before inserting: the common case allocates nothing.
+        if !self.users.contains_key(user) {
+            self.users.insert(user.into(), Map::default());
+        }
+        let resources = self.users.get_mut(user).expect("inserted above");
+        if !resources.contains_key(resource) {
+            resources.insert(resource.into(), ResourceState::default());
+        }
+        resources.get_mut(resource).expect("inserted above")
+    }
+}
+
+impl ResourceState {
+    fn file(&mut self, node: NodeId, slot: i64, amount: i64, is_rejection: bool, now_ms: i64) {
+        if !is_rejection && let Some(b) = &mut self.bucket {
+            b.consume(amount, now_ms);
+        }
+        // Distribution: one entry per node, the latest report wins; both the
+        // consumption and the rejection pass of one report land in it.
+        match self.nodes.iter_mut().find(|n| n.node == node) {
+            Some(n) if n.slot > slot => {}
+            Some(n) => {
+                if n.slot < slot {
+                    *n = NodeUsage {
+                        node,
+                        slot,
+                        consumption: 0,
+                        rejection: 0,
+                    };
+                }
+                if is_rejection {
+                    n.rejection = amount;
+                } else {
+                    n.consumption = amount;
+                }
+            }
+            None => self.nodes.push(NodeUsage {
+                node,
+                slot,
+                consumption: if is_rejection { 0 } else { amount },
+                rejection: if is_rejection { amount } else { 0 },
+            }),
+        }
+        // Sums stay sorted by slot; late reports are rare, so search backwards.
+        let at = self.sums.iter().rposition(|s| s.slot <= slot);
+        let sum = match at {
+            Some(i) if self.sums[i].slot == slot => &mut self.sums[i],
+            _ => {
+                let i = at.map_or(0, |i| i + 1);
+                self.sums.insert(
+                    i,
+                    SlotSum {
+                        slot,
+                        consumption: 0,
+                        rejection: 0,
+                    },
+                );
+                &mut self.sums[i]
+            }
+        };
+        if is_rejection {
+            sum.rejection = sum.rejection.saturating_add(amount);
+        } else {
+            sum.consumption = sum.consumption.saturating_add(amount);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use throttle_proto::legacy::report_from_json;
+
+    fn limit(user: &str, resource: &str, rate: f64) -> Limit {
+        Limit {
+            user: user.into(),
+            per_second: [(resource.into(), rate)].into(),
+            burst_seconds: 10.0,
+        }
+    }
+
+    fn report(node: &str, slot: i64, consumption: &str, rejection: &str) -> v1::Report {
+        report_from_json(&format!(
+            r#"{{"node_id": "{node}", "slot_number": {slot}, "consumption": {{"front": {consumption}}}, "rejection": {{"front": {rejection}}}}}"#
+        ))
+        .unwrap()
+    }
+
+    const T: i64 = 100_000; // slot 100 at 1 s slots
+
+    #[test]
+    fn ingest_charges_buckets_and_sums_by_data_slot() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+        l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}, "bob": {"requests": 7}}"#, "{}"), T)
+            .unwrap();
+        l.ingest(&report("n2", 100, r#"{"alice": {"requests": 3}}"#, r#"{"alice": {"requests": 2}}"#), T)
+            .unwrap();
+        assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(3.0));
+        assert_eq!(l.bucket_level("front", "bob", "requests", T), None, "no limit, no bucket");
+        assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 7);
+        assert_eq!(l.slot_sum("front", "alice", "requests", 99, true), 2);
+        assert_eq!(l.slot_sum("front", "bob", "requests", 99, false), 7, "accounting without limit");
+    }
+
+    #[test]
+    fn duplicate_report_is_not_charged_twice() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+        let r = report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}");
+        assert!(!l.ingest(&r, T).unwrap().duplicate);
+        assert!(l.ingest(&r, T).unwrap().duplicate);
+        assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(6.0));
+        assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 4);
+    }
+
+    #[test]
+    fn late_report_is_charged_under_its_own_slot() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+        l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}"), T).unwrap();
+        l.ingest(&report("n1", 98, r#"{"alice": {"requests": 5}}"#, "{}"), T).unwrap();
+        assert_eq!(l.slot_sum("front", "alice", "requests", 97, false), 5);
+        assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 4);
+        assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(1.0));
+        let dist = l.monitor_distribution(SlotRange::default(), T);
+        assert_eq!(dist["front"]["alice"]["requests"]["nodes"]["n1"]["slot"], 99, "latest stays");
+    }
+
+    #[test]
+    fn whole_report_errors() {
+        let mut l = Ledger::new(LedgerConfig {
+            max_users_per_report: 1,
+            ..LedgerConfig::default()
+        });
+        let far = report("n1", 100 + 61, "{}", "{}");
+        assert!(matches!(l.ingest(&far, T), Err(ReportError::SlotOutOfRange { .. })));
+        let old = report("n1", 100 - 61, "{}", "{}");
+        assert!(matches!(l.ingest(&old, T), Err(ReportError::SlotOutOfRange { .. })));
+        let anon = report("", 100, "{}", "{}");
+        assert_eq!(l.ingest(&anon, T), Err(ReportError::BadNodeId));
+        let long = report(&"n".repeat(MAX_NAME_LEN + 1), 100, "{}", "{}");
+        assert_eq!(l.ingest(&long, T), Err(ReportError::BadNodeId));
+        let many = report("n1", 100, r#"{"a": {"r": 1}, "b": {"r": 1}}"#, "{}");
+        assert_eq!(l.ingest(&many, T), Err(ReportError::TooManyUsers { users: 2, max: 1 }));
+    }
+
+    #[test]
+    fn bad_entries_are_dropped_and_the_rest_kept() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        let long = "u".repeat(MAX_NAME_LEN + 1);
+        let r = report(
+            "n1",
+            100,
+            &format!(r#"{{"ok": {{"requests": 2}}, "neg": {{"requests": -5}}, "{long}": {{"r": 1}}, "e": {{"": 1}}}}"#),
+            "{}",
+        );
+        let out = l.ingest(&r, T).unwrap();
+        assert_eq!(out.entries, 1);
+        let reasons: Vec<_> = out.dropped.iter().map(|d| d.0).collect();
+        assert_eq!(reasons.iter().filter(|r| **r == DropReason::BadName).count(), 2);
+        assert_eq!(reasons.iter().filter(|r| **r == DropReason::NegativeAmount).count(), 1);
+        assert_eq!(l.slot_sum("front", "ok", "requests", 99, false), 2);
+    }
+
+    #[test]
+    fn limits_change_and_disappear() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+        l.apply_limits("front", &[limit("alice", "requests", 1.0)], T);
+        assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(10.0), "clamped to 10 x 1");
+        l.apply_limits("front", &[], T);
+        assert_eq!(l.bucket_level("front", "alice", "requests", T), None);
+    }
+
+    #[test]
+    fn forget_drops_old_slots_and_idle_keys() {
+        let mut l = Ledger::new(LedgerConfig {
+            nr_slot: 5,
+            ..LedgerConfig::default()
+        });
+        l.ingest(&report("n1", 100, r#"{"bob": {"requests": 1}}"#, "{}"), T).unwrap();
+        assert_eq!(l.key_count(), 1);
+        l.forget(T + 4_000);
+        assert_eq!(l.key_count(), 1, "slot 99 is one of the 5 slots kept at slot 104");
+        l.forget(T + 5_000);
+        assert_eq!(l.key_count(), 0);
+        assert_eq!(l.monitor_reported(SlotRange::default()), json!({}));
+    }
+
+    #[test]
+    fn quota_for_unknown_service_is_an_empty_slot() {
+        let mut l = Ledger::new(LedgerConfig::default());
+        let n = l.node_id("n1");
+        let q = l.quota_for(n, ["front"], 101, T);
+        assert_eq!(throttle_proto::legacy::quota_to_json(&q).unwrap(), r#"{"front":{"101":{}}}"#);
+    }
+}

@@ -1,0 +1,92 @@
+//! `throttle-central`: the central node as a program.
+//!
+//! Run with: `cargo run -p throttle-central -- --limits examples/limits.toml`
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use throttle_central::Central;
+use throttle_central::limits::FileLimits;
+use throttle_proto::slot::SlotLength;
+
+/// Central node of throttle: holds one token bucket per (service, user,
+/// resource), takes the nodes' reports over gRPC and sends each node its
+/// share of what is left.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// gRPC address nodes connect to.
+    #[arg(long, env = "THROTTLE_CENTRAL_LISTEN", default_value = "127.0.0.1:7075")]
+    listen: SocketAddr,
+    /// HTTP address of the monitor API, /metrics and /healthz.
+    #[arg(long, env = "THROTTLE_CENTRAL_HTTP", default_value = "127.0.0.1:7076")]
+    http: SocketAddr,
+    /// TOML file of limits, reloaded when it changes. Without it nobody is
+    /// limited (every request is allowed) but consumption is still summed.
+    #[arg(long, env = "THROTTLE_CENTRAL_LIMITS")]
+    limits: Option<PathBuf>,
+    /// Slot length in milliseconds; every node must use the same.
+    #[arg(long, env = "THROTTLE_CENTRAL_SLOT_MS", default_value_t = 1000)]
+    slot_ms: u32,
+    /// Slots of history kept for sums, distribution and quotas.
+    #[arg(long, env = "THROTTLE_CENTRAL_NR_SLOT", default_value_t = 60)]
+    nr_slot: u32,
+    /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
+    #[arg(long, env = "THROTTLE_CENTRAL_LOG", default_value = "info")]
+    log: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("invalid --log filter")?)
+        .init();
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the Prometheus recorder")?;
+    let slot = SlotLength::from_ms(args.slot_ms).context("invalid --slot-ms")?;
+    let mut builder = Central::builder().slot(slot).nr_slot(args.nr_slot).metrics(metrics);
+    match &args.limits {
+        Some(path) => {
+            let file = FileLimits::open(path).with_context(|| format!("loading limits from {}", path.display()))?;
+            tracing::info!(path = %path.display(), entries = file.current().len(), "limits loaded");
+            builder = builder.limits_file(Arc::new(file));
+        }
+        None => tracing::warn!("no --limits given: nobody is limited, every request is allowed"),
+    }
+    let grpc = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding gRPC address {}", args.listen))?;
+    let http = tokio::net::TcpListener::bind(args.http)
+        .await
+        .with_context(|| format!("binding HTTP address {}", args.http))?;
+    let central = builder.spawn(grpc, Some(http))?;
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    central.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,708 @@
+//! The async shell around the [`Ledger`]: gRPC streams, the assigner timer
+//! and the HTTP monitor.
+//!
+//! One task owns the ledger and receives commands on a channel; stream tasks
+//! and timers only move data to and from it, so no stream ever waits on a
+//! lock held by another. Each node stream is a task of its own: a node that
+//! sends garbage loses its stream, nobody else notices.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use throttle_central::server::Central;
+//! # async fn run() -> std::io::Result<()> {
+//! let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let central = Central::builder().spawn(grpc, Some(http))?;
+//! println!("nodes connect to http://{}", central.grpc_addr());
+//! central.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use metrics::{counter, gauge, histogram};
+use serde_json::{Value, json};
+use throttle_proto::slot::{Clock, SlotLength, SystemClock};
+use throttle_proto::v1::central_server::{Central as CentralRpc, CentralServer};
+use throttle_proto::v1::{self, central_message, node_message};
+use throttle_proto::MAX_NAME_LEN;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::leadership::{AlwaysLeader, Leadership};
+use crate::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory, SlotRange};
+use crate::limits::{FileLimits, LimitSet, LimitSource};
+
+/// How long a new stream may take to send its Hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages queued per node stream before pushes are dropped.
+const STREAM_QUEUE: usize = 32;
+
+type Outbound = mpsc::Sender<Result<v1::CentralMessage, Status>>;
+
+/// Settings and collaborators of a central node; see [`Central::builder`].
+pub struct CentralBuilder {
+    ledger: LedgerConfig,
+    max_message_bytes: usize,
+    limits: Arc<dyn LimitSource>,
+    reload: Option<Arc<FileLimits>>,
+    leadership: Arc<dyn Leadership>,
+    clock: Arc<dyn Clock>,
+    policies: Option<PolicyFactory>,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+impl std::fmt::Debug for CentralBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CentralBuilder")
+            .field("ledger", &self.ledger)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("limits", &self.limits)
+            .field("leadership", &self.leadership)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Entry point: builds and spawns a central node.
+#[derive(Debug, Clone, Copy)]
+pub struct Central;
+
+impl Central {
+    /// A builder with the defaults: 1 s slots, 60 slots of history, no
+    /// limits, always leader, the system clock, the Classic policy.
+    pub fn builder() -> CentralBuilder {
+        CentralBuilder {
+            ledger: LedgerConfig::default(),
+            max_message_bytes: 16 * 1024 * 1024,
+            limits: Arc::new(LimitSet::new()),
+            reload: None,
+            leadership: Arc::new(AlwaysLeader),
+            clock: Arc::new(SystemClock),
+            policies: None,
+            metrics: None,
+        }
+    }
+}
+
+impl CentralBuilder {
+    /// Slot length; nodes must use the same.
+    pub fn slot(mut self, slot: SlotLength) -> Self {
+        self.ledger.slot = slot;
+        self
+    }
+
+    /// Slots of history kept (the original's `nr_slot`).
+    pub fn nr_slot(mut self, nr_slot: u32) -> Self {
+        self.ledger.nr_slot = nr_slot.max(1);
+        self
+    }
+
+    /// Most users one report may carry.
+    pub fn max_users_per_report(mut self, max: usize) -> Self {
+        self.ledger.max_users_per_report = max;
+        self
+    }
+
+    /// Largest message accepted from a node, in bytes (default 16 MiB).
+    pub fn max_message_bytes(mut self, max: usize) -> Self {
+        self.max_message_bytes = max;
+        self
+    }
+
+    /// Where limits come from; read again every slot.
+    pub fn limits(mut self, source: Arc<dyn LimitSource>) -> Self {
+        self.limits = source;
+        self
+    }
+
+    /// Limits from a file, checked for changes every half slot.
+    pub fn limits_file(mut self, file: Arc<FileLimits>) -> Self {
+        self.limits = file.clone();
+        self.reload = Some(file);
+        self
+    }
+
+    /// Who is leader.
+    pub fn leadership(mut self, leadership: Arc<dyn Leadership>) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
+    /// The clock slots are read from.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The policy of each service, by name.
+    pub fn policies(mut self, factory: PolicyFactory) -> Self {
+        self.policies = Some(factory);
+        self
+    }
+
+    /// Serves `GET /metrics` from this Prometheus recorder.
+    pub fn metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
+    }
+
+    /// Starts serving node streams on `grpc` and, if given, the monitor API
+    /// on `http`. Must be called within a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// When the listeners' addresses cannot be read.
+    pub fn spawn(self, grpc: TcpListener, http: Option<TcpListener>) -> std::io::Result<RunningCentral> {
+        let grpc_addr = grpc.local_addr()?;
+        let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
+        let slot = self.ledger.slot;
+        let ledger = match self.policies {
+            Some(f) => Ledger::with_policies(self.ledger, f),
+            None => Ledger::new(self.ledger),
+        };
+        let (commands, rx) = mpsc::channel(4096);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let actor = Actor {
+            ledger,
+            clock: self.clock.clone(),
+            limits: self.limits.clone(),
+            conns: BTreeMap::new(),
+            next_conn: 0,
+            started: Instant::now(),
+        };
+        let mut tasks = vec![tokio::spawn(actor.run(rx))];
+        tasks.push(tokio::spawn(assigner(
+            commands.clone(),
+            self.clock.clone(),
+            slot,
+            self.reload,
+            stop_rx.clone(),
+        )));
+        let service = CentralService {
+            commands: commands.clone(),
+            leadership: self.leadership.clone(),
+            slot,
+        };
+        let server = tonic::transport::Server::builder()
+            .add_service(CentralServer::new(service).max_decoding_message_size(self.max_message_bytes))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx.clone()));
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "gRPC server failed");
+            }
+        }));
+        tracing::info!(%grpc_addr, slot_ms = slot.as_ms(), "central node listening for nodes");
+        if let Some(http) = http {
+            let state = crate::http::HttpState {
+                commands: commands.clone(),
+                limits: self.limits,
+                leadership: self.leadership,
+                metrics: self.metrics,
+            };
+            let router = crate::http::router(state);
+            let stop = stopped(stop_rx);
+            tracing::info!(http_addr = ?http_addr, "monitor API listening");
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = axum::serve(http, router).with_graceful_shutdown(stop).await {
+                    tracing::error!(error = %e, "HTTP server failed");
+                }
+            }));
+        }
+        Ok(RunningCentral {
+            grpc_addr,
+            http_addr,
+            commands,
+            stop: stop_tx,
+            tasks,
+        })
+    }
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// A central node serving in the background.
+#[derive(Debug)]
+pub struct RunningCentral {
+    grpc_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
+    commands: mpsc::Sender<Command>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningCentral {
+    /// Where nodes connect.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// Where the monitor API listens, if it does.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// Asks the ledger a monitor question (see [`Subject`]).
+    pub async fn monitor(&self, subject: Subject, range: SlotRange) -> Option<Value> {
+        monitor(&self.commands, subject, range).await
+    }
+
+    /// Closes every node stream with `UNAVAILABLE`, stops the servers and
+    /// waits up to 2 s for them, then ends whatever is left.
+    pub async fn shutdown(self) {
+        let _ = self.commands.send(Command::CloseAll).await;
+        let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        for mut task in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+    }
+
+    /// Stops at once, as a crash would: connections drop without a word.
+    pub fn kill(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// What the monitor API can be asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// Connected node streams.
+    Connections,
+    /// Which nodes reported each slot.
+    Reported,
+    /// Summed consumption per slot.
+    ConsumptionSum,
+    /// Summed rejections per slot.
+    RejectionSum,
+    /// Latest entry per node and the bucket, per key.
+    Distribution,
+    /// Assigned quotas per slot and node.
+    Quota,
+}
+
+impl std::str::FromStr for Subject {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, ()> {
+        Ok(match s {
+            "connections" => Self::Connections,
+            "reported" => Self::Reported,
+            "consumption_sum" => Self::ConsumptionSum,
+            "rejection_sum" => Self::RejectionSum,
+            "distribution" => Self::Distribution,
+            "quota" => Self::Quota,
+            _ => return Err(()),
+        })
+    }
+}
+
+pub(crate) async fn monitor(commands: &mpsc::Sender<Command>, subject: Subject, range: SlotRange) -> Option<Value> {
+    let (reply, rx) = oneshot::channel();
+    commands
+        .send(Command::Monitor { subject, range, reply })
+        .await
+        .ok()?;
+    rx.await.ok()
+}
+
+#[derive(Debug)]
+pub(crate) enum Command {
+    Connect {
+        hello: v1::Hello,
+        addr: Option<SocketAddr>,
+        tx: Outbound,
+        reply: oneshot::Sender<u64>,
+    },
+    Disconnect {
+        conn: u64,
+    },
+    Report {
+        conn: u64,
+        report: v1::Report,
+        reply: oneshot::Sender<Result<v1::Quota, Status>>,
+    },
+    Tick,
+    Monitor {
+        subject: Subject,
+        range: SlotRange,
+        reply: oneshot::Sender<Value>,
+    },
+    CloseAll,
+}
+
+#[derive(Debug)]
+struct Conn {
+    node_id: String,
+    node: NodeId,
+    services: BTreeSet<String>,
+    addr: Option<SocketAddr>,
+    since: Instant,
+    reports: u64,
+    tx: Outbound,
+}
+
+struct Actor {
+    ledger: Ledger,
+    clock: Arc<dyn Clock>,
+    limits: Arc<dyn LimitSource>,
+    conns: BTreeMap<u64, Conn>,
+    next_conn: u64,
+    started: Instant,
+}
+
+impl Actor {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        self.refresh_limits(self.clock.now_ms());
+        while let Some(cmd) = rx.recv().await {
+            self.handle(cmd);
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Connect { hello, addr, tx, reply } => {
+                let conn = self.next_conn;
+                self.next_conn += 1;
+                let node = self.ledger.node_id(&hello.node_id);
+                tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, "node connected");
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        node_id: hello.node_id,
+                        node,
+                        services: hello.services.into_iter().collect(),
+                        addr,
+                        since: Instant::now(),
+                        reports: 0,
+                        tx,
+                    },
+                );
+                gauge!("throttle_central_connections").set(self.conns.len() as f64);
+                let _ = reply.send(conn);
+            }
+            Command::Disconnect { conn } => {
+                if let Some(c) = self.conns.remove(&conn) {
+                    tracing::info!(node_id = %c.node_id, reports = c.reports, "node disconnected");
+                }
+                gauge!("throttle_central_connections").set(self.conns.len() as f64);
+            }
+            Command::Report { conn, report, reply } => {
+                let _ = reply.send(self.report(conn, report));
+            }
+            Command::Tick => self.tick(),
+            Command::Monitor { subject, range, reply } => {
+                let _ = reply.send(self.monitor(subject, range));
+            }
+            Command::CloseAll => {
+                for (_, c) in std::mem::take(&mut self.conns) {
+                    let _ = c.tx.try_send(Err(Status::unavailable("central node shutting down")));
+                }
+                gauge!("throttle_central_connections").set(0.0);
+            }
+        }
+    }
+
+    fn report(&mut self, conn: u64, mut report: v1::Report) -> Result<v1::Quota, Status> {
+        let now = self.clock.now_ms();
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return Err(Status::failed_precondition("stream is not registered"));
+        };
+        if report.node_id.is_empty() {
+            report.node_id.clone_from(&c.node_id);
+        } else if report.node_id != c.node_id {
+            counter!("throttle_central_invalid_messages_total", "reason" => "node_id_mismatch").increment(1);
+            return Err(Status::invalid_argument(format!(
+                "report node_id {:?} differs from the stream's {:?}",
+                report.node_id, c.node_id
+            )));
+        }
+        c.reports += 1;
+        for s in report.consumption.keys().chain(report.rejection.keys()) {
+            if !c.services.contains(s) && !s.is_empty() && s.len() <= MAX_NAME_LEN {
+                c.services.insert(s.clone());
+            }
+        }
+        let node = c.node;
+        let services: Vec<String> = c.services.iter().cloned().collect();
+        match self.ledger.ingest(&report, now) {
+            Ok(out) => {
+                counter!("throttle_central_reports_total").increment(1);
+                counter!("throttle_central_report_entries_total").increment(out.entries as u64);
+                if out.duplicate {
+                    counter!("throttle_central_duplicate_reports_total").increment(1);
+                    tracing::debug!(node_id = %report.node_id, slot = report.slot_number, "duplicate report ignored");
+                }
+                for (reason, key) in &out.dropped {
+                    counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str()).increment(1);
+                    tracing::warn!(node_id = %report.node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
+                }
+            }
+            Err(e) => {
+                counter!("throttle_central_invalid_messages_total", "reason" => "report").increment(1);
+                tracing::warn!(node_id = %report.node_id, error = %e, "report refused");
+                return Err(Status::invalid_argument(e.to_string()));
+            }
+        }
+        Ok(self
+            .ledger
+            .quota_for(node, services.iter().map(String::as_str), report.slot_number + 1, now))
+    }
+
+    fn refresh_limits(&mut self, now: i64) {
+        let mut services: BTreeSet<String> = self.limits.services().into_iter().collect();
+        services.extend(self.ledger.services().map(str::to_owned));
+        for service in services {
+            let limits = self.limits.list_limits(&service);
+            self.ledger.apply_limits(&service, &limits, now);
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = self.clock.now_ms();
+        let slot = self.ledger.config().slot.slot_at(now) + 2;
+        self.refresh_limits(now);
+        let started = Instant::now();
+        self.ledger.assign(slot, now);
+        histogram!("throttle_central_assign_seconds").record(started.elapsed().as_secs_f64());
+        for c in self.conns.values() {
+            let quota = self
+                .ledger
+                .quota_for(c.node, c.services.iter().map(String::as_str), slot, now);
+            let msg = v1::CentralMessage {
+                kind: Some(central_message::Kind::Quota(quota)),
+            };
+            if c.tx.try_send(Ok(msg)).is_err() {
+                counter!("throttle_central_pushes_dropped_total").increment(1);
+                tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
+            }
+        }
+        self.ledger.forget(now);
+    }
+
+    fn monitor(&mut self, subject: Subject, range: SlotRange) -> Value {
+        let now = self.clock.now_ms();
+        match subject {
+            Subject::Connections => {
+                let conns: Vec<Value> = self
+                    .conns
+                    .values()
+                    .map(|c| {
+                        json!({
+                            "node_id": c.node_id,
+                            "addr": c.addr.map(|a| a.to_string()),
+                            "services": c.services,
+                            "connected_seconds": c.since.elapsed().as_secs_f64(),
+                            "reports": c.reports,
+                        })
+                    })
+                    .collect();
+                json!({"connections": conns, "uptime_seconds": self.started.elapsed().as_secs_f64()})
+            }
+            Subject::Reported => self.ledger.monitor_reported(range),
+            Subject::ConsumptionSum => self.ledger.monitor_sums(range, false),
+            Subject::RejectionSum => self.ledger.monitor_sums(range, true),
+            Subject::Distribution => self.ledger.monitor_distribution(range, now),
+            Subject::Quota => self.ledger.monitor_quota(range),
+        }
+    }
+}
+
+fn truncate(s: &str) -> &str {
+    let mut end = s.len().min(80);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Ticks the ledger at every mid-slot, and reloads the limits file every
+/// half slot so an edit is live by the next assign.
+async fn assigner(
+    commands: mpsc::Sender<Command>,
+    clock: Arc<dyn Clock>,
+    slot: SlotLength,
+    reload: Option<Arc<FileLimits>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let half = i64::from(slot.as_ms() / 2);
+    loop {
+        let now = clock.now_ms();
+        let wait = slot.until_next(now - half);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
+        }
+        if let Some(file) = &reload {
+            match file.reload() {
+                Ok(true) => {
+                    tracing::info!(path = %file.path().display(), "limits reloaded");
+                    gauge!("throttle_central_limits_reload_ok").set(1.0);
+                }
+                Ok(false) => gauge!("throttle_central_limits_reload_ok").set(1.0),
+                Err(e) => {
+                    counter!("throttle_central_limits_reload_errors_total").increment(1);
+                    gauge!("throttle_central_limits_reload_ok").set(0.0);
+                    tracing::error!(error = %e, "limits reload failed; keeping the previous limits");
+                }
+            }
+        }
+        if commands.send(Command::Tick).await.is_err() {
+            return;
+        }
+    }
+}
+
+struct CentralService {
+    commands: mpsc::Sender<Command>,
+    leadership: Arc<dyn Leadership>,
+    slot: SlotLength,
+}
+
+fn message(kind: central_message::Kind) -> Result<v1::CentralMessage, Status> {
+    Ok(v1::CentralMessage { kind: Some(kind) })
+}
+
+fn invalid(reason: &'static str, msg: String) -> Status {
+    counter!("throttle_central_invalid_messages_total", "reason" => reason).increment(1);
+    tracing::warn!(reason, "{msg}");
+    Status::invalid_argument(msg)
+}
+
+impl CentralService {
+    fn check_hello(&self, first: Option<Result<v1::NodeMessage, Status>>) -> Result<v1::Hello, Status> {
+        let hello = match first {
+            Some(Ok(v1::NodeMessage {
+                kind: Some(node_message::Kind::Hello(h)),
+            })) => h,
+            Some(Ok(_)) => return Err(invalid("no_hello", "the first message must be Hello".into())),
+            Some(Err(s)) => return Err(invalid("decode", format!("unreadable first message: {}", s.message()))),
+            None => return Err(invalid("no_hello", "stream closed before Hello".into())),
+        };
+        if hello.node_id.is_empty() || hello.node_id.len() > MAX_NAME_LEN {
+            return Err(invalid("hello", format!("node_id must be 1 to {MAX_NAME_LEN} bytes")));
+        }
+        if hello.slot_ms != self.slot.as_ms() {
+            return Err(invalid(
+                "hello",
+                format!("slot_ms {} differs from the central's {}", hello.slot_ms, self.slot.as_ms()),
+            ));
+        }
+        if let Some(s) = hello.services.iter().find(|s| s.is_empty() || s.len() > MAX_NAME_LEN) {
+            return Err(invalid("hello", format!("service name {:?} must be 1 to {MAX_NAME_LEN} bytes", truncate(s))));
+        }
+        Ok(hello)
+    }
+
+    async fn run_stream(
+        self,
+        mut inbound: Streaming<v1::NodeMessage>,
+        addr: Option<SocketAddr>,
+        tx: Outbound,
+    ) {
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await.unwrap_or(None);
+        let hello = match self.check_hello(first) {
+            Ok(h) => h,
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
+        };
+        let welcome = central_message::Kind::Welcome(v1::Welcome {
+            slot_ms: self.slot.as_ms(),
+            epoch: 0,
+        });
+        // Welcome goes out before the stream is registered for pushes.
+        if tx.send(message(welcome)).await.is_err() {
+            return;
+        }
+        let Self { commands, leadership, .. } = self;
+        let (reply, rx) = oneshot::channel();
+        let connect = Command::Connect {
+            hello,
+            addr,
+            tx: tx.clone(),
+            reply,
+        };
+        if commands.send(connect).await.is_err() {
+            return;
+        }
+        let Ok(conn) = rx.await else { return };
+        loop {
+            let status = match inbound.next().await {
+                None => break,
+                Some(Err(s)) => {
+                    counter!("throttle_central_invalid_messages_total", "reason" => "decode").increment(1);
+                    tracing::warn!(?addr, status = %s, "node stream failed");
+                    break;
+                }
+                Some(Ok(v1::NodeMessage {
+                    kind: Some(node_message::Kind::Report(report)),
+                })) => {
+                    if !leadership.is_leader() {
+                        let leader = leadership.leader().unwrap_or_default();
+                        let _ = tx.send(message(central_message::Kind::NotLeader(v1::NotLeader { leader }))).await;
+                        break;
+                    }
+                    let (reply, rx) = oneshot::channel();
+                    if commands.send(Command::Report { conn, report, reply }).await.is_err() {
+                        break;
+                    }
+                    match rx.await {
+                        Ok(Ok(quota)) => {
+                            if tx.send(message(central_message::Kind::Quota(quota))).await.is_err() {
+                                break;
+                            }
+                            continue;
+                        }
+                        Ok(Err(status)) => status,
+                        Err(_) => break,
+                    }
+                }
+                Some(Ok(_)) => invalid("unexpected", "expected a Report after Hello".into()),
+            };
+            let _ = tx.send(Err(status)).await;
+            break;
+        }
+        let _ = commands.send(Command::Disconnect { conn }).await;
+    }
+}
+
+#[tonic::async_trait]
+impl CentralRpc for CentralService {
+    type ExchangeStream = ReceiverStream<Result<v1::CentralMessage, Status>>;
+
+    async fn exchange(
+        &self,
+        request: Request<Streaming<v1::NodeMessage>>,
+    ) -> Result<Response<Self::ExchangeStream>, Status> {
+        let addr = request.remote_addr();
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        if !self.leadership.is_leader() {
+            let leader = self.leadership.leader().unwrap_or_default();
+            tracing::info!(?addr, %leader, "not the leader; redirecting node");
+            let _ = tx.try_send(message(central_message::Kind::NotLeader(v1::NotLeader { leader })));
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
+        let this = Self {
+            commands: self.commands.clone(),
+            leadership: self.leadership.clone(),
+            slot: self.slot,
+        };
+        tokio::spawn(this.run_stream(request.into_inner(), addr, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
