@@ -1,0 +1,1188 @@
+//! The node's slot store: per-slot counters and the quotas the central node
+//! sent, with the original node's decision rules.
+//!
+//! The store is plain synchronous code reading an injected
+//! [`Clock`]; the layer calls it on the request path and the
+//! reporter drains it once per slot.
+//!
+//! - [`ServiceStore::admit`] applies the original `throttle` rules: with no
+//!   quota for the current slot the [`Fallback`] decides (by default: allow,
+//!   as the original); with a quota table for the slot but no row for the user,
+//!   the user is not limited; otherwise, for every resource of the user's
+//!   quota, a quota below 1 or this slot's consumption above the quota counts
+//!   one rejection for that resource and refuses the request. An admitted
+//!   request's fixed costs are added in the same step.
+//! - [`UserHandle::consume`] adds amounts known later (body bytes, handler
+//!   amounts) to the slot in which they happen.
+//! - [`SlotStore::collect`] drains a finished slot into a protocol
+//!   [`Report`](v1::Report), and [`SlotStore::apply_quota`] installs a quota.
+//!
+//! # Concurrency and memory
+//!
+//! Each service keeps a lock-free map (`papaya`) from user to an entry with
+//! its own small mutex: two requests contend only when they are for the same
+//! user, and a known user costs one hash lookup and one uncontended lock, with
+//! no allocation. Quota rows live in the user's entry; a per-service ring of
+//! `(slot, version)` says which rows are current, so replacing a slot's table
+//! never blocks a reader.
+//!
+//! The number of tracked users is capped ([`StoreBuilder::max_keys`], default
+//! 1,000,000 over all services). At the cap a *new* user is neither tracked nor
+//! counted: the layer's [`Fallback`] decides for it, and the metric
+//! `throttle_keys_at_cap_total` counts such decisions. Users idle for two slots
+//! are forgotten at the next [`SlotStore::collect`], which frees room.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::sync::Arc;
+//! use throttle_layer::store::{Fallback, SlotStore};
+//! use throttle_proto::legacy;
+//! use throttle_proto::slot::ManualClock;
+//!
+//! let clock = Arc::new(ManualClock::new(100_000)); // slot 100
+//! let store = SlotStore::builder().clock(clock.clone()).build();
+//! let front = store.service("front");
+//! let requests = front.resource("requests").unwrap();
+//!
+//! // No quota yet: the fallback (allow) decides.
+//! assert!(front.admit("alice", &[(requests, 1)], Fallback::Allow).decision.is_allowed());
+//!
+//! store.apply_quota(&legacy::quota_from_json(r#"{"front": {"100": {"alice": {"requests": 2.0}}}}"#)?);
+//! assert!(front.admit("alice", &[(requests, 1)], Fallback::Allow).decision.is_allowed());
+//! assert!(front.admit("alice", &[(requests, 1)], Fallback::Allow).decision.is_allowed());
+//! // consumption 3 > quota 2: refused, one rejection counted.
+//! assert!(!front.admit("alice", &[(requests, 1)], Fallback::Allow).decision.is_allowed());
+//!
+//! clock.set(101_050);
+//! let report = store.collect(100);
+//! assert_eq!(report.slot_number, 101);
+//! assert_eq!(report.consumption["front"].users["alice"].resources["requests"], 3);
+//! assert_eq!(report.rejection["front"].users["alice"].resources["requests"], 1);
+//! # Ok::<(), legacy::LegacyError>(())
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+
+use arc_swap::ArcSwap;
+use metrics::counter;
+use parking_lot::Mutex;
+use throttle_proto::slot::{Clock, SlotLength, SystemClock};
+use throttle_proto::{MAX_NAME_LEN, v1};
+
+/// Most resources one service can count.
+pub const MAX_RESOURCES: usize = 16;
+/// Slots of quota history a user keeps besides the current and coming ones.
+const QUOTA_RING: usize = 16;
+/// Quota rows kept per user: past (for [`Fallback::LastKnown`]), current,
+/// next two.
+const ROWS_PER_USER: usize = 4;
+const SLOT_BITS: u32 = 40;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+const VERSION_MASK: u64 = (1 << (64 - SLOT_BITS)) - 1;
+
+/// A resource of one service, interned; see [`ServiceStore::resource`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ResourceId(u8);
+
+impl ResourceId {
+    fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+/// What to do while there is no quota for the current slot, e.g. while the
+/// central node is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fallback {
+    /// Let everything through (fail-open, the original behaviour).
+    #[default]
+    Allow,
+    /// Refuse everything (fail-closed).
+    Deny,
+    /// Apply the newest quota of the last `slots` slots, then allow.
+    LastKnownThenAllow(u32),
+    /// Apply the newest quota of the last `slots` slots, then deny.
+    LastKnownThenDeny(u32),
+}
+
+/// Why a request was allowed or refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    /// The user's quota for the slot decided.
+    Quota,
+    /// A quota table exists for the slot but has no row for this user: the
+    /// user is not limited.
+    Unlimited,
+    /// No quota for the slot: the [`Fallback`] decided.
+    Fallback,
+    /// The store is full and the user is new: the [`Fallback`] decided.
+    AtCap,
+}
+
+/// The resource whose quota is the tightest, for rate-limit headers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tightest {
+    /// The resource.
+    pub resource: ResourceId,
+    /// This node's quota for it in the slot.
+    pub quota: f64,
+    /// What this node admitted of it in the slot so far.
+    pub used: i64,
+}
+
+/// The outcome of [`ServiceStore::admit`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    allowed: bool,
+    /// Why.
+    pub basis: Basis,
+    /// For a refusal by quota: the exhausted resource. For an allowed request
+    /// with a quota: the resource with the least left.
+    pub tightest: Option<Tightest>,
+}
+
+impl Decision {
+    /// True when the request may proceed.
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    fn fallback(fallback: Fallback, basis: Basis) -> Self {
+        Self {
+            allowed: matches!(fallback, Fallback::Allow | Fallback::LastKnownThenAllow(_)),
+            basis,
+            tightest: None,
+        }
+    }
+}
+
+/// The result of [`ServiceStore::admit`]: the decision and, when asked for,
+/// a handle to add amounts known later.
+#[derive(Debug)]
+pub struct Admission {
+    /// Allowed or refused, and why.
+    pub decision: Decision,
+    /// Set by [`ServiceStore::admit_with_handle`] for a tracked user.
+    pub handle: Option<UserHandle>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    consumption: [i64; MAX_RESOURCES],
+    rejection: [u32; MAX_RESOURCES],
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            consumption: [0; MAX_RESOURCES],
+            rejection: [0; MAX_RESOURCES],
+        }
+    }
+}
+
+impl Counters {
+    fn is_zero(&self) -> bool {
+        self.consumption.iter().all(|&c| c == 0) && self.rejection.iter().all(|&r| r == 0)
+    }
+
+    fn merge(&mut self, other: &Self) {
+        for i in 0..MAX_RESOURCES {
+            self.consumption[i] = self.consumption[i].saturating_add(other.consumption[i]);
+            self.rejection[i] = self.rejection[i].saturating_add(other.rejection[i]);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct QuotaRow {
+    slot: i64,
+    version: u64,
+    mask: u16,
+    values: [f64; MAX_RESOURCES],
+}
+
+#[derive(Debug)]
+struct UserState {
+    /// Slot of `current`.
+    slot: i64,
+    current: Counters,
+    /// Slot of `previous`, not yet collected.
+    prev_slot: i64,
+    previous: Counters,
+    rows: Vec<QuotaRow>,
+    last_seen: i64,
+    evicted: bool,
+}
+
+#[derive(Debug)]
+struct UserEntry {
+    user: Box<str>,
+    state: Mutex<UserState>,
+}
+
+type UserMap = papaya::HashMap<Box<str>, Arc<UserEntry>, foldhash::fast::RandomState>;
+
+/// Counters and quotas of one service; get it from [`SlotStore::service`].
+pub struct ServiceStore {
+    name: Arc<str>,
+    clock: Arc<dyn Clock>,
+    slot: SlotLength,
+    keys: Arc<AtomicUsize>,
+    max_keys: usize,
+    users: UserMap,
+    resources: ArcSwap<Vec<Arc<str>>>,
+    register: Mutex<()>,
+    /// `slot & SLOT_MASK << 24 | version` of the quota tables received.
+    ring: [AtomicU64; QUOTA_RING],
+    collected_through: AtomicI64,
+    /// Counters of slots that rolled over before they were collected.
+    overflow: Mutex<Vec<(Box<str>, Counters)>>,
+}
+
+impl fmt::Debug for ServiceStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceStore")
+            .field("name", &self.name)
+            .field("users", &self.users.len())
+            .field("resources", &self.resources.load())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tracked user of one service, to add amounts after the decision.
+#[derive(Clone)]
+pub struct UserHandle {
+    service: Arc<ServiceStore>,
+    entry: Arc<UserEntry>,
+}
+
+impl fmt::Debug for UserHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserHandle")
+            .field("service", &self.service.name)
+            .field("user", &self.entry.user)
+            .finish()
+    }
+}
+
+impl UserHandle {
+    /// Adds `amount` of `resource` to the current slot.
+    pub fn consume(&self, resource: ResourceId, amount: i64) {
+        let slot = self.service.current_slot();
+        let collected = self.service.collected_through.load(Ordering::Acquire);
+        {
+            let mut st = self.entry.state.lock();
+            if !st.evicted {
+                st.roll(slot, collected, &self.entry.user, &self.service.overflow);
+                st.add(resource, amount, slot);
+                return;
+            }
+        }
+        // Forgotten while this handle was held: count under a live entry.
+        self.service.consume(&self.entry.user, resource, amount);
+    }
+
+    /// The service this user belongs to.
+    pub fn service(&self) -> &Arc<ServiceStore> {
+        &self.service
+    }
+
+    /// The user's name.
+    pub fn user(&self) -> &str {
+        &self.entry.user
+    }
+}
+
+impl UserState {
+    fn new(slot: i64) -> Self {
+        Self {
+            slot,
+            current: Counters::default(),
+            prev_slot: i64::MIN,
+            previous: Counters::default(),
+            rows: Vec::new(),
+            last_seen: slot,
+            evicted: false,
+        }
+    }
+
+    /// Moves the counters on to `slot`, keeping the last uncollected slot.
+    fn roll(&mut self, slot: i64, collected: i64, user: &str, overflow: &Mutex<Vec<(Box<str>, Counters)>>) {
+        if self.slot >= slot {
+            return;
+        }
+        if self.prev_slot > collected && !self.previous.is_zero() {
+            // The reporter is more than a slot behind: keep the counts aside
+            // rather than lose them.
+            overflow.lock().push((user.into(), self.previous));
+        }
+        if self.slot > collected && self.slot == slot - 1 {
+            self.previous = self.current;
+            self.prev_slot = self.slot;
+        } else {
+            if self.slot > collected && !self.current.is_zero() {
+                overflow.lock().push((user.into(), self.current));
+            }
+            self.previous = Counters::default();
+            self.prev_slot = i64::MIN;
+        }
+        self.current = Counters::default();
+        self.slot = slot;
+    }
+
+    fn add(&mut self, resource: ResourceId, amount: i64, slot: i64) {
+        let c = &mut self.current.consumption[resource.index()];
+        *c = c.saturating_add(amount);
+        self.last_seen = slot;
+    }
+
+    fn row(&self, slot: i64, version: u64) -> Option<&QuotaRow> {
+        // A row at least as new as the published version is current: rows
+        // are written before their version is published.
+        self.rows.iter().find(|r| r.slot == slot && r.version >= version)
+    }
+
+    fn insert_row(&mut self, row: QuotaRow, now_slot: i64) {
+        self.rows.retain(|r| r.slot != row.slot);
+        self.rows.push(row);
+        self.rows.sort_unstable_by_key(|r| r.slot);
+        // Keep the newest past row (for LastKnown) and everything after it.
+        let past = self.rows.iter().filter(|r| r.slot < now_slot).count();
+        if past > 1 {
+            self.rows.drain(..past - 1);
+        }
+        let len = self.rows.len();
+        if len > ROWS_PER_USER {
+            self.rows.drain(..len - ROWS_PER_USER);
+        }
+    }
+
+    /// Applies `row`: counts rejections (if `record`) and refuses, or admits
+    /// and adds `costs`.
+    fn decide(
+        &mut self,
+        row: &QuotaRow,
+        costs: &[(ResourceId, i64)],
+        record: bool,
+        slot: i64,
+    ) -> (bool, Option<Tightest>) {
+        let mut refused: Option<Tightest> = None;
+        let mut tightest: Option<Tightest> = None;
+        let mut mask = row.mask;
+        while mask != 0 {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            let quota = row.values[i];
+            let used = self.current.consumption[i];
+            let t = Tightest {
+                resource: ResourceId(i as u8),
+                quota,
+                used,
+            };
+            if quota < 1.0 || used as f64 > quota {
+                if record {
+                    self.current.rejection[i] = self.current.rejection[i].saturating_add(1);
+                }
+                refused.get_or_insert(t);
+            } else if tightest.is_none_or(|b| quota - (used as f64) < b.quota - (b.used as f64)) {
+                tightest = Some(t);
+            }
+        }
+        if refused.is_some() {
+            self.last_seen = slot;
+            return (false, refused);
+        }
+        for &(r, amount) in costs {
+            self.add(r, amount, slot);
+        }
+        self.last_seen = slot;
+        (true, tightest)
+    }
+}
+
+impl ServiceStore {
+    /// The service's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn current_slot(&self) -> i64 {
+        self.slot.slot_at(self.clock.now_ms())
+    }
+
+    /// The id of `resource`, registering it if new.
+    ///
+    /// Returns `None` when the service already counts [`MAX_RESOURCES`]
+    /// resources or the name is empty or longer than 256 bytes.
+    pub fn resource(&self, name: &str) -> Option<ResourceId> {
+        if let Some(id) = self.find_resource(name) {
+            return Some(id);
+        }
+        let _g = self.register.lock();
+        self.resource_locked(name)
+    }
+
+    fn find_resource(&self, name: &str) -> Option<ResourceId> {
+        let list = self.resources.load();
+        list.iter().position(|r| &**r == name).map(|i| ResourceId(i as u8))
+    }
+
+    /// The name of a resource id.
+    pub fn resource_name(&self, id: ResourceId) -> Option<Arc<str>> {
+        self.resources.load().get(id.index()).cloned()
+    }
+
+    /// The version of the quota table for `slot`, if one was received.
+    fn quota_version(&self, slot: i64) -> Option<u64> {
+        let v = self.ring[slot.rem_euclid(QUOTA_RING as i64) as usize].load(Ordering::Acquire);
+        (v != 0 && v >> (64 - SLOT_BITS) == slot as u64 & SLOT_MASK).then_some(v & VERSION_MASK)
+    }
+
+    fn lookup<'g>(
+        &self,
+        users: &'g papaya::HashMapRef<'_, Box<str>, Arc<UserEntry>, foldhash::fast::RandomState, papaya::LocalGuard<'_>>,
+        user: &str,
+        slot: i64,
+    ) -> Option<&'g Arc<UserEntry>> {
+        if let Some(e) = users.get(user) {
+            return Some(e);
+        }
+        if self.keys.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        let entry = Arc::new(UserEntry {
+            user: user.into(),
+            state: Mutex::new(UserState::new(slot)),
+        });
+        match users.try_insert(user.into(), entry) {
+            Ok(e) => Some(e),
+            Err(occupied) => {
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+                Some(occupied.current)
+            }
+        }
+    }
+
+    /// Decides whether `user` may make a request now, with the original
+    /// rules (see the [module docs](self)); if so, adds `costs`.
+    pub fn admit(self: &Arc<Self>, user: &str, costs: &[(ResourceId, i64)], fallback: Fallback) -> Admission {
+        self.admit_inner(user, costs, fallback, true, false)
+    }
+
+    /// As [`ServiceStore::admit`], and returns a [`UserHandle`] for amounts
+    /// known later. With `record_rejection` false (shadow mode) a refusal is
+    /// decided but not counted.
+    pub fn admit_with_handle(
+        self: &Arc<Self>,
+        user: &str,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record_rejection: bool,
+    ) -> Admission {
+        self.admit_inner(user, costs, fallback, record_rejection, true)
+    }
+
+    fn admit_inner(
+        self: &Arc<Self>,
+        user: &str,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+        want_handle: bool,
+    ) -> Admission {
+        let slot = self.current_slot();
+        let collected = self.collected_through.load(Ordering::Acquire);
+        let users = self.users.pin();
+        loop {
+            let Some(entry) = self.lookup(&users, user, slot) else {
+                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string()).increment(1);
+                return Admission {
+                    decision: Decision::fallback(fallback, Basis::AtCap),
+                    handle: None,
+                };
+            };
+            let mut st = entry.state.lock();
+            if st.evicted {
+                drop(st);
+                let _ = users.remove_if(user, |_, v| Arc::ptr_eq(v, entry));
+                continue;
+            }
+            st.roll(slot, collected, user, &self.overflow);
+            let decision = self.decide(&mut st, slot, costs, fallback, record);
+            drop(st);
+            let handle = want_handle.then(|| UserHandle {
+                service: self.clone(),
+                entry: entry.clone(),
+            });
+            return Admission { decision, handle };
+        }
+    }
+
+    fn decide(
+        &self,
+        st: &mut UserState,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+    ) -> Decision {
+        let found = match self.quota_version(slot) {
+            Some(v) => Some((slot, v)),
+            None => match fallback {
+                Fallback::Allow | Fallback::Deny => None,
+                Fallback::LastKnownThenAllow(n) | Fallback::LastKnownThenDeny(n) => (1..=i64::from(n))
+                    .map(|back| slot - back)
+                    .find_map(|s| self.quota_version(s).map(|v| (s, v))),
+            },
+        };
+        let Some((quota_slot, version)) = found else {
+            let d = Decision::fallback(fallback, Basis::Fallback);
+            if d.allowed {
+                for &(r, amount) in costs {
+                    st.add(r, amount, slot);
+                }
+            }
+            return d;
+        };
+        let basis = if quota_slot == slot { Basis::Quota } else { Basis::Fallback };
+        match st.row(quota_slot, version).copied() {
+            Some(row) => {
+                let (allowed, tightest) = st.decide(&row, costs, record, slot);
+                Decision {
+                    allowed,
+                    basis,
+                    tightest,
+                }
+            }
+            None => {
+                for &(r, amount) in costs {
+                    st.add(r, amount, slot);
+                }
+                Decision {
+                    allowed: true,
+                    basis: Basis::Unlimited,
+                    tightest: None,
+                }
+            }
+        }
+    }
+
+    /// Adds `amount` of `resource` for `user` to the current slot, without a
+    /// decision. At the key cap the amount is not counted.
+    pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
+        let slot = self.current_slot();
+        let collected = self.collected_through.load(Ordering::Acquire);
+        let users = self.users.pin();
+        loop {
+            let Some(entry) = self.lookup(&users, user, slot) else {
+                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string()).increment(1);
+                return;
+            };
+            let mut st = entry.state.lock();
+            if st.evicted {
+                drop(st);
+                let _ = users.remove_if(user, |_, v| Arc::ptr_eq(v, entry));
+                continue;
+            }
+            st.roll(slot, collected, user, &self.overflow);
+            st.add(resource, amount, slot);
+            return;
+        }
+    }
+
+    fn apply(&self, slot: i64, users: &v1::UserQuotas, now_slot: i64) {
+        let _g = self.register.lock();
+        let idx = slot.rem_euclid(QUOTA_RING as i64) as usize;
+        let old = self.ring[idx].load(Ordering::Acquire);
+        let tag = (slot as u64 & SLOT_MASK) << (64 - SLOT_BITS);
+        let version = if old >> (64 - SLOT_BITS) == tag >> (64 - SLOT_BITS) {
+            ((old & VERSION_MASK) + 1).min(VERSION_MASK)
+        } else {
+            1
+        };
+        let map = self.users.pin();
+        for (user, rq) in &users.users {
+            let mut row = QuotaRow {
+                slot,
+                version,
+                mask: 0,
+                values: [0.0; MAX_RESOURCES],
+            };
+            for (resource, &q) in &rq.resources {
+                let Some(id) = self.resource_locked(resource) else { continue };
+                row.mask |= 1 << id.0;
+                // NaN would compare as "allow"; treat it as no quota left.
+                row.values[id.index()] = if q.is_nan() { 0.0 } else { q };
+            }
+            if user.is_empty() || user.len() > MAX_NAME_LEN {
+                continue;
+            }
+            let Some(entry) = self.lookup(&map, user, now_slot) else {
+                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string()).increment(1);
+                continue;
+            };
+            let mut st = entry.state.lock();
+            st.insert_row(row, now_slot);
+        }
+        // Rows first, then the version: readers never see a version whose
+        // rows are missing.
+        self.ring[idx].store(tag | version, Ordering::Release);
+    }
+
+    /// [`ServiceStore::resource`] for a caller already holding `register`.
+    fn resource_locked(&self, name: &str) -> Option<ResourceId> {
+        if let Some(id) = self.find_resource(name) {
+            return Some(id);
+        }
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return None;
+        }
+        let mut list = Vec::clone(&self.resources.load());
+        if list.len() >= MAX_RESOURCES {
+            counter!("throttle_resources_over_limit_total", "service" => self.name.to_string()).increment(1);
+            tracing::warn!(service = %self.name, resource = name, max = MAX_RESOURCES, "too many resources; not counted");
+            return None;
+        }
+        list.push(name.into());
+        let id = ResourceId((list.len() - 1) as u8);
+        self.resources.store(Arc::new(list));
+        Some(id)
+    }
+
+    /// Whether a quota table for `slot` has been received.
+    pub fn has_quota(&self, slot: i64) -> bool {
+        self.quota_version(slot).is_some()
+    }
+
+    /// Number of users tracked.
+    pub fn users(&self) -> usize {
+        self.users.len()
+    }
+
+    fn collect(&self, slot: i64, consumption: &mut v1::Usage, rejection: &mut v1::Usage) {
+        let names = self.resources.load();
+        let mut add = |user: &str, c: &Counters| {
+            for (i, name) in names.iter().enumerate() {
+                if c.consumption[i] != 0 {
+                    let e = consumption.users.entry(user.to_owned()).or_default();
+                    let v = e.resources.entry(name.to_string()).or_default();
+                    *v = v.saturating_add(c.consumption[i]);
+                }
+                if c.rejection[i] != 0 {
+                    let e = rejection.users.entry(user.to_owned()).or_default();
+                    *e.resources.entry(name.to_string()).or_default() += i64::from(c.rejection[i]);
+                }
+            }
+        };
+        let users = self.users.pin();
+        let mut evict = Vec::new();
+        for (user, entry) in users.iter() {
+            let mut st = entry.state.lock();
+            let mut taken = Counters::default();
+            if st.slot <= slot {
+                taken.merge(&st.current);
+                st.current = Counters::default();
+            }
+            if st.prev_slot <= slot {
+                taken.merge(&st.previous);
+                st.previous = Counters::default();
+                st.prev_slot = i64::MIN;
+            }
+            if !taken.is_zero() {
+                add(user, &taken);
+            }
+            let idle = st.last_seen < slot - 1
+                && st.current.is_zero()
+                && st.previous.is_zero()
+                && st.rows.iter().all(|r| r.slot <= slot);
+            if idle {
+                st.evicted = true;
+                evict.push(entry.clone());
+            }
+        }
+        self.collected_through.fetch_max(slot, Ordering::AcqRel);
+        for (user, c) in std::mem::take(&mut *self.overflow.lock()) {
+            add(&user, &c);
+        }
+        for entry in evict {
+            if users.remove_if(&entry.user, |_, v| Arc::ptr_eq(v, &entry)).ok().flatten().is_some() {
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let svc = self.name.to_string();
+        for (usage, name) in [(&*consumption, "throttle_consumed_total"), (&*rejection, "throttle_rejected_total")] {
+            let mut totals = [0i64; MAX_RESOURCES];
+            for amounts in usage.users.values() {
+                for (r, v) in &amounts.resources {
+                    if let Some(i) = names.iter().position(|n| **n == **r) {
+                        totals[i] = totals[i].saturating_add(*v);
+                    }
+                }
+            }
+            for (i, total) in totals.iter().enumerate().filter(|(_, t)| **t > 0) {
+                counter!(name, "service" => svc.clone(), "resource" => names[i].to_string())
+                    .increment(*total as u64);
+            }
+        }
+    }
+}
+
+struct Shared {
+    clock: Arc<dyn Clock>,
+    slot: SlotLength,
+    keys: Arc<AtomicUsize>,
+    max_keys: usize,
+    services: Mutex<Vec<Arc<ServiceStore>>>,
+}
+
+/// The node's store: one [`ServiceStore`] per service. Clones share it.
+#[derive(Clone)]
+pub struct SlotStore {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for SlotStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotStore")
+            .field("slot_ms", &self.shared.slot.as_ms())
+            .field("keys", &self.shared.keys.load(Ordering::Relaxed))
+            .field("max_keys", &self.shared.max_keys)
+            .field("services", &self.shared.services.lock())
+            .finish()
+    }
+}
+
+/// Builds a [`SlotStore`].
+#[derive(Debug)]
+pub struct StoreBuilder {
+    clock: Arc<dyn Clock>,
+    slot: SlotLength,
+    max_keys: usize,
+}
+
+impl Default for SlotStore {
+    fn default() -> Self {
+        Self::builder().build()
+    }
+}
+
+impl SlotStore {
+    /// A builder: system clock, 1 s slots, 1,000,000 keys.
+    pub fn builder() -> StoreBuilder {
+        StoreBuilder {
+            clock: Arc::new(SystemClock),
+            slot: SlotLength::SECOND,
+            max_keys: 1_000_000,
+        }
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.shared.clock
+    }
+
+    /// The slot length.
+    pub fn slot_length(&self) -> SlotLength {
+        self.shared.slot
+    }
+
+    /// The current slot by the store's clock.
+    pub fn current_slot(&self) -> i64 {
+        self.shared.slot.slot_at(self.shared.clock.now_ms())
+    }
+
+    /// The store of `name`, created on first use.
+    pub fn service(&self, name: &str) -> Arc<ServiceStore> {
+        let mut services = self.shared.services.lock();
+        if let Some(s) = services.iter().find(|s| &*s.name == name) {
+            return s.clone();
+        }
+        let s = Arc::new(ServiceStore {
+            name: name.into(),
+            clock: self.shared.clock.clone(),
+            slot: self.shared.slot,
+            keys: self.shared.keys.clone(),
+            max_keys: self.shared.max_keys,
+            users: UserMap::with_hasher(foldhash::fast::RandomState::default()),
+            resources: ArcSwap::from_pointee(Vec::new()),
+            register: Mutex::new(()),
+            ring: std::array::from_fn(|_| AtomicU64::new(0)),
+            collected_through: AtomicI64::new(i64::MIN),
+            overflow: Mutex::new(Vec::new()),
+        });
+        services.push(s.clone());
+        s
+    }
+
+    /// Names of the services in the store.
+    pub fn service_names(&self) -> Vec<String> {
+        self.shared.services.lock().iter().map(|s| s.name.to_string()).collect()
+    }
+
+    /// Users tracked over all services.
+    pub fn keys(&self) -> usize {
+        self.shared.keys.load(Ordering::Relaxed)
+    }
+
+    /// Drains `slot` (and any older slot not yet collected) into the report
+    /// sent at the start of `slot + 1`, and forgets users idle since
+    /// `slot - 1`. Every service appears in both maps, possibly empty.
+    pub fn collect(&self, slot: i64) -> v1::Report {
+        let services: Vec<Arc<ServiceStore>> = self.shared.services.lock().clone();
+        let mut report = v1::Report {
+            node_id: String::new(),
+            slot_number: slot + 1,
+            ..v1::Report::default()
+        };
+        for s in services {
+            let mut c = v1::Usage::default();
+            let mut r = v1::Usage::default();
+            s.collect(slot, &mut c, &mut r);
+            report.consumption.insert(s.name.to_string(), c);
+            report.rejection.insert(s.name.to_string(), r);
+        }
+        report
+    }
+
+    /// Installs a quota from the central node: each (service, slot) table
+    /// replaces any earlier one for that slot. Slots more than 16 slots in the
+    /// past or future are ignored.
+    pub fn apply_quota(&self, quota: &v1::Quota) {
+        let now = self.current_slot();
+        for (name, sq) in &quota.services {
+            if name.is_empty() || name.len() > MAX_NAME_LEN {
+                continue;
+            }
+            let service = self.service(name);
+            for (&slot, users) in &sq.slots {
+                if slot.abs_diff(now) >= QUOTA_RING as u64 {
+                    counter!("throttle_quota_ignored_total").increment(1);
+                    tracing::debug!(service = %name, slot, now, "quota for a distant slot ignored");
+                    continue;
+                }
+                service.apply(slot, users, now);
+            }
+        }
+    }
+}
+
+impl StoreBuilder {
+    /// The clock slots are read from (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The slot length; must match the central node's (default 1 s).
+    pub fn slot(mut self, slot: SlotLength) -> Self {
+        self.slot = slot;
+        self
+    }
+
+    /// Most users tracked over all services (default 1,000,000).
+    pub fn max_keys(mut self, max: usize) -> Self {
+        self.max_keys = max;
+        self
+    }
+
+    /// The store.
+    pub fn build(self) -> SlotStore {
+        SlotStore {
+            shared: Arc::new(Shared {
+                clock: self.clock,
+                slot: self.slot,
+                keys: Arc::new(AtomicUsize::new(0)),
+                max_keys: self.max_keys,
+                services: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use throttle_proto::legacy::quota_from_json;
+    use throttle_proto::slot::ManualClock;
+
+    const T: i64 = 100_000; // slot 100
+
+    struct Fixture {
+        clock: Arc<ManualClock>,
+        store: SlotStore,
+        front: Arc<ServiceStore>,
+        requests: ResourceId,
+        down: ResourceId,
+    }
+
+    fn fixture() -> Fixture {
+        let clock = Arc::new(ManualClock::new(T));
+        let store = SlotStore::builder().clock(clock.clone()).build();
+        let front = store.service("front");
+        let requests = front.resource("requests").unwrap();
+        let down = front.resource("traffic_down").unwrap();
+        Fixture {
+            clock,
+            store,
+            front,
+            requests,
+            down,
+        }
+    }
+
+    impl Fixture {
+        fn quota(&self, json: &str) {
+            self.store.apply_quota(&quota_from_json(json).unwrap());
+        }
+
+        fn admit(&self, user: &str, fallback: Fallback) -> Decision {
+            self.front.admit(user, &[(self.requests, 1)], fallback).decision
+        }
+    }
+
+    fn amount(usage: &BTreeMap<String, v1::Usage>, user: &str, resource: &str) -> i64 {
+        usage["front"]
+            .users
+            .get(user)
+            .and_then(|a| a.resources.get(resource))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn no_quota_for_the_slot_is_fail_open_by_default() {
+        let f = fixture();
+        let d = f.admit("alice", Fallback::Allow);
+        assert!(d.is_allowed());
+        assert_eq!(d.basis, Basis::Fallback);
+        // A quota for another slot does not count for this one.
+        f.quota(r#"{"front": {"101": {"alice": {"requests": 0.0}}}}"#);
+        assert!(f.admit("alice", Fallback::Allow).is_allowed());
+    }
+
+    #[test]
+    fn no_row_for_the_user_means_unlimited() {
+        let f = fixture();
+        f.quota(r#"{"front": {"100": {"bob": {"requests": 0.0}}}}"#);
+        let d = f.admit("alice", Fallback::Deny);
+        assert!(d.is_allowed());
+        assert_eq!(d.basis, Basis::Unlimited);
+        assert!(!f.admit("bob", Fallback::Allow).is_allowed());
+    }
+
+    #[test]
+    fn quota_below_one_refuses_and_counts_a_rejection() {
+        let f = fixture();
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 0.9}}}}"#);
+        let d = f.admit("alice", Fallback::Allow);
+        assert!(!d.is_allowed());
+        assert_eq!(d.tightest.unwrap().resource, f.requests);
+        f.clock.set(T + 1_000);
+        let r = f.store.collect(100);
+        assert_eq!(amount(&r.rejection, "alice", "requests"), 1);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 0);
+    }
+
+    #[test]
+    fn consumption_above_the_quota_refuses() {
+        let f = fixture();
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 100.0, "traffic_down": 1000.0}}}}"#);
+        let h = f.front.admit_with_handle("alice", &[(f.requests, 1)], Fallback::Allow, true);
+        assert!(h.decision.is_allowed());
+        let handle = h.handle.unwrap();
+        handle.consume(f.down, 1000);
+        // 1000 is not above 1000: still allowed.
+        assert!(f.admit("alice", Fallback::Allow).is_allowed());
+        handle.consume(f.down, 1);
+        let d = f.admit("alice", Fallback::Allow);
+        assert!(!d.is_allowed());
+        assert_eq!(d.basis, Basis::Quota);
+        assert_eq!(d.tightest.unwrap().resource, f.down);
+        assert_eq!(d.tightest.unwrap().used, 1001);
+        f.clock.set(T + 1_050);
+        let r = f.store.collect(100);
+        assert_eq!(amount(&r.rejection, "alice", "traffic_down"), 1);
+        assert_eq!(amount(&r.rejection, "alice", "requests"), 0);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+        assert_eq!(amount(&r.consumption, "alice", "traffic_down"), 1001);
+    }
+
+    #[test]
+    fn every_exhausted_resource_counts_a_rejection() {
+        let f = fixture();
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 0.0, "traffic_down": 0.5}}}}"#);
+        assert!(!f.admit("alice", Fallback::Allow).is_allowed());
+        f.clock.set(T + 1_000);
+        let r = f.store.collect(100);
+        assert_eq!(amount(&r.rejection, "alice", "requests"), 1);
+        assert_eq!(amount(&r.rejection, "alice", "traffic_down"), 1);
+    }
+
+    #[test]
+    fn a_newer_table_for_a_slot_replaces_the_older() {
+        let f = fixture();
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 0.0}, "bob": {"requests": 0.0}}}}"#);
+        assert!(!f.admit("bob", Fallback::Allow).is_allowed());
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 5.0}}}}"#);
+        assert!(f.admit("alice", Fallback::Allow).is_allowed());
+        let d = f.admit("bob", Fallback::Allow);
+        assert!(d.is_allowed(), "bob is absent from the newer table");
+        assert_eq!(d.basis, Basis::Unlimited);
+    }
+
+    #[test]
+    fn fallback_policies() {
+        let f = fixture();
+        assert!(!f.admit("alice", Fallback::Deny).is_allowed());
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#);
+        f.clock.set(T + 2_000); // slot 102: no table
+        assert!(f.admit("alice", Fallback::Allow).is_allowed());
+        let d = f.admit("alice", Fallback::LastKnownThenAllow(3));
+        assert!(!d.is_allowed(), "slot 100's quota still applies");
+        assert_eq!(d.basis, Basis::Fallback);
+        f.clock.set(T + 4_000); // slot 104: 100 is 4 slots back
+        assert!(f.admit("alice", Fallback::LastKnownThenAllow(3)).is_allowed());
+        assert!(!f.admit("alice", Fallback::LastKnownThenDeny(3)).is_allowed());
+        assert!(!f.admit("alice", Fallback::LastKnownThenDeny(4)).is_allowed());
+    }
+
+    #[test]
+    fn collect_drains_the_slot_and_keeps_the_next() {
+        let f = fixture();
+        f.admit("alice", Fallback::Allow);
+        f.clock.set(T + 1_010); // slot 101 before the reporter runs
+        f.admit("alice", Fallback::Allow);
+        f.admit("alice", Fallback::Allow);
+        let r = f.store.collect(100);
+        assert_eq!(r.slot_number, 101);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 1);
+        let r = f.store.collect(100);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 0, "collected once");
+        f.clock.set(T + 2_050);
+        let r = f.store.collect(101);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+        assert!(r.rejection["front"].users.is_empty());
+    }
+
+    #[test]
+    fn counts_of_a_late_collection_are_not_lost() {
+        let f = fixture();
+        f.admit("alice", Fallback::Allow);
+        f.clock.set(T + 1_000);
+        f.admit("alice", Fallback::Allow);
+        f.clock.set(T + 2_000);
+        f.admit("alice", Fallback::Allow);
+        // Reporter stalled for two slots: the first slot rolled into the overflow.
+        let r = f.store.collect(101);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+        let r = f.store.collect(102);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 1);
+    }
+
+    #[test]
+    fn every_service_is_in_the_report() {
+        let f = fixture();
+        f.store.service("storage");
+        let r = f.store.collect(99);
+        assert!(r.consumption.contains_key("storage") && r.rejection.contains_key("storage"));
+        assert!(r.consumption.contains_key("front") && r.rejection.contains_key("front"));
+    }
+
+    #[test]
+    fn idle_users_are_forgotten() {
+        let f = fixture();
+        f.admit("alice", Fallback::Allow);
+        assert_eq!(f.store.keys(), 1);
+        f.clock.set(T + 1_000);
+        f.store.collect(100);
+        assert_eq!(f.store.keys(), 1, "seen in slot 100");
+        f.clock.set(T + 2_000);
+        f.store.collect(101);
+        assert_eq!(f.store.keys(), 1);
+        f.clock.set(T + 3_000);
+        f.store.collect(102);
+        assert_eq!(f.store.keys(), 0);
+        assert_eq!(f.front.users(), 0);
+        // A forgotten user comes back as new.
+        f.admit("alice", Fallback::Allow);
+        assert_eq!(f.store.keys(), 1);
+    }
+
+    #[test]
+    fn a_handle_outliving_eviction_still_counts() {
+        let f = fixture();
+        let h = f.front.admit_with_handle("alice", &[], Fallback::Allow, true).handle.unwrap();
+        f.clock.set(T + 3_000);
+        f.store.collect(100);
+        f.store.collect(101);
+        f.store.collect(102);
+        assert_eq!(f.store.keys(), 0);
+        h.consume(f.down, 7);
+        f.clock.set(T + 4_000);
+        let r = f.store.collect(103);
+        assert_eq!(amount(&r.consumption, "alice", "traffic_down"), 7);
+    }
+
+    #[test]
+    fn the_key_cap_hands_new_users_to_the_fallback() {
+        let clock = Arc::new(ManualClock::new(T));
+        let store = SlotStore::builder().clock(clock).max_keys(2).build();
+        let front = store.service("front");
+        let r = front.resource("requests").unwrap();
+        for u in ["a", "b"] {
+            assert_eq!(front.admit(u, &[(r, 1)], Fallback::Deny).decision.basis, Basis::Fallback);
+        }
+        let d = front.admit("c", &[(r, 1)], Fallback::Deny).decision;
+        assert_eq!(d.basis, Basis::AtCap);
+        assert!(!d.is_allowed());
+        assert!(front.admit("c", &[(r, 1)], Fallback::Allow).decision.is_allowed());
+        assert_eq!(store.keys(), 2);
+        // Known users are still tracked.
+        assert_eq!(front.admit("a", &[(r, 1)], Fallback::Deny).decision.basis, Basis::Fallback);
+    }
+
+    #[test]
+    fn resources_are_capped_per_service() {
+        let f = fixture();
+        for i in 2..MAX_RESOURCES {
+            assert!(f.front.resource(&format!("r{i}")).is_some());
+        }
+        assert_eq!(f.front.resource("one_too_many"), None);
+        assert_eq!(f.front.resource(""), None);
+        assert_eq!(f.front.resource("requests"), Some(f.requests));
+        // A quota naming an unknown resource beyond the cap is ignored, the rest applies.
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 0.0, "zzz": 0.0}}}}"#);
+        assert!(!f.admit("alice", Fallback::Allow).is_allowed());
+    }
+
+    #[test]
+    fn distant_or_malformed_quotas_are_ignored() {
+        let f = fixture();
+        f.quota(r#"{"front": {"200": {"alice": {"requests": 0.0}}}}"#);
+        f.quota(r#"{"": {"100": {"alice": {"requests": 0.0}}}}"#);
+        assert_eq!(f.admit("alice", Fallback::Allow).basis, Basis::Fallback);
+        let mut q = quota_from_json(r#"{"front": {"100": {"alice": {"requests": 5.0}}}}"#).unwrap();
+        q.services.get_mut("front").unwrap().slots.get_mut(&100).unwrap().users.get_mut("alice").unwrap()
+            .resources.insert("requests".into(), f64::NAN);
+        f.store.apply_quota(&q);
+        assert!(!f.admit("alice", Fallback::Allow).is_allowed(), "NaN counts as no quota left");
+    }
+
+    #[test]
+    fn shadow_mode_decides_without_counting_rejections() {
+        let f = fixture();
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#);
+        let a = f.front.admit_with_handle("alice", &[(f.requests, 1)], Fallback::Allow, false);
+        assert!(!a.decision.is_allowed());
+        f.clock.set(T + 1_000);
+        let r = f.store.collect(100);
+        assert_eq!(amount(&r.rejection, "alice", "requests"), 0);
+    }
+}
