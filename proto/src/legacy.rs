@@ -7,6 +7,9 @@
 //! numbers as JSON strings. Old tooling and the legacy WebSocket endpoint
 //! speak this form.
 //!
+//! `Quota::report_slot` is transport metadata of the stream, not part of the
+//! original document: it is not written to JSON and reads back as unset.
+//!
 //! Parsing never panics: malformed input gives a [`LegacyError`] naming the
 //! path of the offending value, e.g. `consumption.front.user_foo.traffic_up`.
 //!
@@ -207,7 +210,10 @@ impl TryFrom<JsonQuota> for v1::Quota {
             }
             services.insert(service, v1::ServiceQuota { slots });
         }
-        Ok(Self { services })
+        Ok(Self {
+            services,
+            report_slot: None,
+        })
     }
 }
 
@@ -237,8 +243,8 @@ impl TryFrom<&v1::Quota> for JsonQuota {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message;
     use proptest::prelude::*;
+    use prost::Message;
     use serde_json::Value;
 
     const REPORT: &str = r#"{"node_id": "00163e0069ec", "slot_number": 1515118666,
@@ -260,7 +266,10 @@ mod tests {
             report.consumption["front"].users["user_foo"].resources["traffic_up"],
             11_534_593
         );
-        assert_eq!(report.rejection["front"].users["user_bar"].resources["traffic_up"], 10);
+        assert_eq!(
+            report.rejection["front"].users["user_bar"].resources["traffic_up"],
+            10
+        );
         let wire = v1::Report::decode(report.encode_to_vec().as_slice()).unwrap();
         assert_eq!(json(&report_to_json(&wire)), json(REPORT));
     }
@@ -284,7 +293,9 @@ mod tests {
         assert!(r.rejection.contains_key("front"));
         assert_eq!(
             json(&report_to_json(&r)),
-            json(r#"{"node_id": "n", "slot_number": 7, "consumption": {"front": {}}, "rejection": {"front": {}}}"#)
+            json(
+                r#"{"node_id": "n", "slot_number": 7, "consumption": {"front": {}}, "rejection": {"front": {}}}"#
+            )
         );
     }
 
@@ -306,7 +317,9 @@ mod tests {
 
     #[test]
     fn wrong_type_names_the_path() {
-        let e = report_err(r#"{"node_id": "n", "slot_number": 1, "consumption": {"front": {"u": {"requests": "3"}}}}"#);
+        let e = report_err(
+            r#"{"node_id": "n", "slot_number": 1, "consumption": {"front": {"u": {"requests": "3"}}}}"#,
+        );
         assert_eq!(e.path(), "consumption.front.u.requests");
         let e = report_err(r#"{"node_id": 5, "slot_number": 1}"#);
         assert_eq!(e.path(), "node_id");
@@ -316,7 +329,9 @@ mod tests {
 
     #[test]
     fn fractional_amount_is_refused() {
-        let e = report_err(r#"{"node_id": "n", "slot_number": 1, "consumption": {"front": {"u": {"requests": 1.5}}}}"#);
+        let e = report_err(
+            r#"{"node_id": "n", "slot_number": 1, "consumption": {"front": {"u": {"requests": 1.5}}}}"#,
+        );
         assert_eq!(e.path(), "consumption.front.u.requests");
         assert!(matches!(e, LegacyError::Json { .. }));
     }
@@ -359,7 +374,13 @@ mod tests {
     #[test]
     fn non_finite_quota_cannot_be_written() {
         let mut q = quota_from_json(QUOTA).unwrap();
-        let slot = q.services.get_mut("front").unwrap().slots.get_mut(&1_515_120_413).unwrap();
+        let slot = q
+            .services
+            .get_mut("front")
+            .unwrap()
+            .slots
+            .get_mut(&1_515_120_413)
+            .unwrap();
         slot.users
             .get_mut("user_foo")
             .unwrap()
@@ -377,28 +398,34 @@ mod tests {
     fn usage() -> impl Strategy<Value = BTreeMap<String, v1::Usage>> {
         let amounts = prop::collection::btree_map(name(), any::<i64>(), 0..4)
             .prop_map(|resources| v1::Amounts { resources });
-        let users = prop::collection::btree_map(name(), amounts, 0..4).prop_map(|users| v1::Usage { users });
+        let users = prop::collection::btree_map(name(), amounts, 0..4)
+            .prop_map(|users| v1::Usage { users });
         prop::collection::btree_map(name(), users, 0..3)
     }
 
     fn report() -> impl Strategy<Value = v1::Report> {
-        (name(), any::<i64>(), usage(), usage()).prop_map(|(node_id, slot_number, consumption, rejection)| {
-            v1::Report {
+        (name(), any::<i64>(), usage(), usage()).prop_map(
+            |(node_id, slot_number, consumption, rejection)| v1::Report {
                 node_id,
                 slot_number,
                 consumption,
                 rejection,
-            }
-        })
+            },
+        )
     }
 
     fn quota() -> impl Strategy<Value = v1::Quota> {
         let amount = prop::num::f64::NORMAL | prop::num::f64::ZERO | prop::num::f64::SUBNORMAL;
-        let resources =
-            prop::collection::btree_map(name(), amount, 0..4).prop_map(|resources| v1::ResourceQuotas { resources });
-        let users = prop::collection::btree_map(name(), resources, 0..4).prop_map(|users| v1::UserQuotas { users });
-        let slots = prop::collection::btree_map(any::<i64>(), users, 0..3).prop_map(|slots| v1::ServiceQuota { slots });
-        prop::collection::btree_map(name(), slots, 0..3).prop_map(|services| v1::Quota { services })
+        let resources = prop::collection::btree_map(name(), amount, 0..4)
+            .prop_map(|resources| v1::ResourceQuotas { resources });
+        let users = prop::collection::btree_map(name(), resources, 0..4)
+            .prop_map(|users| v1::UserQuotas { users });
+        let slots = prop::collection::btree_map(any::<i64>(), users, 0..3)
+            .prop_map(|slots| v1::ServiceQuota { slots });
+        prop::collection::btree_map(name(), slots, 0..3).prop_map(|services| v1::Quota {
+            services,
+            report_slot: None,
+        })
     }
 
     proptest! {

@@ -66,7 +66,10 @@ async fn monitor_subject(
     };
     match monitor(&state.commands, subject, range).await {
         Some(v) => axum::Json(v).into_response(),
-        None => error(StatusCode::SERVICE_UNAVAILABLE, "ledger is not running".into()),
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger is not running".into(),
+        ),
     }
 }
 
@@ -90,7 +93,10 @@ async fn metrics(State(state): State<HttpState>) -> Response {
             handle.render(),
         )
             .into_response(),
-        None => error(StatusCode::NOT_FOUND, "no metrics recorder installed".into()),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "no metrics recorder installed".into(),
+        ),
     }
 }
 

@@ -303,7 +303,11 @@ impl Ledger {
             }
         }
         for limit in limits {
-            let resources = svc.state.users.entry(limit.user.as_str().into()).or_default();
+            let resources = svc
+                .state
+                .users
+                .entry(limit.user.as_str().into())
+                .or_default();
             for (resource, &rate) in &limit.per_second {
                 let state = resources.entry(resource.as_str().into()).or_default();
                 match &mut state.bucket {
@@ -356,20 +360,31 @@ impl Ledger {
             });
         }
         let mut out = Ingested::default();
-        let services: BTreeSet<&String> = report.consumption.keys().chain(report.rejection.keys()).collect();
+        let services: BTreeSet<&String> = report
+            .consumption
+            .keys()
+            .chain(report.rejection.keys())
+            .collect();
         for name in services {
             if !valid_name(name) {
                 out.dropped.push((DropReason::BadName, name.clone()));
                 continue;
             }
             let svc = self.service_mut(name);
-            for (usage, is_rejection) in [(report.consumption.get(name), false), (report.rejection.get(name), true)] {
+            for (usage, is_rejection) in [
+                (report.consumption.get(name), false),
+                (report.rejection.get(name), true),
+            ] {
                 for (user, amounts) in usage.iter().flat_map(|u| &u.users) {
                     for (resource, &amount) in &amounts.resources {
                         if !valid_name(user) || !valid_name(resource) {
-                            out.dropped.push((DropReason::BadName, format!("{name}/{user}/{resource}")));
+                            out.dropped
+                                .push((DropReason::BadName, format!("{name}/{user}/{resource}")));
                         } else if amount < 0 {
-                            out.dropped.push((DropReason::NegativeAmount, format!("{name}/{user}/{resource}")));
+                            out.dropped.push((
+                                DropReason::NegativeAmount,
+                                format!("{name}/{user}/{resource}"),
+                            ));
                         } else {
                             let state = svc.state.resource_mut(user, resource);
                             state.file(node, slot, amount, is_rejection, now_ms);
@@ -404,11 +419,15 @@ impl Ledger {
         let mut quota = v1::Quota::default();
         for name in services {
             let users = match self.services.get_mut(name) {
-                Some(svc) => svc.policy.quota_for(&svc.state, &svc.book, node, slot, now_ms),
+                Some(svc) => svc
+                    .policy
+                    .quota_for(&svc.state, &svc.book, node, slot, now_ms),
                 None => None,
             };
             let slots = [(slot, users.unwrap_or_default())].into();
-            quota.services.insert(name.to_owned(), v1::ServiceQuota { slots });
+            quota
+                .services
+                .insert(name.to_owned(), v1::ServiceQuota { slots });
         }
         quota
     }
@@ -434,18 +453,43 @@ impl Ledger {
     }
 
     /// Level of one bucket at `now_ms`, if it exists.
-    pub fn bucket_level(&mut self, service: &str, user: &str, resource: &str, now_ms: i64) -> Option<f64> {
-        let state = self.services.get_mut(service)?.state.users.get_mut(user)?.get_mut(resource)?;
+    pub fn bucket_level(
+        &mut self,
+        service: &str,
+        user: &str,
+        resource: &str,
+        now_ms: i64,
+    ) -> Option<f64> {
+        let state = self
+            .services
+            .get_mut(service)?
+            .state
+            .users
+            .get_mut(user)?
+            .get_mut(resource)?;
         state.bucket.as_mut().map(|b| b.level(now_ms))
     }
 
     /// Sum of consumption (or rejection) of one key in data slot `slot`.
-    pub fn slot_sum(&self, service: &str, user: &str, resource: &str, slot: i64, rejection: bool) -> i64 {
+    pub fn slot_sum(
+        &self,
+        service: &str,
+        user: &str,
+        resource: &str,
+        slot: i64,
+        rejection: bool,
+    ) -> i64 {
         self.services
             .get(service)
             .and_then(|s| s.state.users.get(user)?.get(resource))
             .and_then(|r| r.sums.iter().find(|s| s.slot == slot))
-            .map_or(0, |s| if rejection { s.rejection } else { s.consumption })
+            .map_or(0, |s| {
+                if rejection {
+                    s.rejection
+                } else {
+                    s.consumption
+                }
+            })
     }
 
     /// Number of (service, user, resource) keys held.
@@ -463,7 +507,12 @@ impl Ledger {
             .reported
             .iter()
             .filter(|(slot, _)| range.contains(**slot))
-            .map(|(slot, nodes)| (slot.to_string(), nodes.iter().map(|n| self.node_name(*n)).collect()))
+            .map(|(slot, nodes)| {
+                (
+                    slot.to_string(),
+                    nodes.iter().map(|n| self.node_name(*n)).collect(),
+                )
+            })
             .collect();
         json!(map)
     }
@@ -471,13 +520,18 @@ impl Ledger {
     /// Monitor: service -> slot -> user -> resource -> summed consumption
     /// (or rejection).
     pub fn monitor_sums(&self, range: SlotRange, rejection: bool) -> Value {
-        let mut out: BTreeMap<&str, BTreeMap<String, BTreeMap<&str, BTreeMap<&str, i64>>>> = BTreeMap::new();
+        type Users<'a> = BTreeMap<&'a str, BTreeMap<&'a str, i64>>;
+        let mut out: BTreeMap<&str, BTreeMap<String, Users<'_>>> = BTreeMap::new();
         for (service, svc) in &self.services {
             let slots = out.entry(service).or_default();
             for (user, resources) in &svc.state.users {
                 for (resource, state) in resources {
                     for sum in state.sums.iter().filter(|s| range.contains(s.slot)) {
-                        let amount = if rejection { sum.rejection } else { sum.consumption };
+                        let amount = if rejection {
+                            sum.rejection
+                        } else {
+                            sum.consumption
+                        };
                         if amount != 0 {
                             *slots
                                 .entry(sum.slot.to_string())
@@ -517,7 +571,10 @@ impl Ledger {
                     let bucket = state.bucket.as_mut().map(|b| {
                         json!({"level": b.level(now_ms), "rate": b.rate(), "capacity": b.capacity()})
                     });
-                    res.insert(resource.to_string(), json!({"nodes": nodes, "bucket": bucket}));
+                    res.insert(
+                        resource.to_string(),
+                        json!({"nodes": nodes, "bucket": bucket}),
+                    );
                 }
                 users.insert(user.to_string(), Value::Object(res));
             }
@@ -532,8 +589,10 @@ impl Ledger {
         for (service, svc) in &self.services {
             let mut slots = serde_json::Map::new();
             for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
-                let nodes: BTreeMap<&str, &BTreeMap<String, v1::ResourceQuotas>> =
-                    assignment.iter().map(|(n, q)| (self.node_name(*n), &q.users)).collect();
+                let nodes: BTreeMap<&str, &BTreeMap<String, v1::ResourceQuotas>> = assignment
+                    .iter()
+                    .map(|(n, q)| (self.node_name(*n), &q.users))
+                    .collect();
                 let nodes: BTreeMap<&str, BTreeMap<&String, &BTreeMap<String, f64>>> = nodes
                     .into_iter()
                     .map(|(n, users)| (n, users.iter().map(|(u, r)| (u, &r.resources)).collect()))
@@ -642,15 +701,39 @@ mod tests {
     fn ingest_charges_buckets_and_sums_by_data_slot() {
         let mut l = Ledger::new(LedgerConfig::default());
         l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
-        l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}, "bob": {"requests": 7}}"#, "{}"), T)
-            .unwrap();
-        l.ingest(&report("n2", 100, r#"{"alice": {"requests": 3}}"#, r#"{"alice": {"requests": 2}}"#), T)
-            .unwrap();
+        l.ingest(
+            &report(
+                "n1",
+                100,
+                r#"{"alice": {"requests": 4}, "bob": {"requests": 7}}"#,
+                "{}",
+            ),
+            T,
+        )
+        .unwrap();
+        l.ingest(
+            &report(
+                "n2",
+                100,
+                r#"{"alice": {"requests": 3}}"#,
+                r#"{"alice": {"requests": 2}}"#,
+            ),
+            T,
+        )
+        .unwrap();
         assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(3.0));
-        assert_eq!(l.bucket_level("front", "bob", "requests", T), None, "no limit, no bucket");
+        assert_eq!(
+            l.bucket_level("front", "bob", "requests", T),
+            None,
+            "no limit, no bucket"
+        );
         assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 7);
         assert_eq!(l.slot_sum("front", "alice", "requests", 99, true), 2);
-        assert_eq!(l.slot_sum("front", "bob", "requests", 99, false), 7, "accounting without limit");
+        assert_eq!(
+            l.slot_sum("front", "bob", "requests", 99, false),
+            7,
+            "accounting without limit"
+        );
     }
 
     #[test]
@@ -668,13 +751,18 @@ mod tests {
     fn late_report_is_charged_under_its_own_slot() {
         let mut l = Ledger::new(LedgerConfig::default());
         l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
-        l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}"), T).unwrap();
-        l.ingest(&report("n1", 98, r#"{"alice": {"requests": 5}}"#, "{}"), T).unwrap();
+        l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}"), T)
+            .unwrap();
+        l.ingest(&report("n1", 98, r#"{"alice": {"requests": 5}}"#, "{}"), T)
+            .unwrap();
         assert_eq!(l.slot_sum("front", "alice", "requests", 97, false), 5);
         assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 4);
         assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(1.0));
         let dist = l.monitor_distribution(SlotRange::default(), T);
-        assert_eq!(dist["front"]["alice"]["requests"]["nodes"]["n1"]["slot"], 99, "latest stays");
+        assert_eq!(
+            dist["front"]["alice"]["requests"]["nodes"]["n1"]["slot"], 99,
+            "latest stays"
+        );
     }
 
     #[test]
@@ -684,15 +772,24 @@ mod tests {
             ..LedgerConfig::default()
         });
         let far = report("n1", 100 + 61, "{}", "{}");
-        assert!(matches!(l.ingest(&far, T), Err(ReportError::SlotOutOfRange { .. })));
+        assert!(matches!(
+            l.ingest(&far, T),
+            Err(ReportError::SlotOutOfRange { .. })
+        ));
         let old = report("n1", 100 - 61, "{}", "{}");
-        assert!(matches!(l.ingest(&old, T), Err(ReportError::SlotOutOfRange { .. })));
+        assert!(matches!(
+            l.ingest(&old, T),
+            Err(ReportError::SlotOutOfRange { .. })
+        ));
         let anon = report("", 100, "{}", "{}");
         assert_eq!(l.ingest(&anon, T), Err(ReportError::BadNodeId));
         let long = report(&"n".repeat(MAX_NAME_LEN + 1), 100, "{}", "{}");
         assert_eq!(l.ingest(&long, T), Err(ReportError::BadNodeId));
         let many = report("n1", 100, r#"{"a": {"r": 1}, "b": {"r": 1}}"#, "{}");
-        assert_eq!(l.ingest(&many, T), Err(ReportError::TooManyUsers { users: 2, max: 1 }));
+        assert_eq!(
+            l.ingest(&many, T),
+            Err(ReportError::TooManyUsers { users: 2, max: 1 })
+        );
     }
 
     #[test]
@@ -702,14 +799,28 @@ mod tests {
         let r = report(
             "n1",
             100,
-            &format!(r#"{{"ok": {{"requests": 2}}, "neg": {{"requests": -5}}, "{long}": {{"r": 1}}, "e": {{"": 1}}}}"#),
+            &format!(
+                r#"{{"ok": {{"requests": 2}}, "neg": {{"requests": -5}}, "{long}": {{"r": 1}}, "e": {{"": 1}}}}"#
+            ),
             "{}",
         );
         let out = l.ingest(&r, T).unwrap();
         assert_eq!(out.entries, 1);
         let reasons: Vec<_> = out.dropped.iter().map(|d| d.0).collect();
-        assert_eq!(reasons.iter().filter(|r| **r == DropReason::BadName).count(), 2);
-        assert_eq!(reasons.iter().filter(|r| **r == DropReason::NegativeAmount).count(), 1);
+        assert_eq!(
+            reasons
+                .iter()
+                .filter(|r| **r == DropReason::BadName)
+                .count(),
+            2
+        );
+        assert_eq!(
+            reasons
+                .iter()
+                .filter(|r| **r == DropReason::NegativeAmount)
+                .count(),
+            1
+        );
         assert_eq!(l.slot_sum("front", "ok", "requests", 99, false), 2);
     }
 
@@ -718,7 +829,11 @@ mod tests {
         let mut l = Ledger::new(LedgerConfig::default());
         l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
         l.apply_limits("front", &[limit("alice", "requests", 1.0)], T);
-        assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(10.0), "clamped to 10 x 1");
+        assert_eq!(
+            l.bucket_level("front", "alice", "requests", T),
+            Some(10.0),
+            "clamped to 10 x 1"
+        );
         l.apply_limits("front", &[], T);
         assert_eq!(l.bucket_level("front", "alice", "requests", T), None);
     }
@@ -729,10 +844,15 @@ mod tests {
             nr_slot: 5,
             ..LedgerConfig::default()
         });
-        l.ingest(&report("n1", 100, r#"{"bob": {"requests": 1}}"#, "{}"), T).unwrap();
+        l.ingest(&report("n1", 100, r#"{"bob": {"requests": 1}}"#, "{}"), T)
+            .unwrap();
         assert_eq!(l.key_count(), 1);
         l.forget(T + 4_000);
-        assert_eq!(l.key_count(), 1, "slot 99 is one of the 5 slots kept at slot 104");
+        assert_eq!(
+            l.key_count(),
+            1,
+            "slot 99 is one of the 5 slots kept at slot 104"
+        );
         l.forget(T + 5_000);
         assert_eq!(l.key_count(), 0);
         assert_eq!(l.monitor_reported(SlotRange::default()), json!({}));
@@ -743,6 +863,9 @@ mod tests {
         let mut l = Ledger::new(LedgerConfig::default());
         let n = l.node_id("n1");
         let q = l.quota_for(n, ["front"], 101, T);
-        assert_eq!(throttle_proto::legacy::quota_to_json(&q).unwrap(), r#"{"front":{"101":{}}}"#);
+        assert_eq!(
+            throttle_proto::legacy::quota_to_json(&q).unwrap(),
+            r#"{"front":{"101":{}}}"#
+        );
     }
 }

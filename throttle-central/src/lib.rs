@@ -11,10 +11,10 @@
 //!   monitor, which only move data in and out of the ledger.
 
 pub mod bucket;
+pub mod leadership;
 pub mod ledger;
 pub mod limits;
 pub mod policy;
-pub mod leadership;
 pub mod server;
 
 mod http;

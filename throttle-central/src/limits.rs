@@ -182,11 +182,17 @@ impl LimitSet {
             let mut per_second = BTreeMap::new();
             for (resource, v) in &e.per_second {
                 if !valid_name(resource) {
-                    return Err(bad(format!("resource names must be 1 to {MAX_NAME_LEN} bytes")));
+                    return Err(bad(format!(
+                        "resource names must be 1 to {MAX_NAME_LEN} bytes"
+                    )));
                 }
                 match number(v) {
                     Some(x) if x.is_finite() && x >= 0.0 => per_second.insert(resource.clone(), x),
-                    _ => return Err(bad(format!("rate of {resource:?} must be a number >= 0, not {v}"))),
+                    _ => {
+                        return Err(bad(format!(
+                            "rate of {resource:?} must be a number >= 0, not {v}"
+                        )));
+                    }
                 };
             }
             let burst_seconds = match &e.burst_seconds {
@@ -396,7 +402,10 @@ burst_seconds = 3
     }
 
     fn entry_error(body: &str) -> LimitsError {
-        LimitSet::from_toml(&format!("\n\n[[limit]]\nservice = \"front\"\nuser = \"u\"\n{body}\n")).unwrap_err()
+        LimitSet::from_toml(&format!(
+            "\n\n[[limit]]\nservice = \"front\"\nuser = \"u\"\n{body}\n"
+        ))
+        .unwrap_err()
     }
 
     #[test]
@@ -416,11 +425,14 @@ burst_seconds = 3
 
     #[test]
     fn duplicates_and_bad_names_are_refused() {
-        let dup = format!("{GOOD}\n[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = {{}}\n");
+        let dup = format!(
+            "{GOOD}\n[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = {{}}\n"
+        );
         let e = LimitSet::from_toml(&dup).unwrap_err();
         assert!(e.to_string().contains("duplicate"), "{e}");
         assert!(e.to_string().contains("line 14"), "{e}");
-        let e = LimitSet::from_toml("[[limit]]\nservice = \"\"\nuser = \"u\"\nper_second = {}\n").unwrap_err();
+        let e = LimitSet::from_toml("[[limit]]\nservice = \"\"\nuser = \"u\"\nper_second = {}\n")
+            .unwrap_err();
         assert!(matches!(e, LimitsError::Entry { line: 1, .. }), "{e}");
     }
 
@@ -428,8 +440,10 @@ burst_seconds = 3
     fn bad_toml_names_the_line() {
         let e = LimitSet::from_toml("[[limit]]\nservice = \"front\"\nuser = \n").unwrap_err();
         assert!(matches!(e, LimitsError::Syntax { line: 3, .. }), "{e}");
-        let e = LimitSet::from_toml("[[limit]]\nservice = \"f\"\nuser = \"u\"\nper_second = {}\ncolour = 1\n")
-            .unwrap_err();
+        let e = LimitSet::from_toml(
+            "[[limit]]\nservice = \"f\"\nuser = \"u\"\nper_second = {}\ncolour = 1\n",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("colour"), "{e}");
     }
 
@@ -448,7 +462,11 @@ burst_seconds = 3
         assert_eq!(file.list_limits("front").len(), 2);
         assert!(file.last_error().unwrap().contains("line"));
 
-        std::fs::write(&path, "[[limit]]\nservice = \"s\"\nuser = \"u\"\nper_second = { r = 1 }\n").unwrap();
+        std::fs::write(
+            &path,
+            "[[limit]]\nservice = \"s\"\nuser = \"u\"\nper_second = { r = 1 }\n",
+        )
+        .unwrap();
         assert!(file.reload().unwrap());
         assert_eq!(file.services(), vec!["s".to_string()]);
         assert_eq!(file.last_error(), None);

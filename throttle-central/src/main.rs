@@ -19,7 +19,11 @@ use throttle_proto::slot::SlotLength;
 #[command(version, about)]
 struct Args {
     /// gRPC address nodes connect to.
-    #[arg(long, env = "THROTTLE_CENTRAL_LISTEN", default_value = "127.0.0.1:7075")]
+    #[arg(
+        long,
+        env = "THROTTLE_CENTRAL_LISTEN",
+        default_value = "127.0.0.1:7075"
+    )]
     listen: SocketAddr,
     /// HTTP address of the monitor API, /metrics and /healthz.
     #[arg(long, env = "THROTTLE_CENTRAL_HTTP", default_value = "127.0.0.1:7076")]
@@ -43,16 +47,22 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("invalid --log filter")?)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&args.log).context("invalid --log filter")?,
+        )
         .init();
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("installing the Prometheus recorder")?;
     let slot = SlotLength::from_ms(args.slot_ms).context("invalid --slot-ms")?;
-    let mut builder = Central::builder().slot(slot).nr_slot(args.nr_slot).metrics(metrics);
+    let mut builder = Central::builder()
+        .slot(slot)
+        .nr_slot(args.nr_slot)
+        .metrics(metrics);
     match &args.limits {
         Some(path) => {
-            let file = FileLimits::open(path).with_context(|| format!("loading limits from {}", path.display()))?;
+            let file = FileLimits::open(path)
+                .with_context(|| format!("loading limits from {}", path.display()))?;
             tracing::info!(path = %path.display(), entries = file.current().len(), "limits loaded");
             builder = builder.limits_file(Arc::new(file));
         }

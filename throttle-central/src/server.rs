@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use metrics::{counter, gauge, histogram};
 use serde_json::{Value, json};
+use throttle_proto::MAX_NAME_LEN;
 use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::central_server::{Central as CentralRpc, CentralServer};
 use throttle_proto::v1::{self, central_message, node_message};
-use throttle_proto::MAX_NAME_LEN;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -160,7 +160,11 @@ impl CentralBuilder {
     /// # Errors
     ///
     /// When the listeners' addresses cannot be read.
-    pub fn spawn(self, grpc: TcpListener, http: Option<TcpListener>) -> std::io::Result<RunningCentral> {
+    pub fn spawn(
+        self,
+        grpc: TcpListener,
+        http: Option<TcpListener>,
+    ) -> std::io::Result<RunningCentral> {
         let grpc_addr = grpc.local_addr()?;
         let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
         let slot = self.ledger.slot;
@@ -192,7 +196,9 @@ impl CentralBuilder {
             slot,
         };
         let server = tonic::transport::Server::builder()
-            .add_service(CentralServer::new(service).max_decoding_message_size(self.max_message_bytes))
+            .add_service(
+                CentralServer::new(service).max_decoding_message_size(self.max_message_bytes),
+            )
             .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx.clone()));
         tasks.push(tokio::spawn(async move {
             if let Err(e) = server.await {
@@ -310,10 +316,18 @@ impl std::str::FromStr for Subject {
     }
 }
 
-pub(crate) async fn monitor(commands: &mpsc::Sender<Command>, subject: Subject, range: SlotRange) -> Option<Value> {
+pub(crate) async fn monitor(
+    commands: &mpsc::Sender<Command>,
+    subject: Subject,
+    range: SlotRange,
+) -> Option<Value> {
     let (reply, rx) = oneshot::channel();
     commands
-        .send(Command::Monitor { subject, range, reply })
+        .send(Command::Monitor {
+            subject,
+            range,
+            reply,
+        })
         .await
         .ok()?;
     rx.await.ok()
@@ -374,7 +388,12 @@ impl Actor {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Connect { hello, addr, tx, reply } => {
+            Command::Connect {
+                hello,
+                addr,
+                tx,
+                reply,
+            } => {
                 let conn = self.next_conn;
                 self.next_conn += 1;
                 let node = self.ledger.node_id(&hello.node_id);
@@ -400,16 +419,25 @@ impl Actor {
                 }
                 gauge!("throttle_central_connections").set(self.conns.len() as f64);
             }
-            Command::Report { conn, report, reply } => {
+            Command::Report {
+                conn,
+                report,
+                reply,
+            } => {
                 let _ = reply.send(self.report(conn, report));
             }
             Command::Tick => self.tick(),
-            Command::Monitor { subject, range, reply } => {
+            Command::Monitor {
+                subject,
+                range,
+                reply,
+            } => {
                 let _ = reply.send(self.monitor(subject, range));
             }
             Command::CloseAll => {
                 for (_, c) in std::mem::take(&mut self.conns) {
-                    let _ = c.tx.try_send(Err(Status::unavailable("central node shutting down")));
+                    let _ =
+                        c.tx.try_send(Err(Status::unavailable("central node shutting down")));
                 }
                 gauge!("throttle_central_connections").set(0.0);
             }
@@ -424,7 +452,8 @@ impl Actor {
         if report.node_id.is_empty() {
             report.node_id.clone_from(&c.node_id);
         } else if report.node_id != c.node_id {
-            counter!("throttle_central_invalid_messages_total", "reason" => "node_id_mismatch").increment(1);
+            counter!("throttle_central_invalid_messages_total", "reason" => "node_id_mismatch")
+                .increment(1);
             return Err(Status::invalid_argument(format!(
                 "report node_id {:?} differs from the stream's {:?}",
                 report.node_id, c.node_id
@@ -447,19 +476,26 @@ impl Actor {
                     tracing::debug!(node_id = %report.node_id, slot = report.slot_number, "duplicate report ignored");
                 }
                 for (reason, key) in &out.dropped {
-                    counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str()).increment(1);
+                    counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str())
+                        .increment(1);
                     tracing::warn!(node_id = %report.node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
                 }
             }
             Err(e) => {
-                counter!("throttle_central_invalid_messages_total", "reason" => "report").increment(1);
+                counter!("throttle_central_invalid_messages_total", "reason" => "report")
+                    .increment(1);
                 tracing::warn!(node_id = %report.node_id, error = %e, "report refused");
                 return Err(Status::invalid_argument(e.to_string()));
             }
         }
-        Ok(self
-            .ledger
-            .quota_for(node, services.iter().map(String::as_str), report.slot_number + 1, now))
+        let mut quota = self.ledger.quota_for(
+            node,
+            services.iter().map(String::as_str),
+            report.slot_number + 1,
+            now,
+        );
+        quota.report_slot = Some(report.slot_number);
+        Ok(quota)
     }
 
     fn refresh_limits(&mut self, now: i64) {
@@ -479,9 +515,9 @@ impl Actor {
         self.ledger.assign(slot, now);
         histogram!("throttle_central_assign_seconds").record(started.elapsed().as_secs_f64());
         for c in self.conns.values() {
-            let quota = self
-                .ledger
-                .quota_for(c.node, c.services.iter().map(String::as_str), slot, now);
+            let quota =
+                self.ledger
+                    .quota_for(c.node, c.services.iter().map(String::as_str), slot, now);
             let msg = v1::CentralMessage {
                 kind: Some(central_message::Kind::Quota(quota)),
             };
@@ -583,26 +619,56 @@ fn invalid(reason: &'static str, msg: String) -> Status {
 }
 
 impl CentralService {
-    fn check_hello(&self, first: Option<Result<v1::NodeMessage, Status>>) -> Result<v1::Hello, Status> {
+    fn check_hello(
+        &self,
+        first: Option<Result<v1::NodeMessage, Status>>,
+    ) -> Result<v1::Hello, Status> {
         let hello = match first {
             Some(Ok(v1::NodeMessage {
                 kind: Some(node_message::Kind::Hello(h)),
             })) => h,
-            Some(Ok(_)) => return Err(invalid("no_hello", "the first message must be Hello".into())),
-            Some(Err(s)) => return Err(invalid("decode", format!("unreadable first message: {}", s.message()))),
+            Some(Ok(_)) => {
+                return Err(invalid(
+                    "no_hello",
+                    "the first message must be Hello".into(),
+                ));
+            }
+            Some(Err(s)) => {
+                return Err(invalid(
+                    "decode",
+                    format!("unreadable first message: {}", s.message()),
+                ));
+            }
             None => return Err(invalid("no_hello", "stream closed before Hello".into())),
         };
         if hello.node_id.is_empty() || hello.node_id.len() > MAX_NAME_LEN {
-            return Err(invalid("hello", format!("node_id must be 1 to {MAX_NAME_LEN} bytes")));
+            return Err(invalid(
+                "hello",
+                format!("node_id must be 1 to {MAX_NAME_LEN} bytes"),
+            ));
         }
         if hello.slot_ms != self.slot.as_ms() {
             return Err(invalid(
                 "hello",
-                format!("slot_ms {} differs from the central's {}", hello.slot_ms, self.slot.as_ms()),
+                format!(
+                    "slot_ms {} differs from the central's {}",
+                    hello.slot_ms,
+                    self.slot.as_ms()
+                ),
             ));
         }
-        if let Some(s) = hello.services.iter().find(|s| s.is_empty() || s.len() > MAX_NAME_LEN) {
-            return Err(invalid("hello", format!("service name {:?} must be 1 to {MAX_NAME_LEN} bytes", truncate(s))));
+        if let Some(s) = hello
+            .services
+            .iter()
+            .find(|s| s.is_empty() || s.len() > MAX_NAME_LEN)
+        {
+            return Err(invalid(
+                "hello",
+                format!(
+                    "service name {:?} must be 1 to {MAX_NAME_LEN} bytes",
+                    truncate(s)
+                ),
+            ));
         }
         Ok(hello)
     }
@@ -613,7 +679,9 @@ impl CentralService {
         addr: Option<SocketAddr>,
         tx: Outbound,
     ) {
-        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await.unwrap_or(None);
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
+            .await
+            .unwrap_or(None);
         let hello = match self.check_hello(first) {
             Ok(h) => h,
             Err(status) => {
@@ -629,7 +697,11 @@ impl CentralService {
         if tx.send(message(welcome)).await.is_err() {
             return;
         }
-        let Self { commands, leadership, .. } = self;
+        let Self {
+            commands,
+            leadership,
+            ..
+        } = self;
         let (reply, rx) = oneshot::channel();
         let connect = Command::Connect {
             hello,
@@ -645,7 +717,8 @@ impl CentralService {
             let status = match inbound.next().await {
                 None => break,
                 Some(Err(s)) => {
-                    counter!("throttle_central_invalid_messages_total", "reason" => "decode").increment(1);
+                    counter!("throttle_central_invalid_messages_total", "reason" => "decode")
+                        .increment(1);
                     tracing::warn!(?addr, status = %s, "node stream failed");
                     break;
                 }
@@ -654,16 +727,32 @@ impl CentralService {
                 })) => {
                     if !leadership.is_leader() {
                         let leader = leadership.leader().unwrap_or_default();
-                        let _ = tx.send(message(central_message::Kind::NotLeader(v1::NotLeader { leader }))).await;
+                        let _ = tx
+                            .send(message(central_message::Kind::NotLeader(v1::NotLeader {
+                                leader,
+                            })))
+                            .await;
                         break;
                     }
                     let (reply, rx) = oneshot::channel();
-                    if commands.send(Command::Report { conn, report, reply }).await.is_err() {
+                    if commands
+                        .send(Command::Report {
+                            conn,
+                            report,
+                            reply,
+                        })
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
                     match rx.await {
                         Ok(Ok(quota)) => {
-                            if tx.send(message(central_message::Kind::Quota(quota))).await.is_err() {
+                            if tx
+                                .send(message(central_message::Kind::Quota(quota)))
+                                .await
+                                .is_err()
+                            {
                                 break;
                             }
                             continue;
@@ -694,7 +783,9 @@ impl CentralRpc for CentralService {
         if !self.leadership.is_leader() {
             let leader = self.leadership.leader().unwrap_or_default();
             tracing::info!(?addr, %leader, "not the leader; redirecting node");
-            let _ = tx.try_send(message(central_message::Kind::NotLeader(v1::NotLeader { leader })));
+            let _ = tx.try_send(message(central_message::Kind::NotLeader(v1::NotLeader {
+                leader,
+            })));
             return Ok(Response::new(ReceiverStream::new(rx)));
         }
         let this = Self {

@@ -1,4 +1,47 @@
 //! Distributed, per-user, multi-resource throttling for Tower services.
 //!
-//! Placeholder line replaced below.
+//! Every process keeps per-slot counters of what each user consumed
+//! (requests, bytes up and down, database reads, anything the app counts)
+//! and checks them against the quota that the central node
+//! (`throttle-central`) sent it for the slot. Once per slot the
+//! [`Reporter`] sends the counters to the central node over one gRPC stream
+//! and installs the quotas it gets back. The request path never waits on the
+//! network and takes no global lock.
+//!
+//! - [`ThrottleLayer`]: the Tower layer, for axum (`Router::layer`,
+//!   `route_layer`, `MethodRouter::layer`) and tonic (`Server::builder().layer`).
+//! - [`SlotStore`]: the counters and quotas, synchronous and clock-injected.
+//! - [`Reporter`]: the task that talks to the central node.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use axum::{Router, routing::get};
+//! use throttle_layer::{Reporter, SlotStore, ThrottleLayer, UserKey};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = SlotStore::default();
+//! let _reporter = Reporter::builder(&store, "node-1")
+//!     .central("http://127.0.0.1:7075")
+//!     .spawn()?;
+//! let layer = ThrottleLayer::builder(&store, "front")
+//!     .user(UserKey::header("x-user"))
+//!     .traffic_down()
+//!     .build()?;
+//! let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod layer;
+pub mod reporter;
 pub mod store;
+pub mod usage;
+pub mod user;
+
+pub use layer::{Throttle, ThrottleLayer, ThrottleLayerBuilder};
+pub use reporter::Reporter;
+pub use store::{Fallback, SlotStore};
+pub use usage::Usage;
+pub use user::{MissingUser, UserKey};

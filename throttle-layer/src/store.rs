@@ -311,7 +311,13 @@ impl UserState {
     }
 
     /// Moves the counters on to `slot`, keeping the last uncollected slot.
-    fn roll(&mut self, slot: i64, collected: i64, user: &str, overflow: &Mutex<Vec<(Box<str>, Counters)>>) {
+    fn roll(
+        &mut self,
+        slot: i64,
+        collected: i64,
+        user: &str,
+        overflow: &Mutex<Vec<(Box<str>, Counters)>>,
+    ) {
         if self.slot >= slot {
             return;
         }
@@ -343,7 +349,9 @@ impl UserState {
     fn row(&self, slot: i64, version: u64) -> Option<&QuotaRow> {
         // A row at least as new as the published version is current: rows
         // are written before their version is published.
-        self.rows.iter().find(|r| r.slot == slot && r.version >= version)
+        self.rows
+            .iter()
+            .find(|r| r.slot == slot && r.version >= version)
     }
 
     fn insert_row(&mut self, row: QuotaRow, now_slot: i64) {
@@ -428,7 +436,9 @@ impl ServiceStore {
 
     fn find_resource(&self, name: &str) -> Option<ResourceId> {
         let list = self.resources.load();
-        list.iter().position(|r| &**r == name).map(|i| ResourceId(i as u8))
+        list.iter()
+            .position(|r| &**r == name)
+            .map(|i| ResourceId(i as u8))
     }
 
     /// The name of a resource id.
@@ -444,7 +454,13 @@ impl ServiceStore {
 
     fn lookup<'g>(
         &self,
-        users: &'g papaya::HashMapRef<'_, Box<str>, Arc<UserEntry>, foldhash::fast::RandomState, papaya::LocalGuard<'_>>,
+        users: &'g papaya::HashMapRef<
+            '_,
+            Box<str>,
+            Arc<UserEntry>,
+            foldhash::fast::RandomState,
+            papaya::LocalGuard<'_>,
+        >,
         user: &str,
         slot: i64,
     ) -> Option<&'g Arc<UserEntry>> {
@@ -470,7 +486,12 @@ impl ServiceStore {
 
     /// Decides whether `user` may make a request now, with the original
     /// rules (see the [module docs](self)); if so, adds `costs`.
-    pub fn admit(self: &Arc<Self>, user: &str, costs: &[(ResourceId, i64)], fallback: Fallback) -> Admission {
+    pub fn admit(
+        self: &Arc<Self>,
+        user: &str,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+    ) -> Admission {
         self.admit_inner(user, costs, fallback, true, false)
     }
 
@@ -500,7 +521,8 @@ impl ServiceStore {
         let users = self.users.pin();
         loop {
             let Some(entry) = self.lookup(&users, user, slot) else {
-                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string()).increment(1);
+                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string())
+                    .increment(1);
                 return Admission {
                     decision: Decision::fallback(fallback, Basis::AtCap),
                     handle: None,
@@ -535,7 +557,8 @@ impl ServiceStore {
             Some(v) => Some((slot, v)),
             None => match fallback {
                 Fallback::Allow | Fallback::Deny => None,
-                Fallback::LastKnownThenAllow(n) | Fallback::LastKnownThenDeny(n) => (1..=i64::from(n))
+                Fallback::LastKnownThenAllow(n) | Fallback::LastKnownThenDeny(n) => (1
+                    ..=i64::from(n))
                     .map(|back| slot - back)
                     .find_map(|s| self.quota_version(s).map(|v| (s, v))),
             },
@@ -549,7 +572,11 @@ impl ServiceStore {
             }
             return d;
         };
-        let basis = if quota_slot == slot { Basis::Quota } else { Basis::Fallback };
+        let basis = if quota_slot == slot {
+            Basis::Quota
+        } else {
+            Basis::Fallback
+        };
         match st.row(quota_slot, version).copied() {
             Some(row) => {
                 let (allowed, tightest) = st.decide(&row, costs, record, slot);
@@ -580,7 +607,8 @@ impl ServiceStore {
         let users = self.users.pin();
         loop {
             let Some(entry) = self.lookup(&users, user, slot) else {
-                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string()).increment(1);
+                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string())
+                    .increment(1);
                 return;
             };
             let mut st = entry.state.lock();
@@ -614,7 +642,9 @@ impl ServiceStore {
                 values: [0.0; MAX_RESOURCES],
             };
             for (resource, &q) in &rq.resources {
-                let Some(id) = self.resource_locked(resource) else { continue };
+                let Some(id) = self.resource_locked(resource) else {
+                    continue;
+                };
                 row.mask |= 1 << id.0;
                 // NaN would compare as "allow"; treat it as no quota left.
                 row.values[id.index()] = if q.is_nan() { 0.0 } else { q };
@@ -623,7 +653,8 @@ impl ServiceStore {
                 continue;
             }
             let Some(entry) = self.lookup(&map, user, now_slot) else {
-                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string()).increment(1);
+                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string())
+                    .increment(1);
                 continue;
             };
             let mut st = entry.state.lock();
@@ -644,7 +675,8 @@ impl ServiceStore {
         }
         let mut list = Vec::clone(&self.resources.load());
         if list.len() >= MAX_RESOURCES {
-            counter!("throttle_resources_over_limit_total", "service" => self.name.to_string()).increment(1);
+            counter!("throttle_resources_over_limit_total", "service" => self.name.to_string())
+                .increment(1);
             tracing::warn!(service = %self.name, resource = name, max = MAX_RESOURCES, "too many resources; not counted");
             return None;
         }
@@ -710,12 +742,20 @@ impl ServiceStore {
             add(&user, &c);
         }
         for entry in evict {
-            if users.remove_if(&entry.user, |_, v| Arc::ptr_eq(v, &entry)).ok().flatten().is_some() {
+            if users
+                .remove_if(&entry.user, |_, v| Arc::ptr_eq(v, &entry))
+                .ok()
+                .flatten()
+                .is_some()
+            {
                 self.keys.fetch_sub(1, Ordering::Relaxed);
             }
         }
         let svc = self.name.to_string();
-        for (usage, name) in [(&*consumption, "throttle_consumed_total"), (&*rejection, "throttle_rejected_total")] {
+        for (usage, name) in [
+            (&*consumption, "throttle_consumed_total"),
+            (&*rejection, "throttle_rejected_total"),
+        ] {
             let mut totals = [0i64; MAX_RESOURCES];
             for amounts in usage.users.values() {
                 for (r, v) in &amounts.resources {
@@ -821,7 +861,12 @@ impl SlotStore {
 
     /// Names of the services in the store.
     pub fn service_names(&self) -> Vec<String> {
-        self.shared.services.lock().iter().map(|s| s.name.to_string()).collect()
+        self.shared
+            .services
+            .lock()
+            .iter()
+            .map(|s| s.name.to_string())
+            .collect()
     }
 
     /// Users tracked over all services.
@@ -941,7 +986,9 @@ mod tests {
         }
 
         fn admit(&self, user: &str, fallback: Fallback) -> Decision {
-            self.front.admit(user, &[(self.requests, 1)], fallback).decision
+            self.front
+                .admit(user, &[(self.requests, 1)], fallback)
+                .decision
         }
     }
 
@@ -994,7 +1041,9 @@ mod tests {
     fn consumption_above_the_quota_refuses() {
         let f = fixture();
         f.quota(r#"{"front": {"100": {"alice": {"requests": 100.0, "traffic_down": 1000.0}}}}"#);
-        let h = f.front.admit_with_handle("alice", &[(f.requests, 1)], Fallback::Allow, true);
+        let h = f
+            .front
+            .admit_with_handle("alice", &[(f.requests, 1)], Fallback::Allow, true);
         assert!(h.decision.is_allowed());
         let handle = h.handle.unwrap();
         handle.consume(f.down, 1000);
@@ -1048,9 +1097,18 @@ mod tests {
         assert!(!d.is_allowed(), "slot 100's quota still applies");
         assert_eq!(d.basis, Basis::Fallback);
         f.clock.set(T + 4_000); // slot 104: 100 is 4 slots back
-        assert!(f.admit("alice", Fallback::LastKnownThenAllow(3)).is_allowed());
-        assert!(!f.admit("alice", Fallback::LastKnownThenDeny(3)).is_allowed());
-        assert!(!f.admit("alice", Fallback::LastKnownThenDeny(4)).is_allowed());
+        assert!(
+            f.admit("alice", Fallback::LastKnownThenAllow(3))
+                .is_allowed()
+        );
+        assert!(
+            !f.admit("alice", Fallback::LastKnownThenDeny(3))
+                .is_allowed()
+        );
+        assert!(
+            !f.admit("alice", Fallback::LastKnownThenDeny(4))
+                .is_allowed()
+        );
     }
 
     #[test]
@@ -1064,7 +1122,11 @@ mod tests {
         assert_eq!(r.slot_number, 101);
         assert_eq!(amount(&r.consumption, "alice", "requests"), 1);
         let r = f.store.collect(100);
-        assert_eq!(amount(&r.consumption, "alice", "requests"), 0, "collected once");
+        assert_eq!(
+            amount(&r.consumption, "alice", "requests"),
+            0,
+            "collected once"
+        );
         f.clock.set(T + 2_050);
         let r = f.store.collect(101);
         assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
@@ -1118,7 +1180,11 @@ mod tests {
     #[test]
     fn a_handle_outliving_eviction_still_counts() {
         let f = fixture();
-        let h = f.front.admit_with_handle("alice", &[], Fallback::Allow, true).handle.unwrap();
+        let h = f
+            .front
+            .admit_with_handle("alice", &[], Fallback::Allow, true)
+            .handle
+            .unwrap();
         f.clock.set(T + 3_000);
         f.store.collect(100);
         f.store.collect(101);
@@ -1137,15 +1203,26 @@ mod tests {
         let front = store.service("front");
         let r = front.resource("requests").unwrap();
         for u in ["a", "b"] {
-            assert_eq!(front.admit(u, &[(r, 1)], Fallback::Deny).decision.basis, Basis::Fallback);
+            assert_eq!(
+                front.admit(u, &[(r, 1)], Fallback::Deny).decision.basis,
+                Basis::Fallback
+            );
         }
         let d = front.admit("c", &[(r, 1)], Fallback::Deny).decision;
         assert_eq!(d.basis, Basis::AtCap);
         assert!(!d.is_allowed());
-        assert!(front.admit("c", &[(r, 1)], Fallback::Allow).decision.is_allowed());
+        assert!(
+            front
+                .admit("c", &[(r, 1)], Fallback::Allow)
+                .decision
+                .is_allowed()
+        );
         assert_eq!(store.keys(), 2);
         // Known users are still tracked.
-        assert_eq!(front.admit("a", &[(r, 1)], Fallback::Deny).decision.basis, Basis::Fallback);
+        assert_eq!(
+            front.admit("a", &[(r, 1)], Fallback::Deny).decision.basis,
+            Basis::Fallback
+        );
     }
 
     #[test]
@@ -1169,17 +1246,31 @@ mod tests {
         f.quota(r#"{"": {"100": {"alice": {"requests": 0.0}}}}"#);
         assert_eq!(f.admit("alice", Fallback::Allow).basis, Basis::Fallback);
         let mut q = quota_from_json(r#"{"front": {"100": {"alice": {"requests": 5.0}}}}"#).unwrap();
-        q.services.get_mut("front").unwrap().slots.get_mut(&100).unwrap().users.get_mut("alice").unwrap()
-            .resources.insert("requests".into(), f64::NAN);
+        q.services
+            .get_mut("front")
+            .unwrap()
+            .slots
+            .get_mut(&100)
+            .unwrap()
+            .users
+            .get_mut("alice")
+            .unwrap()
+            .resources
+            .insert("requests".into(), f64::NAN);
         f.store.apply_quota(&q);
-        assert!(!f.admit("alice", Fallback::Allow).is_allowed(), "NaN counts as no quota left");
+        assert!(
+            !f.admit("alice", Fallback::Allow).is_allowed(),
+            "NaN counts as no quota left"
+        );
     }
 
     #[test]
     fn shadow_mode_decides_without_counting_rejections() {
         let f = fixture();
         f.quota(r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#);
-        let a = f.front.admit_with_handle("alice", &[(f.requests, 1)], Fallback::Allow, false);
+        let a = f
+            .front
+            .admit_with_handle("alice", &[(f.requests, 1)], Fallback::Allow, false);
         assert!(!a.decision.is_allowed());
         f.clock.set(T + 1_000);
         let r = f.store.collect(100);

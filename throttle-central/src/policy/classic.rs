@@ -47,9 +47,15 @@ pub(crate) fn shares(nodes: &[NodeUsage], slot: i64) -> Vec<(usize, f64)> {
     if all == 0 {
         return Vec::new();
     }
-    let idle = weighted.iter().filter(|(_, c, r)| *c == 0.0 && *r == 0.0).count();
+    let idle = weighted
+        .iter()
+        .filter(|(_, c, r)| *c == 0.0 && *r == 0.0)
+        .count();
     if idle == all {
-        return weighted.iter().map(|(i, ..)| (*i, 1.0 / all as f64)).collect();
+        return weighted
+            .iter()
+            .map(|(i, ..)| (*i, 1.0 / all as f64))
+            .collect();
     }
     let reserve = IDLE_RESERVE * idle as f64 / all as f64;
     let total_c: f64 = weighted.iter().map(|w| w.1).sum();
@@ -83,7 +89,9 @@ impl Policy for Classic {
         let mut out = Assignment::default();
         for (user, resources) in &state.users {
             for (resource, r) in resources {
-                let Some(mut bucket) = r.bucket.clone() else { continue };
+                let Some(mut bucket) = r.bucket.clone() else {
+                    continue;
+                };
                 let stored = bucket.level(now_ms).max(0.0);
                 for (i, share) in shares(&r.nodes, slot) {
                     out.entry(r.nodes[i].node)
@@ -133,7 +141,15 @@ mod tests {
 
     #[test]
     fn one_idle_node_among_four_gets_the_reserve() {
-        let s = shares(&[usage(0, 9, 5, 0), usage(1, 9, 5, 0), usage(2, 9, 10, 0), usage(3, 9, 0, 0)], SLOT);
+        let s = shares(
+            &[
+                usage(0, 9, 5, 0),
+                usage(1, 9, 5, 0),
+                usage(2, 9, 10, 0),
+                usage(3, 9, 0, 0),
+            ],
+            SLOT,
+        );
         assert!(close(s[3].1, 0.025), "{s:?}");
         assert!(close(s[2].1, 0.975 * 0.5), "{s:?}");
         assert!(close(s.iter().map(|x| x.1).sum::<f64>(), 1.0));
@@ -153,8 +169,14 @@ mod tests {
 
     #[test]
     fn outside_the_window_gets_nothing() {
-        assert!(shares(&[usage(0, 4, 10, 0)], SLOT).is_empty(), "5 slots before 9");
-        assert!(shares(&[usage(0, 10, 10, 0)], SLOT).is_empty(), "after the window");
+        assert!(
+            shares(&[usage(0, 4, 10, 0)], SLOT).is_empty(),
+            "5 slots before 9"
+        );
+        assert!(
+            shares(&[usage(0, 10, 10, 0)], SLOT).is_empty(),
+            "after the window"
+        );
         let s = shares(&[usage(0, 5, 10, 0)], SLOT);
         assert_eq!(s.len(), 1, "oldest slot of the window");
     }
@@ -181,10 +203,16 @@ mod tests {
         let b = l.node_id("b");
         let qa = l.quota_for(a, ["front"], 12, 10_500);
         let qb = l.quota_for(b, ["front"], 12, 10_500);
-        let get = |q: &v1::Quota| q.services["front"].slots[&12].users["alice"].resources["requests"];
+        let get =
+            |q: &v1::Quota| q.services["front"].slots[&12].users["alice"].resources["requests"];
         assert!(close(get(&qa), 210.0 * 0.75), "{qa:?}");
         assert!(close(get(&qb), 210.0 * 0.25), "{qb:?}");
-        assert_eq!(l.quota_for(a, ["front"], 13, 10_500).services["front"].slots[&13].users.len(), 0);
+        assert_eq!(
+            l.quota_for(a, ["front"], 13, 10_500).services["front"].slots[&13]
+                .users
+                .len(),
+            0
+        );
     }
 
     #[test]

@@ -1,0 +1,2 @@
+//! Central benchmarks.
+fn main() {}

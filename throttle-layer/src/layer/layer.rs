@@ -1,0 +1,241 @@
+use std::sync::Arc;
+
+use http::StatusCode;
+use tower_layer::Layer;
+
+use super::Throttle;
+use crate::store::{Fallback, ResourceId, ServiceStore, SlotStore};
+use crate::user::{MissingUser, UserKey};
+
+/// Applies [`Throttle`] to a service; see the [module docs](crate::layer).
+///
+/// Clones share the same store: build one layer per route configuration and
+/// clone it freely.
+#[derive(Debug, Clone)]
+pub struct ThrottleLayer {
+    pub(crate) config: Arc<Config>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) store: SlotStore,
+    pub(crate) service: Arc<ServiceStore>,
+    pub(crate) user: UserKey,
+    pub(crate) missing_user: MissingUser,
+    pub(crate) costs: Vec<(ResourceId, i64)>,
+    pub(crate) traffic_up: Option<ResourceId>,
+    pub(crate) traffic_down: Option<ResourceId>,
+    pub(crate) handler_usage: bool,
+    pub(crate) fallback: Fallback,
+    pub(crate) shadow: bool,
+    pub(crate) reject_status: StatusCode,
+    pub(crate) rate_limit_headers: bool,
+    pub(crate) shadow_rejected: metrics::Counter,
+    pub(crate) fallback_decisions: metrics::Counter,
+    pub(crate) skipped: metrics::Counter,
+}
+
+/// Why a [`ThrottleLayerBuilder`] could not build.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayerError {
+    /// No [`UserKey`] was given.
+    #[error("no user key: call .user(UserKey::...) on the builder")]
+    NoUserKey,
+    /// A resource name is empty, too long, or one too many for the service.
+    #[error(
+        "cannot count resource {resource:?} in service {service:?}: empty, over 256 bytes, or more than 16 resources"
+    )]
+    Resource {
+        /// The service.
+        service: String,
+        /// The resource.
+        resource: String,
+    },
+    /// A fixed cost below zero.
+    #[error("cost of {0:?} must not be negative")]
+    NegativeCost(String),
+}
+
+/// Configures a [`ThrottleLayer`]; from [`ThrottleLayer::builder`].
+#[derive(Debug)]
+pub struct ThrottleLayerBuilder {
+    store: SlotStore,
+    service: String,
+    user: Option<UserKey>,
+    missing_user: MissingUser,
+    requests: bool,
+    traffic_up: bool,
+    traffic_down: bool,
+    costs: Vec<(String, i64)>,
+    handler_usage: bool,
+    fallback: Fallback,
+    shadow: bool,
+    reject_status: StatusCode,
+    rate_limit_headers: bool,
+}
+
+impl ThrottleLayer {
+    /// Starts a layer for `service` over `store`. By default each request
+    /// costs 1 `requests`, refusals are `429 Too Many Requests` with rate
+    /// limit headers, and while no quota is known requests are allowed.
+    pub fn builder(store: &SlotStore, service: &str) -> ThrottleLayerBuilder {
+        ThrottleLayerBuilder {
+            store: store.clone(),
+            service: service.to_owned(),
+            user: None,
+            missing_user: MissingUser::Skip,
+            requests: true,
+            traffic_up: false,
+            traffic_down: false,
+            costs: Vec::new(),
+            handler_usage: false,
+            fallback: Fallback::Allow,
+            shadow: false,
+            reject_status: StatusCode::TOO_MANY_REQUESTS,
+            rate_limit_headers: true,
+        }
+    }
+}
+
+impl ThrottleLayerBuilder {
+    /// How to find the user (required).
+    pub fn user(mut self, key: UserKey) -> Self {
+        self.user = Some(key);
+        self
+    }
+
+    /// What to do when the user cannot be found (default: skip throttling).
+    pub fn missing_user(mut self, missing: MissingUser) -> Self {
+        self.missing_user = missing;
+        self
+    }
+
+    /// Whether each request costs 1 `requests` (default: true).
+    pub fn count_requests(mut self, on: bool) -> Self {
+        self.requests = on;
+        self
+    }
+
+    /// Counts request body bytes as `traffic_up`, as the body streams.
+    pub fn traffic_up(mut self) -> Self {
+        self.traffic_up = true;
+        self
+    }
+
+    /// Counts response body bytes as `traffic_down`, as the body streams
+    /// (also when the client goes away before the end).
+    pub fn traffic_down(mut self) -> Self {
+        self.traffic_down = true;
+        self
+    }
+
+    /// A fixed extra cost per admitted request, e.g. `("database_read", 3)`.
+    pub fn cost(mut self, resource: &str, amount: i64) -> Self {
+        self.costs.push((resource.to_owned(), amount));
+        self
+    }
+
+    /// Puts a [`Usage`](crate::Usage) in each request's extensions for the
+    /// handler to add amounts only it knows.
+    pub fn handler_usage(mut self) -> Self {
+        self.handler_usage = true;
+        self
+    }
+
+    /// What to do while there is no quota for the current slot.
+    pub fn fallback(mut self, fallback: Fallback) -> Self {
+        self.fallback = fallback;
+        self
+    }
+
+    /// Decide and count, but let every request through.
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// Status of a refused HTTP request (default 429; nginx uses 503).
+    pub fn reject_status(mut self, status: StatusCode) -> Self {
+        self.reject_status = status;
+        self
+    }
+
+    /// Whether refusals carry `RateLimit-Policy`/`RateLimit` and
+    /// `X-RateLimit-*` headers (default: true). `Retry-After` is always sent.
+    pub fn rate_limit_headers(mut self, on: bool) -> Self {
+        self.rate_limit_headers = on;
+        self
+    }
+
+    /// The layer.
+    ///
+    /// # Errors
+    ///
+    /// [`LayerError`] for a missing user key, a negative cost, or a resource
+    /// the service cannot count.
+    pub fn build(self) -> Result<ThrottleLayer, LayerError> {
+        let user = self.user.ok_or(LayerError::NoUserKey)?;
+        let service = self.store.service(&self.service);
+        let resource = |name: &str| {
+            service.resource(name).ok_or_else(|| LayerError::Resource {
+                service: self.service.clone(),
+                resource: name.to_owned(),
+            })
+        };
+        let mut costs = Vec::new();
+        if self.requests {
+            costs.push((resource("requests")?, 1));
+        }
+        for (name, amount) in &self.costs {
+            if *amount < 0 {
+                return Err(LayerError::NegativeCost(name.clone()));
+            }
+            let id = resource(name)?;
+            match costs.iter_mut().find(|(r, _)| *r == id) {
+                Some((_, a)) => *a += amount,
+                None => costs.push((id, *amount)),
+            }
+        }
+        let traffic_up = self
+            .traffic_up
+            .then(|| resource("traffic_up"))
+            .transpose()?;
+        let traffic_down = self
+            .traffic_down
+            .then(|| resource("traffic_down"))
+            .transpose()?;
+        let label = self.service.clone();
+        Ok(ThrottleLayer {
+            config: Arc::new(Config {
+                store: self.store,
+                service,
+                user,
+                missing_user: self.missing_user,
+                costs,
+                traffic_up,
+                traffic_down,
+                handler_usage: self.handler_usage,
+                fallback: self.fallback,
+                shadow: self.shadow,
+                reject_status: self.reject_status,
+                rate_limit_headers: self.rate_limit_headers,
+                // Handles registered once: the request path never builds a
+                // metric key.
+                shadow_rejected: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "shadow_rejected"),
+                fallback_decisions: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "fallback"),
+                skipped: metrics::counter!("throttle_decisions_total", "service" => label, "decision" => "no_user"),
+            }),
+        })
+    }
+}
+
+impl<S> Layer<S> for ThrottleLayer {
+    type Service = Throttle<S>;
+
+    fn layer(&self, inner: S) -> Throttle<S> {
+        Throttle {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}

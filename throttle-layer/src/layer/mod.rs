@@ -1,0 +1,64 @@
+//! The Tower middleware: [`ThrottleLayer`] and [`Throttle`].
+//!
+//! For each request the layer finds the user ([`UserKey`](crate::UserKey)),
+//! asks the [`ServiceStore`](crate::store::ServiceStore) whether the user's
+//! quota for this slot allows it, and either
+//!
+//! - refuses it with `429 Too Many Requests` (configurable), `Retry-After`
+//!   and `RateLimit-Policy`/`RateLimit`/`X-RateLimit-*` headers, or for a gRPC
+//!   request a trailers-only `RESOURCE_EXHAUSTED` with
+//!   `grpc-retry-pushback-ms`; or
+//! - passes it on and counts what it costs: 1 `requests`, fixed extra costs,
+//!   request and response body bytes as they stream, and amounts the handler
+//!   adds through [`Usage`](crate::Usage).
+//!
+//! A refusal is a response, never an error: the error type is the inner
+//! service's, so axum's `Infallible` stays `Infallible`.
+//!
+//! # Examples
+//!
+//! ```
+//! use axum::{Router, routing::{get, post}};
+//! use throttle_layer::{SlotStore, ThrottleLayer, UserKey};
+//!
+//! let store = SlotStore::default();
+//! let base = ThrottleLayer::builder(&store, "front").user(UserKey::header("x-user"));
+//! let reads = base.cost("database_read", 3).build().unwrap();
+//! let uploads = ThrottleLayer::builder(&store, "front")
+//!     .user(UserKey::header("x-user"))
+//!     .traffic_up()
+//!     .build()
+//!     .unwrap();
+//! let app: Router = Router::new()
+//!     .route("/search", get(|| async { "found" }).layer(reads))
+//!     .route("/upload", post(|body: String| async move { body.len().to_string() }).layer(uploads));
+//! ```
+//!
+//! With any Tower service. The inner service receives the request body
+//! wrapped in [`RequestBody`] (which counts `traffic_up`); axum routes and
+//! tonic servers accept any body, so there this is invisible.
+//!
+//! ```
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use throttle_layer::{SlotStore, ThrottleLayer, UserKey, layer::RequestBody};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store = SlotStore::default();
+//! let layer = ThrottleLayer::builder(&store, "front").user(UserKey::header("x-user")).build().unwrap();
+//! let svc = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<RequestBody<String>>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("hello")))
+//! });
+//! let res = svc.oneshot(http::Request::builder().header("x-user", "alice").body(String::new()).unwrap()).await.unwrap();
+//! assert_eq!(res.status(), 200);
+//! # }
+//! ```
+
+mod body;
+pub mod future;
+#[allow(clippy::module_inception)]
+mod layer;
+mod service;
+
+pub use body::{RequestBody, ResponseBody};
+pub use layer::{LayerError, ThrottleLayer, ThrottleLayerBuilder};
+pub use service::Throttle;

@@ -1,0 +1,221 @@
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use tower_service::Service;
+
+use super::body::{Meter, RequestBody, ResponseBody};
+use super::future::ResponseFuture;
+use super::layer::Config;
+use crate::store::{Basis, Decision};
+use crate::usage::Usage;
+use crate::user::MissingUser;
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// Throttles requests per user; see the [module docs](crate::layer).
+#[derive(Debug, Clone)]
+pub struct Throttle<S> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<Config>,
+}
+
+impl<S> Throttle<S> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for Throttle<S>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let cfg = &*self.config;
+        let (mut parts, body) = req.into_parts();
+        let extracted = cfg.user.extract(&parts);
+        let user = match (&extracted, &cfg.missing_user) {
+            (Some(u), _) => u.as_str(),
+            (None, MissingUser::As(name)) => name.as_str(),
+            (None, MissingUser::Skip) => {
+                cfg.skipped.increment(1);
+                let req = Request::from_parts(parts, RequestBody::new(body, None));
+                return ResponseFuture::passed(self.inner.call(req), None);
+            }
+        };
+        let wants_handle =
+            cfg.traffic_up.is_some() || cfg.traffic_down.is_some() || cfg.handler_usage;
+        let admission = if wants_handle || cfg.shadow {
+            cfg.service
+                .admit_with_handle(user, &cfg.costs, cfg.fallback, !cfg.shadow)
+        } else {
+            cfg.service.admit(user, &cfg.costs, cfg.fallback)
+        };
+        let decision = admission.decision;
+        if decision.basis != Basis::Quota && decision.basis != Basis::Unlimited {
+            cfg.fallback_decisions.increment(1);
+        }
+        if !decision.is_allowed() {
+            if cfg.shadow {
+                cfg.shadow_rejected.increment(1);
+            } else {
+                let (response, body) = reject(cfg, &parts, &decision);
+                return ResponseFuture::rejected(response, body);
+            }
+        }
+        drop(extracted);
+        let handle = admission.handle;
+        let meter = |r| {
+            handle.clone().map(|handle| Meter {
+                handle,
+                resource: r,
+            })
+        };
+        let up = cfg.traffic_up.and_then(meter);
+        let down = cfg.traffic_down.and_then(meter);
+        if cfg.handler_usage {
+            parts.extensions.insert(Usage::new(handle.clone()));
+        }
+        let req = Request::from_parts(parts, RequestBody::new(body, up));
+        ResponseFuture::passed(self.inner.call(req), down)
+    }
+}
+
+fn is_grpc(parts: &http::request::Parts) -> bool {
+    parts
+        .headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// Builds the refusal: the only allocations are the response's own.
+fn reject(
+    cfg: &Config,
+    req: &http::request::Parts,
+    decision: &Decision,
+) -> (http::response::Parts, &'static [u8]) {
+    let slot = cfg.store.slot_length();
+    let wait = slot.until_next(cfg.store.clock().now_ms());
+    let wait_ms = wait.as_millis() as u64;
+    let reset_secs = wait_ms.div_ceil(1000).max(1);
+    let mut res = Response::new(()).into_parts().0;
+    let resource = decision
+        .tightest
+        .and_then(|t| Some((cfg.service.resource_name(t.resource)?, t)));
+    if is_grpc(req) {
+        res.status = StatusCode::OK;
+        let h = &mut res.headers;
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert(GRPC_STATUS, HeaderValue::from_static("8"));
+        let mut message = String::from("rate limit exceeded");
+        match &resource {
+            Some((name, _)) => {
+                let _ = write!(
+                    message,
+                    ": {} of service {} exhausted",
+                    name,
+                    cfg.service.name()
+                );
+            }
+            None => {
+                let _ = write!(message, ": no quota for service {}", cfg.service.name());
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&percent_encode(&message)) {
+            h.insert(GRPC_MESSAGE, v);
+        }
+        h.insert(GRPC_PUSHBACK, HeaderValue::from(wait_ms));
+        return (res, b"");
+    }
+    res.status = cfg.reject_status;
+    let h = &mut res.headers;
+    h.insert(RETRY_AFTER, HeaderValue::from(reset_secs));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if cfg.rate_limit_headers
+        && let Some((name, t)) = &resource
+    {
+        let limit = t.quota.max(0.0).floor() as u64;
+        let remaining = (t.quota - t.used as f64).max(0.0).floor() as u64;
+        let window = u64::from(slot.as_ms()).div_ceil(1000).max(1);
+        let key = sf_string(name);
+        if let Ok(v) = HeaderValue::from_str(&format!("{key};q={limit};w={window}")) {
+            h.insert(RATELIMIT_POLICY, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&format!("{key};r={remaining};t={reset_secs}")) {
+            h.insert(RATELIMIT, v);
+        }
+        h.insert(X_LIMIT, HeaderValue::from(limit));
+        h.insert(X_REMAINING, HeaderValue::from(remaining));
+        h.insert(X_RESET, HeaderValue::from(reset_secs));
+    }
+    (res, b"Too Many Requests\n")
+}
+
+/// A structured-field string (RFC 8941): quoted, `"` and `\` escaped.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars().filter(|c| (' '..='~').contains(c)) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// gRPC's percent-encoding of `grpc-message`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings() {
+        assert_eq!(percent_encode("a%b é"), "a%25b %C3%A9");
+        assert_eq!(sf_string("db \"read\"\n"), r#""db \"read\"""#);
+    }
+}

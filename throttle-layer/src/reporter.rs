@@ -1,0 +1,477 @@
+//! The reporter: the node's one stream to the central node.
+//!
+//! A Tokio task that
+//!
+//! - holds one `Exchange` stream: `Hello`, then at every slot boundary +
+//!   50 ms the report of the slot that just ended ([`SlotStore::collect`]);
+//! - installs every `Quota` as soon as it arrives, answers and pushes alike
+//!   ([`SlotStore::apply_quota`]);
+//! - knows several central endpoints: it sticks to the one that works,
+//!   follows `NotLeader { leader }`, and otherwise tries the next, with
+//!   exponential backoff and jitter (100 ms up to 5 s);
+//! - keeps every report until the central node has answered it (the last 60
+//!   slots at most) and sends them again, in order, after reconnecting, so a
+//!   short outage loses no consumption. The central node ignores a report it
+//!   has already filed.
+//!
+//! While no quota arrives for the current slot, each layer's
+//! [`Fallback`](crate::Fallback) decides.
+//!
+//! Metrics: `throttle_reporter_connected` (gauge), `throttle_report_rtt_seconds`
+//! (histogram), `throttle_reports_buffered` (gauge),
+//! `throttle_reports_dropped_total`, `throttle_reporter_connect_failures_total`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use throttle_proto::v1::central_client::CentralClient;
+use throttle_proto::v1::{self, central_message, node_message};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use crate::store::SlotStore;
+
+/// Entry point: [`Reporter::builder`].
+#[derive(Debug, Clone, Copy)]
+pub struct Reporter;
+
+/// Configures the reporter task.
+#[derive(Debug)]
+pub struct ReporterBuilder {
+    store: SlotStore,
+    node_id: String,
+    endpoints: Vec<String>,
+    report_delay: Duration,
+    max_buffered: usize,
+    connect_timeout: Duration,
+    backoff_min: Duration,
+    backoff_max: Duration,
+}
+
+/// Why the reporter could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReporterError {
+    /// No central endpoint was given.
+    #[error("no central endpoint: call .central(\"http://host:7075\")")]
+    NoEndpoint,
+    /// An endpoint is not a valid URI.
+    #[error("invalid central endpoint {0:?}")]
+    InvalidEndpoint(String),
+    /// The node id is empty or longer than 256 bytes.
+    #[error("node id must be 1 to 256 bytes")]
+    InvalidNodeId,
+}
+
+/// What the reporter is doing, for health checks and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReporterStatus {
+    /// A stream to a central node is open.
+    pub connected: bool,
+    /// The endpoint in use or being tried.
+    pub endpoint: String,
+    /// Reports not yet answered by a central node.
+    pub buffered: usize,
+    /// Reports sent (including re-sent ones).
+    pub reports_sent: u64,
+    /// Quota messages received.
+    pub quotas_received: u64,
+    /// Times a stream was opened.
+    pub connections: u64,
+}
+
+/// The running reporter; dropping it stops the task.
+#[derive(Debug)]
+pub struct ReporterHandle {
+    task: JoinHandle<()>,
+    status: watch::Receiver<ReporterStatus>,
+}
+
+impl ReporterHandle {
+    /// The current status.
+    pub fn status(&self) -> ReporterStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Waits until `f` holds for the status.
+    pub async fn wait_for(&self, f: impl FnMut(&ReporterStatus) -> bool) {
+        let mut rx = self.status.clone();
+        let _ = rx.wait_for(f).await;
+    }
+
+    /// Stops the task (what is buffered is lost).
+    pub fn shutdown(self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for ReporterHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Reporter {
+    /// A reporter for `store`, identifying itself as `node_id`.
+    pub fn builder(store: &SlotStore, node_id: &str) -> ReporterBuilder {
+        ReporterBuilder {
+            store: store.clone(),
+            node_id: node_id.to_owned(),
+            endpoints: Vec::new(),
+            report_delay: Duration::from_millis(50),
+            max_buffered: 60,
+            connect_timeout: Duration::from_secs(1),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ReporterBuilder {
+    /// Adds a central endpoint, e.g. `http://127.0.0.1:7075`; the first one
+    /// is tried first.
+    pub fn central(mut self, endpoint: impl Into<String>) -> Self {
+        self.endpoints.push(endpoint.into());
+        self
+    }
+
+    /// How long after a slot boundary the report is sent (default 50 ms).
+    pub fn report_delay(mut self, delay: Duration) -> Self {
+        self.report_delay = delay;
+        self
+    }
+
+    /// Most unanswered reports kept (default 60); older ones are dropped.
+    pub fn max_buffered(mut self, max: usize) -> Self {
+        self.max_buffered = max.max(1);
+        self
+    }
+
+    /// Connect timeout per attempt (default 1 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Backoff bounds between attempts (default 100 ms to 5 s).
+    pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max.max(min);
+        self
+    }
+
+    /// Starts the task. Must be called within a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`ReporterError`] for a missing or invalid endpoint or node id.
+    pub fn spawn(self) -> Result<ReporterHandle, ReporterError> {
+        if self.endpoints.is_empty() {
+            return Err(ReporterError::NoEndpoint);
+        }
+        if self.node_id.is_empty() || self.node_id.len() > throttle_proto::MAX_NAME_LEN {
+            return Err(ReporterError::InvalidNodeId);
+        }
+        for e in &self.endpoints {
+            Endpoint::from_shared(e.clone())
+                .map_err(|_| ReporterError::InvalidEndpoint(e.clone()))?;
+        }
+        let (status_tx, status) = watch::channel(ReporterStatus {
+            endpoint: self.endpoints[0].clone(),
+            ..ReporterStatus::default()
+        });
+        let last_collected = self.store.current_slot() - 1;
+        let run = Run {
+            next_tick: Instant::now(),
+            cfg: self,
+            current: 0,
+            pending: VecDeque::new(),
+            last_collected,
+            status: status_tx,
+        };
+        let mut run = run;
+        run.schedule();
+        Ok(ReporterHandle {
+            task: tokio::spawn(run.run()),
+            status,
+        })
+    }
+}
+
+struct Pending {
+    report: v1::Report,
+    sent: Option<Instant>,
+}
+
+struct Run {
+    cfg: ReporterBuilder,
+    current: usize,
+    pending: VecDeque<Pending>,
+    last_collected: i64,
+    next_tick: Instant,
+    status: watch::Sender<ReporterStatus>,
+}
+
+enum Opened {
+    Stream(
+        mpsc::Sender<v1::NodeMessage>,
+        Box<tonic::Streaming<v1::CentralMessage>>,
+    ),
+    Redirect(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error("connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("central refused the stream: {0}")]
+    Status(#[from] tonic::Status),
+    #[error("no Welcome from the central node")]
+    NoWelcome,
+}
+
+async fn open(
+    endpoint: String,
+    timeout: Duration,
+    queue: usize,
+    hello: v1::NodeMessage,
+) -> Result<Opened, OpenError> {
+    let channel = Endpoint::from_shared(endpoint)
+        .map_err(OpenError::Connect)?
+        .connect_timeout(timeout)
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut client = CentralClient::new(channel);
+    let (tx, rx) = mpsc::channel(queue);
+    let _ = tx.try_send(hello);
+
+    let mut inbound = client.exchange(ReceiverStream::new(rx)).await?.into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(5), inbound.message())
+        .await
+        .map_err(|_| OpenError::NoWelcome)??;
+    match first.and_then(|m| m.kind) {
+        Some(central_message::Kind::Welcome(_)) => Ok(Opened::Stream(tx, Box::new(inbound))),
+        Some(central_message::Kind::NotLeader(nl)) => Ok(Opened::Redirect(nl.leader)),
+        _ => Err(OpenError::NoWelcome),
+    }
+}
+
+fn report_message(report: &v1::Report) -> v1::NodeMessage {
+    v1::NodeMessage {
+        kind: Some(node_message::Kind::Report(report.clone())),
+    }
+}
+
+impl Run {
+    fn endpoint(&self) -> &str {
+        &self.cfg.endpoints[self.current]
+    }
+
+    /// Sets the next report time: the next slot boundary plus the delay.
+    fn schedule(&mut self) {
+        let slot = self.cfg.store.slot_length();
+        let until = slot.until_next(self.cfg.store.clock().now_ms());
+        self.next_tick = Instant::now() + until + self.cfg.report_delay;
+    }
+
+    fn publish(&self, f: impl FnOnce(&mut ReporterStatus)) {
+        self.status.send_modify(|s| {
+            f(s);
+            s.buffered = self.pending.len();
+        });
+        gauge!("throttle_reports_buffered").set(self.pending.len() as f64);
+    }
+
+    /// Collects finished slots into reports and sends them if connected.
+    fn tick(&mut self, tx: Option<&mpsc::Sender<v1::NodeMessage>>) -> bool {
+        self.schedule();
+        let finished = self.cfg.store.current_slot() - 1;
+        if finished <= self.last_collected {
+            return true;
+        }
+        self.last_collected = finished;
+        let mut report = self.cfg.store.collect(finished);
+        report.node_id.clone_from(&self.cfg.node_id);
+        let mut ok = true;
+        let sent = match tx {
+            Some(tx) => {
+                ok = tx.try_send(report_message(&report)).is_ok();
+                ok.then(Instant::now)
+            }
+            None => None,
+        };
+        self.pending.push_back(Pending { report, sent });
+        while self.pending.len() > self.cfg.max_buffered {
+            if let Some(p) = self.pending.pop_front() {
+                counter!("throttle_reports_dropped_total").increment(1);
+                tracing::warn!(
+                    slot = p.report.slot_number,
+                    "report buffer full; oldest report dropped"
+                );
+            }
+        }
+        self.publish(|s| s.reports_sent += u64::from(sent.is_some()));
+        ok
+    }
+
+    /// Opens a stream; owns its inputs so ticks can run while it connects.
+    fn open(&self, endpoint: String) -> impl Future<Output = Result<Opened, OpenError>> + use<> {
+        let timeout = self.cfg.connect_timeout;
+        let queue = self.cfg.max_buffered + 8;
+        let hello = v1::NodeMessage {
+            kind: Some(node_message::Kind::Hello(v1::Hello {
+                node_id: self.cfg.node_id.clone(),
+                slot_ms: self.cfg.store.slot_length().as_ms(),
+                services: self.cfg.store.service_names(),
+                version: throttle_proto::VERSION.to_owned(),
+            })),
+        };
+        open(endpoint, timeout, queue, hello)
+    }
+    fn follow(&mut self, leader: String) {
+        if leader.is_empty() {
+            self.current = (self.current + 1) % self.cfg.endpoints.len();
+            return;
+        }
+        tracing::info!(from = self.endpoint(), to = %leader, "following the leader");
+        self.current = match self.cfg.endpoints.iter().position(|e| *e == leader) {
+            Some(i) => i,
+            None => {
+                self.cfg.endpoints.push(leader);
+                self.cfg.endpoints.len() - 1
+            }
+        };
+    }
+
+    async fn sleep_ticking(&mut self, d: Duration) {
+        let until = Instant::now() + d;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => return,
+                _ = tokio::time::sleep_until(self.next_tick) => { self.tick(None); }
+            }
+        }
+    }
+
+    async fn run(mut self) {
+        let mut backoff = self.cfg.backoff_min;
+        loop {
+            let endpoint = self.endpoint().to_owned();
+            self.publish(|s| s.endpoint.clone_from(&endpoint));
+            let attempt = self.open(endpoint.clone());
+            tokio::pin!(attempt);
+            let opened = loop {
+                tokio::select! {
+                    r = &mut attempt => break r,
+                    _ = tokio::time::sleep_until(self.next_tick) => { self.tick(None); }
+                }
+            };
+            match opened {
+                Ok(Opened::Stream(tx, inbound)) => {
+                    backoff = self.cfg.backoff_min;
+                    self.connected(&endpoint, tx, inbound).await;
+                }
+                Ok(Opened::Redirect(leader)) => self.follow(leader),
+                Err(e) => {
+                    counter!("throttle_reporter_connect_failures_total").increment(1);
+                    tracing::warn!(endpoint = %endpoint, error = %e, "cannot reach central node");
+                    self.current = (self.current + 1) % self.cfg.endpoints.len();
+                }
+            }
+            // Full jitter over [backoff/2, backoff].
+            let jittered = backoff.mul_f64(0.5 + rand::random::<f64>() * 0.5);
+            self.sleep_ticking(jittered).await;
+            backoff = (backoff * 2).min(self.cfg.backoff_max);
+        }
+    }
+
+    async fn connected(
+        &mut self,
+        endpoint: &str,
+        tx: mpsc::Sender<v1::NodeMessage>,
+        mut inbound: Box<tonic::Streaming<v1::CentralMessage>>,
+    ) {
+        tracing::info!(
+            endpoint,
+            buffered = self.pending.len(),
+            "connected to central node"
+        );
+        gauge!("throttle_reporter_connected").set(1.0);
+        let now = Instant::now();
+        let mut replayed = 0;
+        for p in &mut self.pending {
+            if tx.try_send(report_message(&p.report)).is_err() {
+                break;
+            }
+            p.sent = Some(now);
+            replayed += 1;
+        }
+        self.publish(|s| {
+            s.connected = true;
+            s.connections += 1;
+            s.reports_sent += replayed;
+        });
+        loop {
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(v1::CentralMessage { kind: Some(central_message::Kind::Quota(q)) })) => self.quota(q),
+                    Ok(Some(v1::CentralMessage { kind: Some(central_message::Kind::NotLeader(nl)) })) => {
+                        self.follow(nl.leader);
+                        break;
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        tracing::warn!(endpoint, "central node closed the stream");
+                        break;
+                    }
+                    Err(status) => {
+                        self.refused(endpoint, &status);
+                        break;
+                    }
+                },
+                _ = tokio::time::sleep_until(self.next_tick) => {
+                    if !self.tick(Some(&tx)) {
+                        tracing::warn!(endpoint, "stream is not draining; reconnecting");
+                        break;
+                    }
+                }
+            }
+        }
+        gauge!("throttle_reporter_connected").set(0.0);
+        self.publish(|s| s.connected = false);
+    }
+
+    fn quota(&mut self, quota: v1::Quota) {
+        self.cfg.store.apply_quota(&quota);
+        if let Some(slot) = quota.report_slot
+            && let Some(i) = self
+                .pending
+                .iter()
+                .position(|p| p.report.slot_number == slot)
+            && let Some(p) = self.pending.remove(i)
+            && let Some(sent) = p.sent
+        {
+            histogram!("throttle_report_rtt_seconds").record(sent.elapsed().as_secs_f64());
+        }
+        self.publish(|s| s.quotas_received += 1);
+    }
+
+    fn refused(&mut self, endpoint: &str, status: &tonic::Status) {
+        if status.code() == tonic::Code::InvalidArgument {
+            // Answers come in order, so the refused report is the oldest one
+            // sent and not answered; sending it again would be refused again.
+            if let Some(i) = self.pending.iter().position(|p| p.sent.is_some())
+                && let Some(p) = self.pending.remove(i)
+            {
+                counter!("throttle_reports_dropped_total").increment(1);
+                tracing::error!(endpoint, slot = p.report.slot_number, error = %status.message(), "central node refused a report; dropped");
+            }
+        } else {
+            tracing::warn!(endpoint, code = ?status.code(), error = %status.message(), "stream to central node failed");
+        }
+    }
+}
