@@ -401,6 +401,12 @@ impl UserState {
             }
         }
         if refused.is_some() {
+            if !record {
+                // Shadow mode: the request goes through, so it consumes.
+                for &(r, amount) in costs {
+                    self.add(r, amount, slot);
+                }
+            }
             self.last_seen = slot;
             return (false, refused);
         }
@@ -497,7 +503,8 @@ impl ServiceStore {
 
     /// As [`ServiceStore::admit`], and returns a [`UserHandle`] for amounts
     /// known later. With `record_rejection` false (shadow mode) a refusal is
-    /// decided but not counted.
+    /// decided but not counted as a rejection, and the costs are charged
+    /// since the request goes through anyway.
     pub fn admit_with_handle(
         self: &Arc<Self>,
         user: &str,

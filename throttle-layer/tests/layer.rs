@@ -1,0 +1,517 @@
+//! `ThrottleLayer` in axum (through `oneshot`) and in a tonic server on a
+//! real socket.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use throttle_layer::store::{Fallback, SlotStore};
+use throttle_layer::{MissingUser, ThrottleLayer, Usage, UserKey};
+use throttle_proto::legacy::quota_from_json;
+use throttle_proto::slot::ManualClock;
+use throttle_proto::v1;
+use tower::ServiceExt;
+
+const T: i64 = 100_250; // a quarter into slot 100
+
+fn store() -> (Arc<ManualClock>, SlotStore) {
+    let clock = Arc::new(ManualClock::new(T));
+    (clock.clone(), SlotStore::builder().clock(clock).build())
+}
+
+fn quota(store: &SlotStore, json: &str) {
+    store.apply_quota(&quota_from_json(json).unwrap());
+}
+
+fn amount(usage: &BTreeMap<String, v1::Usage>, user: &str, resource: &str) -> i64 {
+    usage
+        .get("front")
+        .and_then(|u| u.users.get(user))
+        .and_then(|a| a.resources.get(resource))
+        .copied()
+        .unwrap_or(0)
+}
+
+fn builder(store: &SlotStore) -> throttle_layer::ThrottleLayerBuilder {
+    ThrottleLayer::builder(store, "front").user(UserKey::header("x-user"))
+}
+
+fn get_as(user: &str, uri: &str) -> Request<Body> {
+    Request::builder()
+        .uri(uri)
+        .header("x-user", user)
+        .body(Body::empty())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn allowed_requests_pass_and_are_counted() {
+    let (clock, store) = store();
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(builder(&store).build().unwrap());
+    for _ in 0..3 {
+        let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "hello");
+    }
+    clock.set(T + 1_000);
+    let r = store.collect(100);
+    assert_eq!(amount(&r.consumption, "alice", "requests"), 3);
+}
+
+#[tokio::test]
+async fn refused_http_request_gets_429_and_headers() {
+    let (_, store) = store();
+    quota(
+        &store,
+        r#"{"front": {"100": {"alice": {"requests": 0.0}, "bob": {"requests": 2.0}}}}"#,
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(builder(&store).build().unwrap());
+    let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = res.headers();
+    assert_eq!(h["retry-after"], "1", "750 ms to the next slot, rounded up");
+    assert_eq!(h["ratelimit-policy"], r#""requests";q=0;w=1"#);
+    assert_eq!(h["ratelimit"], r#""requests";r=0;t=1"#);
+    assert_eq!(h["x-ratelimit-limit"], "0");
+    assert_eq!(h["x-ratelimit-remaining"], "0");
+    assert_eq!(h["x-ratelimit-reset"], "1");
+    // bob: 2 allowed... 0, 1, 2 consumed are not above 2; the fourth is refused.
+    for _ in 0..3 {
+        assert_eq!(
+            app.clone()
+                .oneshot(get_as("bob", "/"))
+                .await
+                .unwrap()
+                .status(),
+            StatusCode::OK
+        );
+    }
+    let res = app.clone().oneshot(get_as("bob", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["x-ratelimit-limit"], "2");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "Too Many Requests\n");
+}
+
+#[tokio::test]
+async fn reject_status_and_headers_are_configurable() {
+    let (_, store) = store();
+    quota(
+        &store,
+        r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
+    );
+    let layer = builder(&store)
+        .reject_status(StatusCode::SERVICE_UNAVAILABLE)
+        .rate_limit_headers(false)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer);
+    let res = app.oneshot(get_as("alice", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().contains_key("retry-after"));
+    assert!(!res.headers().contains_key("ratelimit-policy"));
+    assert!(!res.headers().contains_key("x-ratelimit-limit"));
+}
+
+#[tokio::test]
+async fn grpc_requests_are_refused_trailers_only() {
+    let (_, store) = store();
+    quota(
+        &store,
+        r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
+    );
+    let app = Router::new()
+        .route("/pkg.Svc/Call", post(|| async { "never" }))
+        .layer(builder(&store).build().unwrap());
+    let req = Request::post("/pkg.Svc/Call")
+        .header("x-user", "alice")
+        .header("content-type", "application/grpc+proto")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let h = res.headers();
+    assert_eq!(h["grpc-status"], "8");
+    assert_eq!(h["content-type"], "application/grpc");
+    assert!(h["grpc-message"].to_str().unwrap().contains("requests"));
+    assert_eq!(h["grpc-retry-pushback-ms"], "750");
+    assert!(
+        res.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .is_empty()
+    );
+}
+
+/// A body of `chunks` frames of `size` bytes.
+fn chunked(chunks: usize, size: usize) -> Body {
+    let frames = (0..chunks).map(move |_| Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; size])));
+    Body::from_stream(futures_util::stream::iter(frames))
+}
+
+#[tokio::test]
+async fn streaming_bodies_are_counted_exactly() {
+    let (clock, store) = store();
+    let upload = builder(&store).traffic_up().build().unwrap();
+    let download = builder(&store).traffic_down().build().unwrap();
+    let app = Router::new()
+        .route(
+            "/upload",
+            post(|body: Body| async move {
+                let n = body.collect().await.unwrap().to_bytes().len();
+                n.to_string()
+            })
+            .layer(upload),
+        )
+        .route(
+            "/download",
+            get(|| async { chunked(10, 1000) }).layer(download),
+        );
+    let req = Request::post("/upload")
+        .header("x-user", "alice")
+        .body(chunked(7, 333))
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "2331");
+    let res = app
+        .clone()
+        .oneshot(get_as("alice", "/download"))
+        .await
+        .unwrap();
+    assert_eq!(
+        res.into_body().collect().await.unwrap().to_bytes().len(),
+        10_000
+    );
+
+    // A client that goes away after two frames is charged for two frames.
+    let mut body = app
+        .clone()
+        .oneshot(get_as("bob", "/download"))
+        .await
+        .unwrap()
+        .into_body();
+    for _ in 0..2 {
+        body.frame().await.unwrap().unwrap();
+    }
+    drop(body);
+
+    clock.set(T + 1_000);
+    let r = store.collect(100);
+    assert_eq!(amount(&r.consumption, "alice", "traffic_up"), 2331);
+    assert_eq!(amount(&r.consumption, "alice", "traffic_down"), 10_000);
+    assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+    assert_eq!(amount(&r.consumption, "bob", "traffic_down"), 2_000);
+}
+
+#[tokio::test]
+async fn handler_amounts_and_route_costs() {
+    let (clock, store) = store();
+    let db = builder(&store).handler_usage().build().unwrap();
+    let search = builder(&store).cost("database_read", 3).build().unwrap();
+    let app = Router::new()
+        .route(
+            "/db",
+            get(|usage: Usage| async move {
+                assert_eq!(usage.user(), Some("alice"));
+                assert!(usage.add("database_write", 4));
+                assert!(!usage.add("database_write", -1));
+                "ok"
+            })
+            .layer(db),
+        )
+        .route("/search", get(|| async { "found" }))
+        .route_layer(search);
+    assert_eq!(
+        app.clone()
+            .oneshot(get_as("alice", "/db"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        app.clone()
+            .oneshot(get_as("alice", "/search"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // Handler amounts count for the slot in which they happen.
+    clock.set(T + 1_000);
+    assert_eq!(
+        app.clone()
+            .oneshot(get_as("alice", "/db"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = store.collect(100);
+    assert_eq!(amount(&r.consumption, "alice", "database_write"), 4);
+    assert_eq!(
+        amount(&r.consumption, "alice", "database_read"),
+        6,
+        "route_layer covers /db too"
+    );
+    assert_eq!(
+        amount(&r.consumption, "alice", "requests"),
+        3,
+        "/db is under both layers"
+    );
+    clock.set(T + 2_000);
+    let r = store.collect(101);
+    assert_eq!(amount(&r.consumption, "alice", "database_write"), 4);
+}
+
+#[tokio::test]
+async fn usage_without_the_layer_is_a_clear_500() {
+    let app = Router::new().route("/db", get(|_: Usage| async { "ok" }));
+    let res = app.oneshot(get_as("alice", "/db")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("handler_usage"));
+}
+
+#[tokio::test]
+async fn shadow_mode_lets_everything_through() {
+    let (clock, store) = store();
+    quota(
+        &store,
+        r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(builder(&store).shadow(true).build().unwrap());
+    assert_eq!(
+        app.oneshot(get_as("alice", "/")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    clock.set(T + 1_000);
+    let r = store.collect(100);
+    assert_eq!(amount(&r.consumption, "alice", "requests"), 1);
+    assert_eq!(amount(&r.rejection, "alice", "requests"), 0);
+}
+
+#[tokio::test]
+async fn requests_without_user_are_skipped_or_anonymous() {
+    let (clock, store) = store();
+    quota(
+        &store,
+        r#"{"front": {"100": {"anonymous": {"requests": 0.0}}}}"#,
+    );
+    let skip = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(builder(&store).build().unwrap());
+    let anon = Router::new().route("/", get(|| async { "hello" })).layer(
+        builder(&store)
+            .missing_user(MissingUser::As("anonymous".into()))
+            .build()
+            .unwrap(),
+    );
+    let req = || Request::get("/").body(Body::empty()).unwrap();
+    assert_eq!(skip.oneshot(req()).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        anon.oneshot(req()).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    clock.set(T + 1_000);
+    let r = store.collect(100);
+    assert_eq!(amount(&r.rejection, "anonymous", "requests"), 1);
+    assert!(r.consumption["front"].users.is_empty());
+}
+
+#[tokio::test]
+async fn fallback_is_chosen_per_layer() {
+    let (_, store) = store();
+    let open = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(builder(&store).build().unwrap());
+    let closed = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(builder(&store).fallback(Fallback::Deny).build().unwrap());
+    assert_eq!(
+        open.oneshot(get_as("alice", "/")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let res = closed.oneshot(get_as("alice", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().contains_key("retry-after"));
+    assert!(
+        !res.headers().contains_key("ratelimit-policy"),
+        "no quota to describe"
+    );
+}
+
+#[tokio::test]
+async fn builder_errors() {
+    let (_, store) = store();
+    assert!(matches!(
+        ThrottleLayer::builder(&store, "front").build(),
+        Err(throttle_layer::layer::LayerError::NoUserKey)
+    ));
+    assert!(builder(&store).cost("db", -1).build().is_err());
+    assert!(builder(&store).cost("", 1).build().is_err());
+}
+
+#[tokio::test]
+async fn method_router_layer_and_peer_ip() {
+    let (clock, store) = store();
+    let layer = ThrottleLayer::builder(&store, "front")
+        .user(UserKey::peer_ip())
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(|| async { "hello" }).layer(layer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    clock.set(T + 1_000);
+    let r = store.collect(100);
+    assert_eq!(amount(&r.consumption, "127.0.0.1", "requests"), 1);
+    server.abort();
+}
+
+mod grpc {
+    use super::*;
+    use std::pin::Pin;
+    use throttle_proto::v1::central_client::CentralClient;
+    use throttle_proto::v1::central_server::{Central, CentralServer};
+    use throttle_proto::v1::{central_message, node_message};
+    use tokio_stream::Stream;
+    use tonic::{Request as GrpcRequest, Response, Status, Streaming};
+
+    /// A tonic service to put the layer in front of: answers Hello with Welcome.
+    struct Greeter;
+
+    #[tonic::async_trait]
+    impl Central for Greeter {
+        type ExchangeStream =
+            Pin<Box<dyn Stream<Item = Result<v1::CentralMessage, Status>> + Send>>;
+
+        async fn exchange(
+            &self,
+            request: GrpcRequest<Streaming<v1::NodeMessage>>,
+        ) -> Result<Response<Self::ExchangeStream>, Status> {
+            let mut inbound = request.into_inner();
+            let out = async_stream(move |tx| async move {
+                while let Ok(Some(m)) = inbound.message().await {
+                    if let Some(node_message::Kind::Hello(_)) = m.kind {
+                        let welcome = central_message::Kind::Welcome(v1::Welcome {
+                            slot_ms: 1000,
+                            epoch: 0,
+                        });
+                        let _ = tx
+                            .send(Ok(v1::CentralMessage {
+                                kind: Some(welcome),
+                            }))
+                            .await;
+                    }
+                }
+            });
+            Ok(Response::new(out))
+        }
+    }
+
+    fn async_stream<F, Fut>(
+        f: F,
+    ) -> Pin<Box<dyn Stream<Item = Result<v1::CentralMessage, Status>> + Send>>
+    where
+        F: FnOnce(tokio::sync::mpsc::Sender<Result<v1::CentralMessage, Status>>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(f(tx));
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+
+    async fn call(
+        client: &mut CentralClient<tonic::transport::Channel>,
+        user: &str,
+    ) -> Result<(), Status> {
+        let hello = v1::NodeMessage {
+            kind: Some(node_message::Kind::Hello(v1::Hello::default())),
+        };
+        let mut req = GrpcRequest::new(tokio_stream::iter(vec![hello]));
+        req.metadata_mut().insert("x-user", user.parse().unwrap());
+        let mut stream = client.exchange(req).await?.into_inner();
+        let first = stream.message().await?;
+        assert!(matches!(
+            first.and_then(|m| m.kind),
+            Some(central_message::Kind::Welcome(_))
+        ));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn tonic_server_with_the_layer() {
+        let (clock, store) = store();
+        quota(
+            &store,
+            r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
+        );
+        let layer = ThrottleLayer::builder(&store, "front")
+            .user(UserKey::header("x-user"))
+            .build()
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .layer(layer)
+                .add_service(CentralServer::new(Greeter))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let mut client = CentralClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        call(&mut client, "bob").await.unwrap();
+        let err = call(&mut client, "alice").await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(err.message().contains("requests"), "{}", err.message());
+        let pushback: u64 = err
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(pushback <= 1000, "{pushback}");
+        clock.set(T + 1_000);
+        let r = store.collect(100);
+        assert_eq!(amount(&r.consumption, "bob", "requests"), 1);
+        assert_eq!(amount(&r.rejection, "alice", "requests"), 1);
+        server.abort();
+        let _ = Duration::ZERO;
+    }
+}

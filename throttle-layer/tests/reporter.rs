@@ -1,0 +1,401 @@
+//! The reporter against a small in-test central node (a tonic server on
+//! 127.0.0.1:0), with 100 ms slots so tests take well under a few seconds.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use throttle_layer::reporter::{Reporter, ReporterHandle};
+use throttle_layer::store::{Basis, Fallback, SlotStore};
+use throttle_proto::slot::SlotLength;
+use throttle_proto::v1::central_server::{Central, CentralServer};
+use throttle_proto::v1::{self, central_message, node_message};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+const SLOT_MS: u32 = 100;
+
+#[derive(Debug, Clone)]
+enum Event {
+    Hello(v1::Hello),
+    Report(v1::Report),
+}
+
+type Outbound = mpsc::Sender<Result<v1::CentralMessage, Status>>;
+
+#[derive(Clone)]
+struct Fake {
+    events: mpsc::UnboundedSender<Event>,
+    streams: Arc<Mutex<Vec<Outbound>>>,
+    redirect: Option<String>,
+    /// Quota answered for slot S+1: user -> requests.
+    answer: Option<(&'static str, f64)>,
+}
+
+fn quota_message(
+    service: &str,
+    slot: i64,
+    users: &[(&str, f64)],
+    report_slot: Option<i64>,
+) -> v1::CentralMessage {
+    let users = users
+        .iter()
+        .map(|(u, q)| {
+            let resources = [("requests".to_string(), *q)].into();
+            (u.to_string(), v1::ResourceQuotas { resources })
+        })
+        .collect();
+    let slots = [(slot, v1::UserQuotas { users })].into();
+    let quota = v1::Quota {
+        services: [(service.to_string(), v1::ServiceQuota { slots })].into(),
+        report_slot,
+    };
+    v1::CentralMessage {
+        kind: Some(central_message::Kind::Quota(quota)),
+    }
+}
+
+#[tonic::async_trait]
+impl Central for Fake {
+    type ExchangeStream = ReceiverStream<Result<v1::CentralMessage, Status>>;
+
+    async fn exchange(
+        &self,
+        request: Request<Streaming<v1::NodeMessage>>,
+    ) -> Result<Response<Self::ExchangeStream>, Status> {
+        let (tx, rx) = mpsc::channel(64);
+        if let Some(leader) = &self.redirect {
+            let kind = central_message::Kind::NotLeader(v1::NotLeader {
+                leader: leader.clone(),
+            });
+            let _ = tx.try_send(Ok(v1::CentralMessage { kind: Some(kind) }));
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
+        self.streams.lock().push(tx.clone());
+        let mut inbound = request.into_inner();
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                match m.kind {
+                    Some(node_message::Kind::Hello(h)) => {
+                        let _ = this.events.send(Event::Hello(h));
+                        let w = central_message::Kind::Welcome(v1::Welcome {
+                            slot_ms: SLOT_MS,
+                            epoch: 1,
+                        });
+                        let _ = tx.send(Ok(v1::CentralMessage { kind: Some(w) })).await;
+                    }
+                    Some(node_message::Kind::Report(r)) => {
+                        let s = r.slot_number;
+                        let _ = this.events.send(Event::Report(r));
+                        let users: Vec<(&str, f64)> = this.answer.into_iter().collect();
+                        if tx
+                            .send(Ok(quota_message("front", s + 1, &users, Some(s))))
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    None => {}
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+struct FakeServer {
+    addr: SocketAddr,
+    fake: Fake,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeServer {
+    async fn start(addr: SocketAddr, fake: Fake) -> Self {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, rx) = oneshot::channel::<()>();
+        let server = tonic::transport::Server::builder()
+            .add_service(CentralServer::new(fake.clone()))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = rx.await;
+            });
+        let task = tokio::spawn(async move {
+            let _ = server.await;
+        });
+        Self {
+            addr,
+            fake,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Ends every stream and stops listening, as a crashed central would.
+    async fn stop(mut self) {
+        for tx in self.fake.streams.lock().drain(..) {
+            let _ = tx.try_send(Err(Status::unavailable("going away")));
+        }
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.task).await;
+        self.task.abort();
+    }
+
+    fn push(&self, msg: v1::CentralMessage) {
+        for tx in self.fake.streams.lock().iter() {
+            let _ = tx.try_send(Ok(msg.clone()));
+        }
+    }
+}
+
+fn fake(answer: Option<(&'static str, f64)>) -> (Fake, mpsc::UnboundedReceiver<Event>) {
+    let (events, rx) = mpsc::unbounded_channel();
+    (
+        Fake {
+            events,
+            streams: Arc::default(),
+            redirect: None,
+            answer,
+        },
+        rx,
+    )
+}
+
+fn store() -> SlotStore {
+    SlotStore::builder()
+        .slot(SlotLength::from_ms(SLOT_MS).unwrap())
+        .build()
+}
+
+fn reporter(store: &SlotStore, endpoints: &[String]) -> ReporterHandle {
+    let mut b = Reporter::builder(store, "node-a")
+        .report_delay(Duration::from_millis(10))
+        .backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(200));
+    for e in endpoints {
+        b = b.central(e.clone());
+    }
+    b.spawn().unwrap()
+}
+
+async fn next(rx: &mut mpsc::UnboundedReceiver<Event>) -> Event {
+    tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("no event within 5 s")
+        .expect("server gone")
+}
+
+async fn next_report(rx: &mut mpsc::UnboundedReceiver<Event>) -> v1::Report {
+    loop {
+        if let Event::Report(r) = next(rx).await {
+            return r;
+        }
+    }
+}
+
+fn requests(r: &v1::Report, user: &str) -> i64 {
+    r.consumption
+        .get("front")
+        .and_then(|u| u.users.get(user))
+        .and_then(|a| a.resources.get("requests"))
+        .copied()
+        .unwrap_or(0)
+}
+
+async fn within<F: FnMut() -> bool>(what: &str, mut f: F) {
+    for _ in 0..250 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not within 5 s: {what}");
+}
+
+#[tokio::test]
+async fn hello_then_one_report_per_slot_with_the_counts() {
+    let (f, mut events) = fake(None);
+    let server = FakeServer::start("127.0.0.1:0".parse().unwrap(), f).await;
+    let store = store();
+    let front = store.service("front");
+    let req = front.resource("requests").unwrap();
+    let _reporter = reporter(&store, &[server.url()]);
+    match next(&mut events).await {
+        Event::Hello(h) => {
+            assert_eq!(h.node_id, "node-a");
+            assert_eq!(h.slot_ms, SLOT_MS);
+            assert_eq!(h.services, vec!["front".to_string()]);
+            assert!(!h.version.is_empty());
+        }
+        e => panic!("expected Hello, got {e:?}"),
+    }
+    let first = next_report(&mut events).await;
+    for _ in 0..3 {
+        front.admit("alice", &[(req, 1)], Fallback::Allow);
+    }
+    let mut total = 0;
+    let mut last = first.slot_number;
+    for _ in 0..3 {
+        let r = next_report(&mut events).await;
+        assert_eq!(r.slot_number, last + 1, "one report per slot, in order");
+        assert_eq!(r.node_id, "node-a");
+        assert!(r.rejection.contains_key("front"));
+        last = r.slot_number;
+        total += requests(&r, "alice");
+    }
+    assert_eq!(total, 3);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn answers_and_pushes_are_applied() {
+    let (f, mut events) = fake(Some(("alice", 0.0)));
+    let server = FakeServer::start("127.0.0.1:0".parse().unwrap(), f).await;
+    let store = store();
+    let front = store.service("front");
+    let req = front.resource("requests").unwrap();
+    let handle = reporter(&store, &[server.url()]);
+    next_report(&mut events).await;
+    next_report(&mut events).await;
+    // The answer to the report sent at the start of this slot covers it.
+    within("answer applied", || front.has_quota(store.current_slot())).await;
+    let d = front.admit("alice", &[(req, 1)], Fallback::Allow).decision;
+    assert!(!d.is_allowed() && d.basis == Basis::Quota, "{d:?}");
+    let far = store.current_slot() + 5;
+    server.push(quota_message("front", far, &[("bob", 3.0)], None));
+    within("push applied", || front.has_quota(far)).await;
+    assert!(handle.status().quotas_received >= 3);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reconnects_and_replays_buffered_reports_in_order() {
+    let (f, mut events) = fake(None);
+    let server = FakeServer::start("127.0.0.1:0".parse().unwrap(), f.clone()).await;
+    let addr = server.addr;
+    let store = store();
+    let front = store.service("front");
+    let req = front.resource("requests").unwrap();
+    let handle = reporter(&store, &[server.url()]);
+    let mut reports = vec![next_report(&mut events).await];
+    server.stop().await;
+    within("disconnected", || !handle.status().connected).await;
+    // Traffic while the central node is away, spread over several slots.
+    let mut admitted = 0;
+    for _ in 0..5 {
+        front.admit("alice", &[(req, 1)], Fallback::Allow);
+        admitted += 1;
+        tokio::time::sleep(Duration::from_millis(u64::from(SLOT_MS))).await;
+    }
+    assert!(handle.status().buffered >= 3, "{:?}", handle.status());
+    let server = FakeServer::start(addr, f).await;
+    within("reconnected and drained", || {
+        let s = handle.status();
+        s.connected && s.buffered == 0 && s.connections == 2
+    })
+    .await;
+    // Read everything received so far plus one more report.
+    let after = next_report(&mut events).await.slot_number;
+    while let Ok(e) = events.try_recv() {
+        if let Event::Report(r) = e {
+            reports.push(r);
+        }
+    }
+    let _ = after;
+    let mut received: Vec<i64> = reports.iter().map(|r| r.slot_number).collect();
+    received.dedup();
+    let replay = &received[1..];
+    assert!(
+        replay.windows(2).all(|w| w[1] == w[0] + 1),
+        "in order, no gap: {received:?}"
+    );
+    let mut seen = std::collections::BTreeMap::new();
+    for r in &reports {
+        seen.entry(r.slot_number)
+            .or_insert_with(|| requests(r, "alice"));
+    }
+    let counted: i64 = seen.values().sum();
+    assert!(counted <= admitted);
+    assert!(
+        counted >= admitted - 1,
+        "at most the current slot is still unreported: {counted} of {admitted}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn follows_not_leader_to_the_leader() {
+    let (leader_fake, mut leader_events) = fake(None);
+    let leader = FakeServer::start("127.0.0.1:0".parse().unwrap(), leader_fake).await;
+    let (mut follower_fake, _follower_events) = fake(None);
+    follower_fake.redirect = Some(leader.url());
+    let follower = FakeServer::start("127.0.0.1:0".parse().unwrap(), follower_fake).await;
+    let store = store();
+    store.service("front");
+    let handle = reporter(&store, &[follower.url()]);
+    assert!(matches!(next(&mut leader_events).await, Event::Hello(_)));
+    within("connected to the leader", || handle.status().connected).await;
+    assert_eq!(handle.status().endpoint, leader.url());
+    leader.stop().await;
+    follower.stop().await;
+}
+
+#[tokio::test]
+async fn unreachable_central_buffers_and_fallback_decides() {
+    // A port with nothing behind it.
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let store = store();
+    let front = store.service("front");
+    let req = front.resource("requests").unwrap();
+    let handle = reporter(&store, &[format!("http://{addr}")]);
+    within("reports buffered", || handle.status().buffered >= 3).await;
+    assert!(!handle.status().connected);
+    assert!(
+        !front
+            .admit("alice", &[(req, 1)], Fallback::Deny)
+            .decision
+            .is_allowed()
+    );
+    assert!(
+        front
+            .admit("alice", &[(req, 1)], Fallback::Allow)
+            .decision
+            .is_allowed()
+    );
+    let (f, mut events) = fake(None);
+    let server = FakeServer::start(addr, f).await;
+    assert!(matches!(next(&mut events).await, Event::Hello(_)));
+    within("drained", || handle.status().buffered == 0).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn builder_refuses_bad_settings() {
+    let store = store();
+    assert!(Reporter::builder(&store, "n").spawn().is_err());
+    assert!(
+        Reporter::builder(&store, "")
+            .central("http://127.0.0.1:1")
+            .spawn()
+            .is_err()
+    );
+    assert!(
+        Reporter::builder(&store, "n")
+            .central("not a uri")
+            .spawn()
+            .is_err()
+    );
+}
