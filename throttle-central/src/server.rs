@@ -182,7 +182,7 @@ impl CentralBuilder {
             next_conn: 0,
             started: Instant::now(),
         };
-        let mut tasks = vec![tokio::spawn(actor.run(rx))];
+        let mut tasks = vec![tokio::spawn(actor.run(rx, stop_rx.clone()))];
         tasks.push(tokio::spawn(assigner(
             commands.clone(),
             self.clock.clone(),
@@ -379,10 +379,19 @@ struct Actor {
 }
 
 impl Actor {
-    async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut stop: watch::Receiver<bool>) {
         self.refresh_limits(self.clock.now_ms());
-        while let Some(cmd) = rx.recv().await {
-            self.handle(cmd);
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => self.handle(cmd),
+                    None => return,
+                },
+                _ = stop.wait_for(|s| *s) => {
+                    self.handle(Command::CloseAll);
+                    return;
+                }
+            }
         }
     }
 
@@ -714,13 +723,20 @@ impl CentralService {
         }
         let Ok(conn) = rx.await else { return };
         loop {
-            let status = match inbound.next().await {
+            let next = tokio::select! {
+                next = inbound.next() => next,
+                // The response stream is gone (closed by the central node):
+                // stop reading, so the connection can wind down.
+                () = tx.closed() => break,
+            };
+            let status = match next {
                 None => break,
                 Some(Err(s)) => {
                     counter!("throttle_central_invalid_messages_total", "reason" => "decode")
                         .increment(1);
                     tracing::warn!(?addr, status = %s, "node stream failed");
-                    break;
+                    // Tell the node why (e.g. a message over the size limit).
+                    Status::new(s.code(), s.message().to_owned())
                 }
                 Some(Ok(v1::NodeMessage {
                     kind: Some(node_message::Kind::Report(report)),

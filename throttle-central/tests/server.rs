@@ -1,0 +1,446 @@
+//! The central node on 127.0.0.1:0 with real tonic clients as nodes.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::Value;
+use throttle_central::leadership::Follower;
+use throttle_central::limits::{FileLimits, LimitSet, StaticLimits};
+use throttle_central::{Central, RunningCentral};
+use throttle_proto::legacy::report_from_json;
+use throttle_proto::slot::{Clock, SlotLength, SystemClock};
+use throttle_proto::v1::central_client::CentralClient;
+use throttle_proto::v1::{self, central_message, node_message};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tonic::Streaming;
+
+const SLOT_MS: u32 = 100;
+
+fn metrics() -> metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .unwrap()
+        })
+        .clone()
+}
+
+async fn start(builder: throttle_central::CentralBuilder) -> RunningCentral {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    builder
+        .slot(SlotLength::from_ms(SLOT_MS).unwrap())
+        .metrics(metrics())
+        .spawn(grpc, Some(http))
+        .unwrap()
+}
+
+fn limits(toml: &str) -> Arc<StaticLimits> {
+    Arc::new(StaticLimits::new(LimitSet::from_toml(toml).unwrap()))
+}
+
+struct Node {
+    tx: mpsc::Sender<v1::NodeMessage>,
+    inbound: Streaming<v1::CentralMessage>,
+}
+
+fn hello(node_id: &str, slot_ms: u32) -> v1::NodeMessage {
+    v1::NodeMessage {
+        kind: Some(node_message::Kind::Hello(v1::Hello {
+            node_id: node_id.into(),
+            slot_ms,
+            services: vec!["front".into()],
+            version: "test".into(),
+        })),
+    }
+}
+
+async fn open(addr: SocketAddr, first: v1::NodeMessage) -> Node {
+    let mut client = CentralClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(first).await.unwrap();
+    let inbound = client
+        .exchange(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    Node { tx, inbound }
+}
+
+async fn node(addr: SocketAddr, node_id: &str) -> Node {
+    let mut n = open(addr, hello(node_id, SLOT_MS)).await;
+    let first = n.recv().await.unwrap();
+    assert!(matches!(
+        first,
+        central_message::Kind::Welcome(v1::Welcome {
+            slot_ms: SLOT_MS,
+            ..
+        })
+    ));
+    n
+}
+
+fn current_slot() -> i64 {
+    SlotLength::from_ms(SLOT_MS)
+        .unwrap()
+        .slot_at(SystemClock.now_ms())
+}
+
+fn report(node: &str, slot: i64, consumption: &str, rejection: &str) -> v1::Report {
+    report_from_json(&format!(
+        r#"{{"node_id": "{node}", "slot_number": {slot}, "consumption": {{"front": {consumption}}}, "rejection": {{"front": {rejection}}}}}"#
+    ))
+    .unwrap()
+}
+
+impl Node {
+    async fn recv(&mut self) -> Result<central_message::Kind, tonic::Status> {
+        let m = tokio::time::timeout(Duration::from_secs(5), self.inbound.message())
+            .await
+            .expect("no message within 5 s")?;
+        Ok(m.and_then(|m| m.kind).expect("stream ended"))
+    }
+
+    async fn send(&self, r: v1::Report) {
+        self.tx
+            .send(v1::NodeMessage {
+                kind: Some(node_message::Kind::Report(r)),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// Sends a report and returns the quota that answers it, skipping pushes.
+    async fn exchange(&mut self, r: v1::Report) -> Result<v1::Quota, tonic::Status> {
+        let slot = r.slot_number;
+        self.send(r).await;
+        loop {
+            if let central_message::Kind::Quota(q) = self.recv().await?
+                && q.report_slot == Some(slot)
+            {
+                return Ok(q);
+            }
+        }
+    }
+
+    /// The next pushed quota for `user` in service front: (slot, requests).
+    async fn next_push(&mut self, user: &str) -> (i64, f64) {
+        loop {
+            if let Ok(central_message::Kind::Quota(q)) = self.recv().await
+                && q.report_slot.is_none()
+            {
+                for (slot, uq) in &q.services["front"].slots {
+                    if let Some(r) = uq.users.get(user) {
+                        return (*slot, r.resources["requests"]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+async fn json(central: &RunningCentral, path: &str) -> Value {
+    let (status, body) = http_get(central.http_addr().unwrap(), path).await;
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test]
+async fn hello_welcome_report_quota() {
+    let central = start(Central::builder()).await;
+    let mut n = node(central.grpc_addr(), "n1").await;
+    let s = current_slot();
+    let q = n
+        .exchange(report("n1", s, r#"{"alice": {"requests": 3}}"#, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(q.report_slot, Some(s));
+    assert!(
+        q.services["front"].slots[&(s + 1)].users.is_empty(),
+        "{{S+1: {{}}}} with no limits"
+    );
+    let sums = json(&central, "/v1/monitor/consumption_sum").await;
+    assert_eq!(sums["front"][(s - 1).to_string()]["alice"]["requests"], 3);
+    let conns = json(&central, "/v1/monitor/connections").await;
+    assert_eq!(conns["connections"][0]["node_id"], "n1");
+    let reported = json(
+        &central,
+        &format!("/v1/monitor/reported?start_slot={}", s - 1),
+    )
+    .await;
+    assert_eq!(reported[(s - 1).to_string()][0], "n1");
+    central.shutdown().await;
+}
+
+#[tokio::test]
+async fn assign_pushes_classic_shares_to_each_node() {
+    let central = start(Central::builder().limits(limits(
+        "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = { requests = 1000 }\n",
+    )))
+    .await;
+    let mut a = node(central.grpc_addr(), "a").await;
+    let mut b = node(central.grpc_addr(), "b").await;
+    let s = current_slot();
+    a.exchange(report("a", s, r#"{"alice": {"requests": 30}}"#, "{}"))
+        .await
+        .unwrap();
+    b.exchange(report("b", s, r#"{"alice": {"requests": 10}}"#, "{}"))
+        .await
+        .unwrap();
+    let (slot_a, qa) = a.next_push("alice").await;
+    let (slot_b, qb) = b.next_push("alice").await;
+    assert_eq!(slot_a, slot_b, "pushed from the same assign");
+    assert!(slot_a >= s + 2);
+    // Consumption 3:1, no rejections: shares 0.75 / 0.25 of the same stored amount.
+    assert!((qa / qb - 3.0).abs() < 1e-9, "{qa} / {qb}");
+    assert!(qa + qb <= 1000.0 * 10.0 + 1e-6);
+    let quota = json(&central, "/v1/monitor/quota").await;
+    assert!(quota["front"][slot_a.to_string()]["a"]["alice"]["requests"].is_number());
+    let dist = json(&central, "/v1/monitor/distribution").await;
+    assert_eq!(
+        dist["front"]["alice"]["requests"]["nodes"]["a"]["consumption"],
+        30
+    );
+    assert_eq!(dist["front"]["alice"]["requests"]["bucket"]["rate"], 1000.0);
+    central.shutdown().await;
+}
+
+#[tokio::test]
+async fn limits_file_is_reloaded_and_bad_edits_keep_the_old_limits() {
+    let dir = std::env::temp_dir().join(format!("throttle-central-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let write = |rate: u32| {
+        let text = format!(
+            "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = {{ requests = {rate} }}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+    };
+    write(100);
+    let file = Arc::new(FileLimits::open(&path).unwrap());
+    let central = start(Central::builder().limits_file(file)).await;
+    let rate = |v: &Value| v["limits"]["front"][0]["per_second"]["requests"].clone();
+    assert_eq!(rate(&json(&central, "/v1/limits").await), 100.0);
+    write(5);
+    // Two slots are 200 ms; allow for a slow machine.
+    let mut ok = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(SLOT_MS as u64)).await;
+        if rate(&json(&central, "/v1/limits").await) == 5.0 {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok, "new limit not loaded");
+    std::fs::write(&path, "[[limit]]\nservice = \"front\"\nuser = \n").unwrap();
+    let mut err = Value::Null;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(SLOT_MS as u64)).await;
+        err = json(&central, "/v1/limits").await;
+        if err["last_error"].is_string() {
+            break;
+        }
+    }
+    assert!(
+        err["last_error"].as_str().unwrap().contains("line 3"),
+        "{err}"
+    );
+    assert_eq!(rate(&err), 5.0, "previous limits stay");
+    let (_, metrics) = http_get(central.http_addr().unwrap(), "/metrics").await;
+    assert!(
+        metrics.contains("throttle_central_limits_reload_errors_total"),
+        "{metrics}"
+    );
+    central.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+async fn refused(first: v1::NodeMessage) -> tonic::Status {
+    let central = start(Central::builder()).await;
+    let mut n = open(central.grpc_addr(), first).await;
+    let status = n.recv().await.unwrap_err();
+    central.shutdown().await;
+    status
+}
+
+#[tokio::test]
+async fn bad_hellos_are_invalid_argument() {
+    let first_report = v1::NodeMessage {
+        kind: Some(node_message::Kind::Report(report(
+            "n1",
+            current_slot(),
+            "{}",
+            "{}",
+        ))),
+    };
+    for (first, needle) in [
+        (first_report, "Hello"),
+        (hello("", SLOT_MS), "node_id"),
+        (hello(&"n".repeat(257), SLOT_MS), "node_id"),
+        (hello("n1", 1000), "slot_ms"),
+        (v1::NodeMessage { kind: None }, "Hello"),
+    ] {
+        let status = refused(first).await;
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{needle}: {}",
+            status.message()
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_entries_are_dropped_and_the_rest_is_kept() {
+    let central = start(Central::builder()).await;
+    let mut n = node(central.grpc_addr(), "n1").await;
+    let s = current_slot();
+    let long = "u".repeat(257);
+    let r = report(
+        "n1",
+        s,
+        &format!(
+            r#"{{"ok": {{"requests": 2}}, "neg": {{"requests": -4}}, "{long}": {{"requests": 1}}}}"#
+        ),
+        "{}",
+    );
+    n.exchange(r).await.unwrap();
+    let sums = json(&central, "/v1/monitor/consumption_sum").await;
+    let users = sums["front"][(s - 1).to_string()].as_object().unwrap();
+    assert_eq!(users.len(), 1, "{users:?}");
+    assert_eq!(users["ok"]["requests"], 2);
+    let (_, metrics) = http_get(central.http_addr().unwrap(), "/metrics").await;
+    assert!(metrics.contains("throttle_central_dropped_entries_total{reason=\"negative_amount\"}"));
+    assert!(metrics.contains("throttle_central_dropped_entries_total{reason=\"bad_name\"}"));
+    central.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_reports_close_only_their_stream() {
+    let central = start(
+        Central::builder()
+            .max_users_per_report(2)
+            .max_message_bytes(4096),
+    )
+    .await;
+    let mut good = node(central.grpc_addr(), "good").await;
+    let s = current_slot();
+
+    let mut far = node(central.grpc_addr(), "far").await;
+    let status = far
+        .exchange(report("far", s + 1000, "{}", "{}"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("slots away"),
+        "{}",
+        status.message()
+    );
+
+    let mut many = node(central.grpc_addr(), "many").await;
+    let r = report(
+        "many",
+        s,
+        r#"{"a": {"r": 1}, "b": {"r": 1}, "c": {"r": 1}}"#,
+        "{}",
+    );
+    let status = many.exchange(r).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("users"), "{}", status.message());
+
+    let mut other = node(central.grpc_addr(), "other").await;
+    let r = report("someone-else", s, "{}", "{}");
+    assert_eq!(
+        other.exchange(r).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+
+    let mut big = node(central.grpc_addr(), "big").await;
+    let huge = format!(r#"{{"{}": {{"r": 1}}}}"#, "x".repeat(200));
+    let mut r = report("big", s, &huge, "{}");
+    for i in 0..40 {
+        let name = format!("user{i:03}{}", "y".repeat(200));
+        r.consumption
+            .get_mut("front")
+            .unwrap()
+            .users
+            .insert(name, v1::Amounts::default());
+    }
+    let status = big.exchange(r).await.unwrap_err();
+    assert_ne!(status.code(), tonic::Code::Ok);
+
+    // The well-behaved node never noticed.
+    let q = good
+        .exchange(report("good", s, r#"{"a": {"r": 1}}"#, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(q.report_slot, Some(s));
+    central.shutdown().await;
+}
+
+#[tokio::test]
+async fn duplicate_reports_are_not_charged_twice() {
+    let central = start(Central::builder()).await;
+    let mut n = node(central.grpc_addr(), "n1").await;
+    let s = current_slot();
+    for _ in 0..2 {
+        n.exchange(report("n1", s, r#"{"alice": {"requests": 5}}"#, "{}"))
+            .await
+            .unwrap();
+    }
+    let sums = json(&central, "/v1/monitor/consumption_sum").await;
+    assert_eq!(sums["front"][(s - 1).to_string()]["alice"]["requests"], 5);
+    central.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_follower_sends_nodes_to_the_leader() {
+    let leadership = Arc::new(Follower {
+        leader: Some("http://10.9.8.7:7075".into()),
+    });
+    let central = start(Central::builder().leadership(leadership)).await;
+    let mut n = open(central.grpc_addr(), hello("n1", SLOT_MS)).await;
+    match n.recv().await.unwrap() {
+        central_message::Kind::NotLeader(nl) => assert_eq!(nl.leader, "http://10.9.8.7:7075"),
+        other => panic!("{other:?}"),
+    }
+    let health = json(&central, "/healthz").await;
+    assert_eq!(health["leader"], false);
+    central.shutdown().await;
+}
+
+#[tokio::test]
+async fn http_api_errors() {
+    let central = start(Central::builder()).await;
+    let addr = central.http_addr().unwrap();
+    let (status, body) = http_get(addr, "/v1/monitor/nonsense").await;
+    assert_eq!(status, 404);
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["error"].is_string());
+    let (status, body) = http_get(addr, "/v1/monitor/quota?start_slot=abc").await;
+    assert_eq!(status, 400);
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["error"].is_string());
+    assert_eq!(json(&central, "/healthz").await["status"], "ok");
+    central.shutdown().await;
+}
