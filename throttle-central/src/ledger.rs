@@ -38,7 +38,7 @@ use throttle_proto::{MAX_NAME_LEN, v1};
 
 use crate::bucket::Bucket;
 use crate::limits::Limit;
-use crate::policy::{Assignment, Classic, Policy};
+use crate::policy::{Assignment, Policy, Projected};
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
 /// seed matters, and ingest hashes several names per entry, so speed does too.
@@ -111,6 +111,11 @@ pub struct ResourceState {
 pub struct ServiceState {
     /// user -> resource -> state.
     pub users: Map<Box<str>, Map<Box<str>, ResourceState>>,
+    /// Per node, the newest data slot it reported for this service: its
+    /// consumption up to there is charged.
+    pub last_report: Map<NodeId, i64>,
+    /// The slot length.
+    pub slot: SlotLength,
 }
 
 struct Service {
@@ -230,9 +235,9 @@ fn valid_name(name: &str) -> bool {
 }
 
 impl Ledger {
-    /// An empty ledger whose services use the [`Classic`] policy.
+    /// An empty ledger whose services use the default [`Projected`] policy.
     pub fn new(config: LedgerConfig) -> Self {
-        Self::with_policies(config, Box::new(|_| Box::new(Classic::new())))
+        Self::with_policies(config, Box::new(|_| Box::new(Projected::new())))
     }
 
     /// An empty ledger whose services get their policy from `factory`.
@@ -274,7 +279,10 @@ impl Ledger {
             self.services.insert(
                 name.into(),
                 Service {
-                    state: ServiceState::default(),
+                    state: ServiceState {
+                        slot: self.config.slot,
+                        ..ServiceState::default()
+                    },
                     policy,
                     book: BTreeMap::new(),
                 },
@@ -315,6 +323,27 @@ impl Ledger {
                     Some(b) => b.set_limit(rate, limit.burst_seconds, now_ms),
                     None => state.bucket = Some(Bucket::new(rate, limit.burst_seconds, now_ms)),
                 }
+            }
+        }
+    }
+
+    /// Records that `node` opened a stream for `services` at `now_ms`: it
+    /// counts as active from now on, with nothing unreported before the
+    /// current slot (a node that reported before keeps its history).
+    pub fn connect<'a>(
+        &mut self,
+        node: NodeId,
+        services: impl IntoIterator<Item = &'a str>,
+        now_ms: i64,
+    ) {
+        let before = self.config.slot.slot_at(now_ms) - 1;
+        for name in services {
+            if valid_name(name) {
+                self.service_mut(name)
+                    .state
+                    .last_report
+                    .entry(node)
+                    .or_insert(before);
             }
         }
     }
@@ -393,35 +422,71 @@ impl Ledger {
                     }
                 }
             }
+            let last = svc.state.last_report.entry(node).or_insert(slot);
+            *last = (*last).max(slot);
             svc.policy.consume(&svc.state, node, slot, now_ms);
         }
         Ok(out)
     }
 
-    /// Runs every service's policy to compute the quotas of `slot`, normally
-    /// called at the middle of slot `slot - 2`.
-    pub fn assign(&mut self, slot: i64, now_ms: i64) {
-        for svc in self.services.values_mut() {
-            let assignment = svc.policy.assign(&svc.state, slot, now_ms);
+    /// Runs every service's policy, normally at mid-slot, to compute the
+    /// quotas of the slot [`Policy::lead`] slots ahead; returns that slot per
+    /// service.
+    pub fn assign(&mut self, now_ms: i64) -> BTreeMap<String, i64> {
+        let current = self.config.slot.slot_at(now_ms);
+        let mut assigned = BTreeMap::new();
+        for (name, svc) in &mut self.services {
+            let slot = current + svc.policy.lead();
+            let assignment = svc.policy.assign(&svc.state, &svc.book, slot, now_ms);
             svc.book.insert(slot, assignment);
+            assigned.insert(name.to_string(), slot);
         }
+        assigned
     }
 
-    /// The quota of `node` for `slot` in each of `services`: `{slot: {}}` for
-    /// a service with nothing for this node.
+    /// If `service`'s policy wants it and every node active in the service
+    /// has reported data slot `slot - 1`, re-assigns `slot` and returns true.
+    pub fn reassign_if_reported(&mut self, service: &str, slot: i64, now_ms: i64) -> bool {
+        let Some(svc) = self.services.get_mut(service) else {
+            return false;
+        };
+        if !svc.policy.reassign_when_reported() {
+            return false;
+        }
+        let recent = slot - 1 - 5;
+        let complete = svc
+            .state
+            .last_report
+            .values()
+            .filter(|s| **s > recent)
+            .all(|s| *s >= slot - 1);
+        if !complete {
+            return false;
+        }
+        let assignment = svc.policy.assign(&svc.state, &svc.book, slot, now_ms);
+        svc.book.insert(slot, assignment);
+        true
+    }
+
+    /// The quota of `node` for each `(service, slot)`: `{slot: {}}` for a
+    /// service with nothing for this node.
     pub fn quota_for<'a>(
         &mut self,
         node: NodeId,
-        services: impl IntoIterator<Item = &'a str>,
-        slot: i64,
+        services: impl IntoIterator<Item = (&'a str, i64)>,
         now_ms: i64,
     ) -> v1::Quota {
         let mut quota = v1::Quota::default();
-        for name in services {
+        for (name, slot) in services {
             let users = match self.services.get_mut(name) {
-                Some(svc) => svc
-                    .policy
-                    .quota_for(&svc.state, &svc.book, node, slot, now_ms),
+                Some(svc) => {
+                    let Service {
+                        state,
+                        policy,
+                        book,
+                    } = svc;
+                    policy.quota_for(state, book, node, slot, now_ms)
+                }
                 None => None,
             };
             let slots = [(slot, users.unwrap_or_default())].into();
@@ -438,6 +503,7 @@ impl Ledger {
         self.reported = self.reported.split_off(&cutoff);
         for svc in self.services.values_mut() {
             svc.book = svc.book.split_off(&cutoff);
+            svc.state.last_report.retain(|_, s| *s >= cutoff);
             svc.policy.forget_before(cutoff);
             svc.state.users.retain(|_, resources| {
                 resources.retain(|_, r| {
@@ -862,7 +928,7 @@ mod tests {
     fn quota_for_unknown_service_is_an_empty_slot() {
         let mut l = Ledger::new(LedgerConfig::default());
         let n = l.node_id("n1");
-        let q = l.quota_for(n, ["front"], 101, T);
+        let q = l.quota_for(n, [("front", 101)], T);
         assert_eq!(
             throttle_proto::legacy::quota_to_json(&q).unwrap(),
             r#"{"front":{"101":{}}}"#

@@ -298,6 +298,7 @@ pub struct FileLimits {
     path: PathBuf,
     set: ArcSwap<LimitSet>,
     text: parking_lot::Mutex<Option<String>>,
+    pending: parking_lot::Mutex<Option<String>>,
     error: ArcSwap<Option<String>>,
 }
 
@@ -313,6 +314,7 @@ impl FileLimits {
             path: path.into(),
             set: ArcSwap::from_pointee(LimitSet::new()),
             text: parking_lot::Mutex::new(None),
+            pending: parking_lot::Mutex::new(None),
             error: ArcSwap::from_pointee(None),
         };
         this.reload()?;
@@ -324,11 +326,13 @@ impl FileLimits {
         &self.path
     }
 
-    /// Reads the file again; returns whether the limits changed.
+    /// Reads the file again; returns whether the limits changed. A file
+    /// identical to the last one read (good or broken) is not parsed again.
     ///
     /// # Errors
     ///
-    /// The [`LimitsError`] of a broken file; the previous limits stay.
+    /// The [`LimitsError`] of a broken file, once per edit; the previous
+    /// limits stay.
     pub fn reload(&self) -> Result<bool, LimitsError> {
         let result = std::fs::read_to_string(&self.path)
             .map_err(|e| LimitsError::Read {
@@ -338,18 +342,53 @@ impl FileLimits {
             .and_then(|text| {
                 let mut last = self.text.lock();
                 if last.as_deref() == Some(text.as_str()) {
+                    // Unchanged since the last attempt, good or bad: the
+                    // recorded error (if any) stands, nothing to log again.
                     return Ok(false);
                 }
-                let set = LimitSet::from_toml(&text)?;
+                let parsed = LimitSet::from_toml(&text);
                 *last = Some(text);
-                self.set.store(Arc::new(set));
+                self.set.store(Arc::new(parsed?));
                 Ok(true)
             });
         match &result {
-            Ok(_) => self.error.store(Arc::new(None)),
+            Ok(true) => self.error.store(Arc::new(None)),
+            Ok(false) => {}
             Err(e) => self.error.store(Arc::new(Some(e.to_string()))),
         }
         result
+    }
+
+    /// [`FileLimits::reload`] for a watcher: a changed file is applied only
+    /// once two consecutive polls read the same text, so a file caught while
+    /// being written (truncated, half written) is never applied.
+    ///
+    /// # Errors
+    ///
+    /// As [`FileLimits::reload`].
+    pub fn poll(&self) -> Result<bool, LimitsError> {
+        let text = std::fs::read_to_string(&self.path).map_err(|e| LimitsError::Read {
+            path: self.path.clone(),
+            message: e.to_string(),
+        });
+        let text = match text {
+            Ok(t) => t,
+            Err(e) => {
+                self.error.store(Arc::new(Some(e.to_string())));
+                return Err(e);
+            }
+        };
+        if self.text.lock().as_deref() == Some(text.as_str()) {
+            return Ok(false);
+        }
+        let mut pending = self.pending.lock();
+        if pending.as_deref() != Some(text.as_str()) {
+            *pending = Some(text);
+            return Ok(false);
+        }
+        *pending = None;
+        drop(pending);
+        self.reload()
     }
 
     /// The limits in force.
@@ -459,15 +498,30 @@ burst_seconds = 3
 
         std::fs::write(&path, "[[limit]]\nbroken").unwrap();
         assert!(file.reload().is_err());
+        assert!(
+            !file.reload().unwrap(),
+            "the same broken file is reported once"
+        );
         assert_eq!(file.list_limits("front").len(), 2);
         assert!(file.last_error().unwrap().contains("line"));
 
+        std::fs::write(&path, "").unwrap();
+        assert!(
+            !file.poll().unwrap(),
+            "a changed file waits for a second read"
+        );
         std::fs::write(
             &path,
             "[[limit]]\nservice = \"s\"\nuser = \"u\"\nper_second = { r = 1 }\n",
         )
         .unwrap();
-        assert!(file.reload().unwrap());
+        assert!(
+            !file.poll().unwrap(),
+            "the truncated version was never applied"
+        );
+        assert_eq!(file.list_limits("front").len(), 2);
+        assert!(file.poll().unwrap());
+        assert!(!file.poll().unwrap());
         assert_eq!(file.services(), vec!["s".to_string()]);
         assert_eq!(file.last_error(), None);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -77,7 +77,8 @@ pub struct Central;
 
 impl Central {
     /// A builder with the defaults: 1 s slots, 60 slots of history, no
-    /// limits, always leader, the system clock, the Classic policy.
+    /// limits, always leader, the system clock, the
+    /// [`Projected`](crate::policy::Projected) policy.
     pub fn builder() -> CentralBuilder {
         CentralBuilder {
             ledger: LedgerConfig::default(),
@@ -123,7 +124,8 @@ impl CentralBuilder {
         self
     }
 
-    /// Limits from a file, checked for changes every half slot.
+    /// Limits from a file, checked for changes every quarter slot (at most
+    /// every 250 ms); a change is assigned and pushed at once.
     pub fn limits_file(mut self, file: Arc<FileLimits>) -> Self {
         self.limits = file.clone();
         self.reload = Some(file);
@@ -181,15 +183,23 @@ impl CentralBuilder {
             conns: BTreeMap::new(),
             next_conn: 0,
             started: Instant::now(),
+            reassigned: BTreeSet::new(),
         };
         let mut tasks = vec![tokio::spawn(actor.run(rx, stop_rx.clone()))];
         tasks.push(tokio::spawn(assigner(
             commands.clone(),
             self.clock.clone(),
             slot,
-            self.reload,
             stop_rx.clone(),
         )));
+        if let Some(file) = self.reload {
+            tasks.push(tokio::spawn(reloader(
+                commands.clone(),
+                file,
+                slot,
+                stop_rx.clone(),
+            )));
+        }
         let service = CentralService {
             commands: commands.clone(),
             leadership: self.leadership.clone(),
@@ -265,7 +275,20 @@ impl RunningCentral {
     /// Closes every node stream with `UNAVAILABLE`, stops the servers and
     /// waits up to 2 s for them, then ends whatever is left.
     pub async fn shutdown(self) {
-        let _ = self.commands.send(Command::CloseAll).await;
+        self.shutdown_with(None).await;
+    }
+
+    /// As [`RunningCentral::shutdown`], and answers `subject` as the ledger
+    /// stood when the streams closed: reports not in that answer were not
+    /// acknowledged, so nodes still hold them and will send them again.
+    pub async fn shutdown_with_snapshot(self, subject: Subject) -> Option<Value> {
+        let (reply, rx) = oneshot::channel();
+        self.shutdown_with(Some((subject, reply))).await;
+        rx.await.ok()
+    }
+
+    async fn shutdown_with(self, snapshot: Option<(Subject, oneshot::Sender<Value>)>) {
+        let _ = self.commands.send(Command::CloseAll { snapshot }).await;
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
         for mut task in self.tasks {
@@ -355,7 +378,9 @@ pub(crate) enum Command {
         range: SlotRange,
         reply: oneshot::Sender<Value>,
     },
-    CloseAll,
+    CloseAll {
+        snapshot: Option<(Subject, oneshot::Sender<Value>)>,
+    },
 }
 
 #[derive(Debug)]
@@ -376,6 +401,8 @@ struct Actor {
     conns: BTreeMap<u64, Conn>,
     next_conn: u64,
     started: Instant,
+    /// (service, slot) already re-assigned once all reports were in.
+    reassigned: BTreeSet<(String, i64)>,
 }
 
 impl Actor {
@@ -383,12 +410,15 @@ impl Actor {
         self.refresh_limits(self.clock.now_ms());
         loop {
             tokio::select! {
+                // Commands queued before the stop (e.g. a closing snapshot)
+                // are answered first.
+                biased;
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => self.handle(cmd),
                     None => return,
                 },
                 _ = stop.wait_for(|s| *s) => {
-                    self.handle(Command::CloseAll);
+                    self.handle(Command::CloseAll { snapshot: None });
                     return;
                 }
             }
@@ -406,6 +436,11 @@ impl Actor {
                 let conn = self.next_conn;
                 self.next_conn += 1;
                 let node = self.ledger.node_id(&hello.node_id);
+                self.ledger.connect(
+                    node,
+                    hello.services.iter().map(String::as_str),
+                    self.clock.now_ms(),
+                );
                 tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, "node connected");
                 self.conns.insert(
                     conn,
@@ -443,7 +478,10 @@ impl Actor {
             } => {
                 let _ = reply.send(self.monitor(subject, range));
             }
-            Command::CloseAll => {
+            Command::CloseAll { snapshot } => {
+                if let Some((subject, reply)) = snapshot {
+                    let _ = reply.send(self.monitor(subject, SlotRange::default()));
+                }
                 for (_, c) in std::mem::take(&mut self.conns) {
                     let _ =
                         c.tx.try_send(Err(Status::unavailable("central node shutting down")));
@@ -497,14 +535,47 @@ impl Actor {
                 return Err(Status::invalid_argument(e.to_string()));
             }
         }
-        let mut quota = self.ledger.quota_for(
-            node,
-            services.iter().map(String::as_str),
-            report.slot_number + 1,
-            now,
-        );
+        let current = self.ledger.config().slot.slot_at(now);
+        if report.slot_number == current {
+            self.reassign(&report, current, now);
+        }
+        let next = report.slot_number + 1;
+        let mut quota =
+            self.ledger
+                .quota_for(node, services.iter().map(|s| (s.as_str(), next)), now);
         quota.report_slot = Some(report.slot_number);
         Ok(quota)
+    }
+
+    /// Once per slot and service, when the last active node has reported,
+    /// re-assigns the current slot and pushes it to every node.
+    fn reassign(&mut self, report: &v1::Report, current: i64, now: i64) {
+        let services: BTreeSet<&String> = report
+            .consumption
+            .keys()
+            .chain(report.rejection.keys())
+            .collect();
+        for service in services {
+            if self.reassigned.contains(&(service.clone(), current))
+                || !self.ledger.reassign_if_reported(service, current, now)
+            {
+                continue;
+            }
+            self.reassigned.insert((service.clone(), current));
+            counter!("throttle_central_reassigns_total").increment(1);
+            for c in self.conns.values().filter(|c| c.services.contains(service)) {
+                let quota = self
+                    .ledger
+                    .quota_for(c.node, [(service.as_str(), current)], now);
+                let msg = v1::CentralMessage {
+                    kind: Some(central_message::Kind::Quota(quota)),
+                };
+                if c.tx.try_send(Ok(msg)).is_err() {
+                    counter!("throttle_central_pushes_dropped_total").increment(1);
+                }
+            }
+        }
+        self.reassigned.retain(|(_, s)| *s >= current);
     }
 
     fn refresh_limits(&mut self, now: i64) {
@@ -518,15 +589,19 @@ impl Actor {
 
     fn tick(&mut self) {
         let now = self.clock.now_ms();
-        let slot = self.ledger.config().slot.slot_at(now) + 2;
+        let next = self.ledger.config().slot.slot_at(now) + 1;
         self.refresh_limits(now);
         let started = Instant::now();
-        self.ledger.assign(slot, now);
+        let assigned = self.ledger.assign(now);
         histogram!("throttle_central_assign_seconds").record(started.elapsed().as_secs_f64());
         for c in self.conns.values() {
-            let quota =
-                self.ledger
-                    .quota_for(c.node, c.services.iter().map(String::as_str), slot, now);
+            // A service the ledger does not know yet has no limits: say so
+            // for the next slot, so the node knows the central is alive.
+            let services = c
+                .services
+                .iter()
+                .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)));
+            let quota = self.ledger.quota_for(c.node, services, now);
             let msg = v1::CentralMessage {
                 kind: Some(central_message::Kind::Quota(quota)),
             };
@@ -574,13 +649,11 @@ fn truncate(s: &str) -> &str {
     &s[..end]
 }
 
-/// Ticks the ledger at every mid-slot, and reloads the limits file every
-/// half slot so an edit is live by the next assign.
+/// Ticks the ledger at every mid-slot.
 async fn assigner(
     commands: mpsc::Sender<Command>,
     clock: Arc<dyn Clock>,
     slot: SlotLength,
-    reload: Option<Arc<FileLimits>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let half = i64::from(slot.as_ms() / 2);
@@ -591,22 +664,49 @@ async fn assigner(
             _ = tokio::time::sleep(wait) => {}
             _ = stop.changed() => return,
         }
-        if let Some(file) = &reload {
-            match file.reload() {
-                Ok(true) => {
-                    tracing::info!(path = %file.path().display(), "limits reloaded");
-                    gauge!("throttle_central_limits_reload_ok").set(1.0);
-                }
-                Ok(false) => gauge!("throttle_central_limits_reload_ok").set(1.0),
-                Err(e) => {
-                    counter!("throttle_central_limits_reload_errors_total").increment(1);
-                    gauge!("throttle_central_limits_reload_ok").set(0.0);
-                    tracing::error!(error = %e, "limits reload failed; keeping the previous limits");
-                }
-            }
-        }
         if commands.send(Command::Tick).await.is_err() {
             return;
+        }
+    }
+}
+
+/// Checks the limits file every quarter slot (at most every 250 ms); a
+/// change, once read the same twice, is applied and assigned at once.
+async fn reloader(
+    commands: mpsc::Sender<Command>,
+    file: Arc<FileLimits>,
+    slot: SlotLength,
+    mut stop: watch::Receiver<bool>,
+) {
+    let period =
+        (slot.as_duration() / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let path = file.path().display().to_string();
+        let result = {
+            let file = file.clone();
+            tokio::task::spawn_blocking(move || file.poll()).await
+        };
+        match result {
+            Ok(Ok(true)) => {
+                tracing::info!(%path, "limits reloaded");
+                gauge!("throttle_central_limits_reload_ok").set(1.0);
+                if commands.send(Command::Tick).await.is_err() {
+                    return;
+                }
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                counter!("throttle_central_limits_reload_errors_total").increment(1);
+                gauge!("throttle_central_limits_reload_ok").set(0.0);
+                tracing::error!(%path, error = %e, "limits reload failed; keeping the previous limits");
+            }
+            Err(e) => tracing::error!(error = %e, "limits reload task failed"),
         }
     }
 }

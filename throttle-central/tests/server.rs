@@ -195,7 +195,9 @@ async fn hello_welcome_report_quota() {
 
 #[tokio::test]
 async fn assign_pushes_classic_shares_to_each_node() {
-    let central = start(Central::builder().limits(limits(
+    let classic: throttle_central::ledger::PolicyFactory =
+        Box::new(|_| Box::new(throttle_central::policy::Classic::new()));
+    let central = start(Central::builder().policies(classic).limits(limits(
         "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = { requests = 1000 }\n",
     )))
     .await;

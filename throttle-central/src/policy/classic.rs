@@ -1,5 +1,7 @@
 //! The original assign algorithm (SPEC §5), kept exactly.
 
+use std::collections::BTreeMap;
+
 use throttle_proto::v1;
 
 use super::{Assignment, Policy};
@@ -85,7 +87,13 @@ impl Policy for Classic {
         "classic"
     }
 
-    fn assign(&mut self, state: &ServiceState, slot: i64, now_ms: i64) -> Assignment {
+    fn assign(
+        &mut self,
+        state: &ServiceState,
+        _book: &BTreeMap<i64, Assignment>,
+        slot: i64,
+        now_ms: i64,
+    ) -> Assignment {
         let mut out = Assignment::default();
         for (user, resources) in &state.users {
             for (resource, r) in resources {
@@ -123,6 +131,13 @@ mod tests {
             consumption,
             rejection,
         }
+    }
+
+    fn classic_ledger() -> Ledger {
+        Ledger::with_policies(
+            LedgerConfig::default(),
+            Box::new(|_| Box::new(Classic::new())),
+        )
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -183,7 +198,7 @@ mod tests {
 
     #[test]
     fn assign_splits_the_positive_bucket_content() {
-        let mut l = Ledger::new(LedgerConfig::default());
+        let mut l = classic_ledger();
         let limit = Limit {
             user: "alice".into(),
             per_second: [("requests".into(), 100.0)].into(),
@@ -198,17 +213,17 @@ mod tests {
             l.ingest(&r, 10_050).unwrap();
         }
         // Bucket: 100 at 9 s, +150 by 10.5 s, -40 charged = 210.
-        l.assign(12, 10_500);
+        assert_eq!(l.assign(10_500)["front"], 12);
         let a = l.node_id("a");
         let b = l.node_id("b");
-        let qa = l.quota_for(a, ["front"], 12, 10_500);
-        let qb = l.quota_for(b, ["front"], 12, 10_500);
+        let qa = l.quota_for(a, [("front", 12)], 10_500);
+        let qb = l.quota_for(b, [("front", 12)], 10_500);
         let get =
             |q: &v1::Quota| q.services["front"].slots[&12].users["alice"].resources["requests"];
         assert!(close(get(&qa), 210.0 * 0.75), "{qa:?}");
         assert!(close(get(&qb), 210.0 * 0.25), "{qb:?}");
         assert_eq!(
-            l.quota_for(a, ["front"], 13, 10_500).services["front"].slots[&13]
+            l.quota_for(a, [("front", 13)], 10_500).services["front"].slots[&13]
                 .users
                 .len(),
             0
@@ -217,7 +232,7 @@ mod tests {
 
     #[test]
     fn negative_bucket_offers_nothing() {
-        let mut l = Ledger::new(LedgerConfig::default());
+        let mut l = classic_ledger();
         let limit = Limit {
             user: "u".into(),
             per_second: [("r".into(), 1.0)].into(),
@@ -229,9 +244,9 @@ mod tests {
         )
         .unwrap();
         l.ingest(&r, 10_000).unwrap();
-        l.assign(12, 10_500);
+        l.assign(10_500);
         let a = l.node_id("a");
-        let q = l.quota_for(a, ["s"], 12, 10_500);
+        let q = l.quota_for(a, [("s", 12)], 10_500);
         assert_eq!(q.services["s"].slots[&12].users["u"].resources["r"], 0.0);
     }
 

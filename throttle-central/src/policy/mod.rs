@@ -5,14 +5,21 @@
 //! calls [`Policy::consume`] after filing each report, [`Policy::assign`]
 //! once per slot, and [`Policy::quota_for`] to answer a report.
 //!
+//! - [`Projected`]: the default; see its docs.
 //! - [`Classic`]: the original algorithm, kept exactly.
+//! - [`StaticSplit`]: each node gets the rate divided by the number of
+//!   active nodes; a baseline for comparisons.
 
 mod classic;
+mod projected;
+mod split;
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 pub use classic::Classic;
+pub use projected::Projected;
+pub use split::StaticSplit;
 use throttle_proto::v1;
 
 use crate::ledger::{Map, NodeId, ServiceState};
@@ -30,15 +37,35 @@ pub trait Policy: Send + fmt::Debug {
         let _ = (state, node, slot, now_ms);
     }
 
-    /// Computes every node's quota for `slot`.
-    fn assign(&mut self, state: &ServiceState, slot: i64, now_ms: i64) -> Assignment;
+    /// How many slots ahead of the current one [`Policy::assign`] computes,
+    /// when run at mid-slot.
+    fn lead(&self) -> i64 {
+        2
+    }
+
+    /// Whether the central node should re-assign the *current* slot and push
+    /// it as soon as every active node has reported the previous one
+    /// (default: no, as the original).
+    fn reassign_when_reported(&self) -> bool {
+        false
+    }
+
+    /// Computes every node's quota for `slot`; `book` holds the quotas
+    /// already assigned (slot -> assignment).
+    fn assign(
+        &mut self,
+        state: &ServiceState,
+        book: &BTreeMap<i64, Assignment>,
+        slot: i64,
+        now_ms: i64,
+    ) -> Assignment;
 
     /// The quota of `node` for `slot`; by default what [`Policy::assign`]
     /// computed, found in `book` (slot -> assignment).
     fn quota_for(
         &mut self,
         state: &ServiceState,
-        book: &BTreeMap<i64, Assignment>,
+        book: &mut BTreeMap<i64, Assignment>,
         node: NodeId,
         slot: i64,
         now_ms: i64,

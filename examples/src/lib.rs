@@ -1,0 +1,30 @@
+//! Shared pieces of the throttle examples: the demo node app, the demo
+//! limits, and a small HTTP load generator.
+//!
+//! The binaries are `axum-node`, `tonic-node` and `quickstart`; the
+//! end-to-end tests run the same node app.
+
+pub mod app;
+pub mod load;
+
+/// The tonic example's generated code (`proto/hello/v1/hello.proto`).
+#[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+pub mod hello {
+    tonic::include_proto!("hello.v1");
+}
+
+/// A default node id: the host name and the port.
+pub fn default_node_id(port: u16) -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".to_owned());
+    format!("{host}-{port}")
+}
+
+/// The README's code blocks, compiled as doctests so they stay true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,222 @@
+//! A cluster for end-to-end tests: a central node (its library entry
+//! point, as the binary runs it) and app nodes running the example app, each
+//! with its own store and reporter, all on 127.0.0.1 with ephemeral ports.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use throttle_central::ledger::SlotRange;
+use throttle_central::limits::LimitSource;
+use throttle_central::{Central, CentralBuilder, RunningCentral, Subject};
+use throttle_layer::reporter::ReporterHandle;
+use throttle_layer::{Fallback, Reporter, SlotStore};
+use throttle_proto::slot::{Clock, SlotLength, SystemClock};
+
+/// One app node.
+#[derive(Debug)]
+pub struct Node {
+    /// Where it serves HTTP.
+    pub addr: SocketAddr,
+    /// Its store.
+    pub store: SlotStore,
+    /// Its reporter.
+    pub reporter: ReporterHandle,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// A central node and its app nodes.
+pub struct Cluster {
+    /// The central node, while it runs.
+    pub central: Option<RunningCentral>,
+    /// Its gRPC address, kept across restarts.
+    pub central_addr: SocketAddr,
+    /// The app nodes.
+    pub nodes: Vec<Node>,
+    /// Slot length of everyone.
+    pub slot: SlotLength,
+    central_builder: CentralFactory,
+}
+
+/// Makes the central node's builder, at start and at each restart.
+pub type CentralFactory = Arc<dyn Fn() -> CentralBuilder + Send + Sync>;
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("central", &self.central)
+            .field("central_addr", &self.central_addr)
+            .field("nodes", &self.nodes)
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts a central node from `builder` on `addr` (port 0 for any).
+///
+/// # Errors
+///
+/// When the address cannot be bound.
+pub async fn start_central(
+    addr: SocketAddr,
+    slot: SlotLength,
+    builder: CentralBuilder,
+) -> anyhow::Result<RunningCentral> {
+    let grpc = tokio::net::TcpListener::bind(addr).await?;
+    Ok(builder.slot(slot).spawn(grpc, None)?)
+}
+
+impl Cluster {
+    /// A central node with `limits` and `nodes` app nodes, all with slots of
+    /// `slot_ms`, the nodes falling back to `fallback`.
+    ///
+    /// # Errors
+    ///
+    /// When a socket cannot be bound or a node cannot be built.
+    pub async fn start(
+        nodes: usize,
+        slot_ms: u32,
+        limits: Arc<dyn LimitSource>,
+        fallback: Fallback,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(
+            nodes,
+            slot_ms,
+            Arc::new(move || Central::builder().limits(limits.clone())),
+            fallback,
+        )
+        .await
+    }
+
+    /// As [`Cluster::start`], with the central node built by `central`.
+    ///
+    /// # Errors
+    ///
+    /// When a socket cannot be bound or a node cannot be built.
+    pub async fn start_with(
+        nodes: usize,
+        slot_ms: u32,
+        central: CentralFactory,
+        fallback: Fallback,
+    ) -> anyhow::Result<Self> {
+        let slot = SlotLength::from_ms(slot_ms)?;
+        let running = start_central("127.0.0.1:0".parse()?, slot, central()).await?;
+        let central_addr = running.grpc_addr();
+        let mut cluster = Self {
+            central: Some(running),
+            central_addr,
+            nodes: Vec::new(),
+            slot,
+            central_builder: central,
+        };
+        for i in 0..nodes {
+            let store = SlotStore::builder().slot(slot).build();
+            let router = throttle_examples::app::router(&store, fallback)?;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let reporter = Reporter::builder(&store, &format!("node-{}", i + 1))
+                .central(format!("http://{central_addr}"))
+                .report_delay(Duration::from_millis(u64::from(slot_ms / 20).max(1)))
+                .backoff(Duration::from_millis(20), Duration::from_millis(200))
+                .connect_timeout(Duration::from_millis(500))
+                .spawn()?;
+            let server = tokio::spawn(async move {
+                let _ = axum::serve(listener, router).await;
+            });
+            cluster.nodes.push(Node {
+                addr,
+                store,
+                reporter,
+                server,
+            });
+        }
+        Ok(cluster)
+    }
+
+    /// Waits until every node's reporter is connected.
+    pub async fn connected(&self) {
+        for n in &self.nodes {
+            n.reporter.wait_for(|s| s.connected).await;
+        }
+    }
+
+    /// The current slot.
+    pub fn current_slot(&self) -> i64 {
+        self.slot.slot_at(SystemClock.now_ms())
+    }
+
+    /// Asks the running central node.
+    pub async fn monitor(&self, subject: Subject) -> Value {
+        match &self.central {
+            Some(c) => c
+                .monitor(subject, SlotRange::default())
+                .await
+                .unwrap_or(Value::Null),
+            None => Value::Null,
+        }
+    }
+
+    /// Stops the central node; returns its consumption sums as they stood
+    /// when it closed the streams.
+    pub async fn stop_central(&mut self) -> Value {
+        match self.central.take() {
+            Some(c) => c
+                .shutdown_with_snapshot(Subject::ConsumptionSum)
+                .await
+                .unwrap_or(Value::Null),
+            None => Value::Null,
+        }
+    }
+
+    /// Starts a fresh central node on the same address.
+    ///
+    /// # Errors
+    ///
+    /// When the address cannot be bound again.
+    pub async fn restart_central(&mut self) -> anyhow::Result<()> {
+        let c = start_central(self.central_addr, self.slot, (self.central_builder)()).await?;
+        self.central = Some(c);
+        Ok(())
+    }
+
+    /// Waits `n` slots.
+    pub async fn slots(&self, n: u32) {
+        tokio::time::sleep(self.slot.as_duration() * n).await;
+    }
+}
+
+/// Sum of `service/*/user/resource` over slots `from..=to` of a
+/// `consumption_sum` answer.
+pub fn sum(sums: &Value, service: &str, user: &str, resource: &str, from: i64, to: i64) -> i64 {
+    sums.get(service)
+        .and_then(Value::as_object)
+        .map(|slots| {
+            slots
+                .iter()
+                .filter(|(s, _)| s.parse::<i64>().is_ok_and(|s| (from..=to).contains(&s)))
+                .filter_map(|(_, users)| users.get(user)?.get(resource)?.as_i64())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Per slot `from..=to`, the amount of `service/user/resource`.
+pub fn per_slot(
+    sums: &Value,
+    service: &str,
+    user: &str,
+    resource: &str,
+    from: i64,
+    to: i64,
+) -> Vec<i64> {
+    (from..=to)
+        .map(|s| sum(sums, service, user, resource, s, s))
+        .collect()
+}
