@@ -370,7 +370,8 @@ pub(crate) enum Command {
     Report {
         conn: u64,
         report: v1::Report,
-        reply: oneshot::Sender<Result<v1::Quota, Status>>,
+        /// `Ok` once the answer is queued on the stream.
+        reply: oneshot::Sender<Result<(), Status>>,
     },
     Tick,
     Monitor {
@@ -468,7 +469,22 @@ impl Actor {
                 report,
                 reply,
             } => {
-                let _ = reply.send(self.report(conn, report));
+                // The answer is queued here, by the ledger's own task, so it
+                // precedes anything the ledger sends this stream later (such
+                // as the close on shutdown): a node that saw no answer knows
+                // its report was not filed, and sends it again.
+                let result = self.report(conn, report).and_then(|quota| {
+                    let tx = self.conns.get(&conn).map(|c| &c.tx);
+                    let msg = message(central_message::Kind::Quota(quota));
+                    match tx.map(|tx| tx.try_send(msg)) {
+                        Some(Ok(())) => Ok(()),
+                        _ => {
+                            counter!("throttle_central_pushes_dropped_total").increment(1);
+                            Err(Status::resource_exhausted("node is not reading its stream"))
+                        }
+                    }
+                });
+                let _ = reply.send(result);
             }
             Command::Tick => self.tick(),
             Command::Monitor {
@@ -863,16 +879,7 @@ impl CentralService {
                         break;
                     }
                     match rx.await {
-                        Ok(Ok(quota)) => {
-                            if tx
-                                .send(message(central_message::Kind::Quota(quota)))
-                                .await
-                                .is_err()
-                            {
-                                break;
-                            }
-                            continue;
-                        }
+                        Ok(Ok(())) => continue,
                         Ok(Err(status)) => status,
                         Err(_) => break,
                     }
