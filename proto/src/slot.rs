@@ -55,6 +55,45 @@ impl Clock for SystemClock {
     }
 }
 
+/// The system clock read once per millisecond by a shared background
+/// thread, so that reading it is a single atomic load.
+///
+/// Reading the system clock costs 20-40 ns on many virtual machines, as much
+/// as the whole throttling decision; slots are whole seconds (or at least
+/// many milliseconds), so a value up to about a millisecond old is as good.
+/// The thread starts on first use and lives as long as the process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CoarseClock;
+
+fn coarse_now() -> &'static AtomicI64 {
+    static NOW: std::sync::OnceLock<&'static AtomicI64> = std::sync::OnceLock::new();
+    NOW.get_or_init(|| {
+        let now: &'static AtomicI64 = Box::leak(Box::new(AtomicI64::new(SystemClock.now_ms())));
+        let spawned = std::thread::Builder::new()
+            .name("throttle-clock".into())
+            .spawn(move || {
+                loop {
+                    now.store(SystemClock.now_ms(), Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+        if spawned.is_err() {
+            // No thread: the value would freeze, so do not pretend.
+            now.store(i64::MIN, Ordering::Relaxed);
+        }
+        now
+    })
+}
+
+impl Clock for CoarseClock {
+    fn now_ms(&self) -> i64 {
+        match coarse_now().load(Ordering::Relaxed) {
+            i64::MIN => SystemClock.now_ms(),
+            ms => ms,
+        }
+    }
+}
+
 /// A clock that only moves when told to; for tests and simulations.
 #[derive(Debug, Default)]
 pub struct ManualClock {
@@ -133,8 +172,15 @@ impl SlotLength {
     }
 
     /// The slot number that contains the instant `unix_ms`.
+    #[inline]
     pub fn slot_at(self, unix_ms: i64) -> i64 {
-        unix_ms.div_euclid(i64::from(self.as_ms()))
+        match self.as_ms() {
+            // The default length divides by a constant, which compiles to a
+            // multiplication: a 64-bit division costs 20-40 cycles, a third
+            // of a throttling decision.
+            1000 => unix_ms.div_euclid(1000),
+            ms => unix_ms.div_euclid(i64::from(ms)),
+        }
     }
 
     /// The first millisecond of `slot` (saturating for absurd slot numbers).
@@ -199,5 +245,16 @@ mod tests {
         c.set(3);
         assert_eq!(c.now_ms(), 3);
         assert!(SystemClock.now_ms() > 1_500_000_000_000);
+    }
+
+    #[test]
+    fn coarse_clock_follows_the_system_clock() {
+        let before = SystemClock.now_ms();
+        let coarse = CoarseClock.now_ms();
+        std::thread::sleep(Duration::from_millis(20));
+        let later = CoarseClock.now_ms();
+        assert!(coarse >= before - 5, "{coarse} vs {before}");
+        assert!(later >= coarse + 10, "it moves: {coarse} -> {later}");
+        assert!(later <= SystemClock.now_ms());
     }
 }

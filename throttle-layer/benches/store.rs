@@ -1,2 +1,297 @@
-//! Store benchmarks.
-fn main() {}
+//! The request path of the node, side by side with governor.
+//!
+//! Run with: `cargo bench -p throttle-layer --bench store`
+//!
+//! - `admit/allowed`, `admit/rejected`: one decision of the slot store for
+//!   one of 10,000 users (clock read included: the default `CoarseClock`),
+//!   against governor's
+//!   keyed `check_key` on the same keys (allowed, and rejected once the
+//!   key's burst is spent).
+//! - `threads2/*`: the same from 2 threads at once; the time is per
+//!   decision per thread, so equal numbers mean perfect scaling.
+//! - `service/*`: a whole `tower::Service` call: a bare `service_fn`, the
+//!   same behind `Throttle` (user from a header, allowed), and refused.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use governor::{Quota, RateLimiter};
+use throttle_layer::store::{Fallback, ResourceId, ServiceStore, SlotStore};
+use throttle_layer::{ThrottleLayer, UserKey};
+use throttle_proto::slot::{CoarseClock, SlotLength};
+use throttle_proto::v1;
+use tower::{Service, ServiceExt};
+
+const USERS: usize = 10_000;
+
+fn users() -> Vec<String> {
+    (0..USERS).map(|i| format!("user-{i:05}")).collect()
+}
+
+/// Quotas of `quota` requests for every user, for this slot and the two
+/// after it, as the reporter installs them every slot.
+fn quota_message(store: &SlotStore, quota: f64) -> v1::Quota {
+    let users = users()
+        .into_iter()
+        .map(|u| {
+            (
+                u,
+                v1::ResourceQuotas {
+                    resources: [("requests".to_string(), quota)].into(),
+                },
+            )
+        })
+        .collect();
+    let users = v1::UserQuotas { users };
+    let current = store.current_slot();
+    v1::Quota {
+        services: [(
+            "front".to_string(),
+            v1::ServiceQuota {
+                slots: (current..current + 3).map(|s| (s, users.clone())).collect(),
+            },
+        )]
+        .into(),
+        report_slot: None,
+    }
+}
+
+/// Keeps a store's quotas current from a background thread, as the reporter
+/// does, while the benchmark crosses slot boundaries; stops when dropped.
+struct Refresher {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A store with the default clock and 1 s slots, every user holding a quota
+/// of `quota` requests, kept current.
+fn store(quota: f64) -> (SlotStore, Arc<ServiceStore>, ResourceId, Refresher) {
+    let store = SlotStore::builder()
+        .clock(Arc::new(CoarseClock))
+        .slot(SlotLength::SECOND)
+        .build();
+    let front = store.service("front");
+    let requests = front.resource("requests").unwrap();
+    store.apply_quota(&quota_message(&store, quota));
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                store.apply_quota(&quota_message(&store, quota));
+            }
+        })
+    };
+    let refresher = Refresher {
+        stop,
+        thread: Some(thread),
+    };
+    (store, front, requests, refresher)
+}
+
+fn governor(
+    burst: u32,
+) -> RateLimiter<
+    String,
+    governor::state::keyed::DefaultKeyedStateStore<String>,
+    governor::clock::DefaultClock,
+> {
+    let quota = Quota::per_second(NonZeroU32::new(burst.max(1)).unwrap())
+        .allow_burst(NonZeroU32::new(burst.max(1)).unwrap());
+    RateLimiter::keyed(quota)
+}
+
+fn admit(c: &mut Criterion) {
+    let names = users();
+    let mut g = c.benchmark_group("admit");
+    g.throughput(Throughput::Elements(1));
+    let (_s, front, req, _r) = store(1e15);
+    let mut i = 0;
+    g.bench_function("allowed/throttle", |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            black_box(
+                front
+                    .admit(&names[i], &[(req, 1)], Fallback::Allow)
+                    .decision,
+            )
+        })
+    });
+    let gov = governor(u32::MAX / 2);
+    g.bench_function("allowed/governor", |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            black_box(gov.check_key(&names[i]).is_ok())
+        })
+    });
+    let (_s, front, req, _r) = store(0.0);
+    g.bench_function("rejected/throttle", |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            black_box(
+                front
+                    .admit(&names[i], &[(req, 1)], Fallback::Allow)
+                    .decision,
+            )
+        })
+    });
+    let gov = governor(1);
+    for n in &names {
+        let _ = gov.check_key(n);
+    }
+    g.bench_function("rejected/governor", |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            black_box(gov.check_key(&names[i]).is_err())
+        })
+    });
+    g.finish();
+}
+
+/// Runs `f(thread, i)` `iters` times on each of two threads; returns the wall
+/// time divided so that the result is per decision per thread.
+fn two_threads<F>(iters: u64, f: F) -> Duration
+where
+    F: Fn(usize, u64) + Sync,
+{
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let f = &f;
+            s.spawn(move || {
+                for i in 0..iters {
+                    f(t, i);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn threads2(c: &mut Criterion) {
+    let names = users();
+    let mut g = c.benchmark_group("threads2");
+    g.throughput(Throughput::Elements(1));
+    // Each thread walks its own half of the users, as two cores serving
+    // different connections would.
+    let pick = |t: usize, i: u64| &names[t * USERS / 2 + (i as usize % (USERS / 2))];
+    let (_s, front, req, _r) = store(1e15);
+    g.bench_function("allowed/throttle", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |t, i| {
+                black_box(
+                    front
+                        .admit(pick(t, i), &[(req, 1)], Fallback::Allow)
+                        .decision,
+                );
+            })
+        })
+    });
+    let gov = governor(u32::MAX / 2);
+    g.bench_function("allowed/governor", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |t, i| {
+                black_box(gov.check_key(pick(t, i)).is_ok());
+            })
+        })
+    });
+    let (_s, front, req, _r) = store(0.0);
+    g.bench_function("rejected/throttle", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |t, i| {
+                black_box(
+                    front
+                        .admit(pick(t, i), &[(req, 1)], Fallback::Allow)
+                        .decision,
+                );
+            })
+        })
+    });
+    let gov = governor(1);
+    for n in &names {
+        let _ = gov.check_key(n);
+    }
+    g.bench_function("rejected/governor", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |t, i| {
+                black_box(gov.check_key(pick(t, i)).is_err());
+            })
+        })
+    });
+    g.finish();
+}
+
+fn service(c: &mut Criterion) {
+    let names = users();
+    let requests: Vec<http::Request<String>> = names
+        .iter()
+        .map(|u| {
+            http::Request::builder()
+                .header("x-user", u.as_str())
+                .body(String::new())
+                .unwrap()
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("service");
+    g.throughput(Throughput::Elements(1));
+    let bare = tower::service_fn(|_r: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+    });
+    let handler = |_r: http::Request<throttle_layer::layer::RequestBody<String>>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+    };
+    let mut i = 0;
+    g.bench_function(BenchmarkId::new("call", "bare"), |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            let mut svc = bare;
+            let req = requests[i].clone();
+            rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
+        })
+    });
+    for (name, quota) in [("throttled-allowed", 1e15), ("throttled-rejected", 0.0)] {
+        let (store, _f, _r, _refresh) = store(quota);
+        let layer = ThrottleLayer::builder(&store, "front")
+            .user(UserKey::header("x-user"))
+            .build()
+            .unwrap();
+        let svc = tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(handler);
+        g.bench_function(BenchmarkId::new("call", name), |b| {
+            b.iter(|| {
+                i = (i + 1) % USERS;
+                let mut svc = svc.clone();
+                let req = requests[i].clone();
+                rt.block_on(async {
+                    black_box(svc.ready().await.unwrap().call(req).await.unwrap())
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    targets = admit, threads2, service
+}
+criterion_main!(benches);

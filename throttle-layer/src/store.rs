@@ -69,7 +69,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use arc_swap::ArcSwap;
 use metrics::counter;
 use parking_lot::Mutex;
-use throttle_proto::slot::{Clock, SlotLength, SystemClock};
+use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 /// Most resources one service can count.
@@ -346,12 +346,12 @@ impl UserState {
         self.last_seen = slot;
     }
 
-    fn row(&self, slot: i64, version: u64) -> Option<&QuotaRow> {
+    fn row(&self, slot: i64, version: u64) -> Option<usize> {
         // A row at least as new as the published version is current: rows
         // are written before their version is published.
         self.rows
             .iter()
-            .find(|r| r.slot == slot && r.version >= version)
+            .position(|r| r.slot == slot && r.version >= version)
     }
 
     fn insert_row(&mut self, row: QuotaRow, now_slot: i64) {
@@ -363,28 +363,27 @@ impl UserState {
         if past > 1 {
             self.rows.drain(..past - 1);
         }
-        let len = self.rows.len();
-        if len > ROWS_PER_USER {
-            self.rows.drain(..len - ROWS_PER_USER);
-        }
+        // Then the slots nearest to now: the current one must never be
+        // pushed out by quotas for slots further ahead.
+        self.rows.truncate(ROWS_PER_USER);
     }
 
-    /// Applies `row`: counts rejections (if `record`) and refuses, or admits
-    /// and adds `costs`.
+    /// Applies row `row` (an index, to avoid copying it): counts rejections
+    /// (if `record`) and refuses, or admits and adds `costs`.
     fn decide(
         &mut self,
-        row: &QuotaRow,
+        row: usize,
         costs: &[(ResourceId, i64)],
         record: bool,
         slot: i64,
     ) -> (bool, Option<Tightest>) {
         let mut refused: Option<Tightest> = None;
         let mut tightest: Option<Tightest> = None;
-        let mut mask = row.mask;
+        let mut mask = self.rows[row].mask;
         while mask != 0 {
             let i = mask.trailing_zeros() as usize;
             mask &= mask - 1;
-            let quota = row.values[i];
+            let quota = self.rows[row].values[i];
             let used = self.current.consumption[i];
             let t = Tightest {
                 resource: ResourceId(i as u8),
@@ -584,9 +583,9 @@ impl ServiceStore {
         } else {
             Basis::Fallback
         };
-        match st.row(quota_slot, version).copied() {
+        match st.row(quota_slot, version) {
             Some(row) => {
-                let (allowed, tightest) = st.decide(&row, costs, record, slot);
+                let (allowed, tightest) = st.decide(row, costs, record, slot);
                 Decision {
                     allowed,
                     basis,
@@ -819,10 +818,11 @@ impl Default for SlotStore {
 }
 
 impl SlotStore {
-    /// A builder: system clock, 1 s slots, 1,000,000 keys.
+    /// A builder: the system clock (read through [`CoarseClock`]), 1 s
+    /// slots, 1,000,000 keys.
     pub fn builder() -> StoreBuilder {
         StoreBuilder {
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(CoarseClock),
             slot: SlotLength::SECOND,
             max_keys: 1_000_000,
         }
@@ -924,7 +924,8 @@ impl SlotStore {
 }
 
 impl StoreBuilder {
-    /// The clock slots are read from (default: the system clock).
+    /// The clock slots are read from (default: [`CoarseClock`], the system
+    /// clock refreshed every millisecond).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -1244,6 +1245,22 @@ mod tests {
         // A quota naming an unknown resource beyond the cap is ignored, the rest applies.
         f.quota(r#"{"front": {"100": {"alice": {"requests": 0.0, "zzz": 0.0}}}}"#);
         assert!(!f.admit("alice", Fallback::Allow).is_allowed());
+    }
+
+    #[test]
+    fn quotas_for_many_coming_slots_keep_the_current_one() {
+        let f = fixture();
+        let slots: Vec<String> = (99..112)
+            .map(|s| format!(r#""{s}": {{"alice": {{"requests": 0.0}}}}"#))
+            .collect();
+        f.quota(&format!(r#"{{"front": {{{}}}}}"#, slots.join(",")));
+        let d = f.admit("alice", Fallback::Allow);
+        assert!(!d.is_allowed() && d.basis == Basis::Quota, "{d:?}");
+        f.clock.set(T + 2_000);
+        assert!(
+            !f.admit("alice", Fallback::Allow).is_allowed(),
+            "slot 102 kept too"
+        );
     }
 
     #[test]
