@@ -1,6 +1,9 @@
-//! A cluster for end-to-end tests: a central node (its library entry
+//! Test support: [`sim`], a deterministic simulator of a whole deployment,
+//! and a [`Cluster`] for end-to-end tests: a central node (its library entry
 //! point, as the binary runs it) and app nodes running the example app, each
 //! with its own store and reporter, all on 127.0.0.1 with ephemeral ports.
+
+pub mod sim;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

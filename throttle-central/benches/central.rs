@@ -1,2 +1,159 @@
-//! Central benchmarks.
-fn main() {}
+//! The central node's decision logic at scale.
+//!
+//! Run with: `cargo bench -p throttle-central --bench central`
+//!
+//! - `ingest`: report entries filed per second on one core: reports of 1,000
+//!   users x 4 resources (4,000 entries) from 100 nodes, charged to buckets.
+//! - `assign`: one assign of every policy for 100,000 users x 4 resources
+//!   spread over 100 nodes. Each user is active on 3 of the nodes (as with
+//!   sticky load balancing), so the distribution holds 1.2 M
+//!   (user, resource, node) entries.
+//! - Memory: the process's resident memory before and after building that
+//!   ledger, per (user, resource, node) entry, printed once.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use throttle_central::ledger::{Ledger, LedgerConfig, PolicyFactory};
+use throttle_central::limits::Limit;
+use throttle_central::policy::{Classic, Projected, StaticSplit};
+use throttle_proto::v1;
+
+const RESOURCES: [&str; 4] = ["requests", "traffic_up", "traffic_down", "database_read"];
+const SLOT: i64 = 1_800_000_000;
+
+fn report(node: usize, slot: i64, users: impl Iterator<Item = usize>) -> v1::Report {
+    let users = users
+        .map(|u| {
+            let resources = RESOURCES
+                .iter()
+                .map(|r| (r.to_string(), 10 + u as i64 % 7))
+                .collect();
+            (format!("user-{u:06}"), v1::Amounts { resources })
+        })
+        .collect();
+    v1::Report {
+        node_id: format!("node-{node:03}"),
+        slot_number: slot,
+        consumption: [("front".to_string(), v1::Usage { users })].into(),
+        rejection: [("front".to_string(), v1::Usage::default())].into(),
+    }
+}
+
+fn limits(users: usize) -> Vec<Limit> {
+    (0..users)
+        .map(|u| Limit {
+            user: format!("user-{u:06}"),
+            per_second: RESOURCES.iter().map(|r| (r.to_string(), 1000.0)).collect(),
+            burst_seconds: 10.0,
+        })
+        .collect()
+}
+
+fn ingest(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ingest");
+    let reports: Vec<v1::Report> = (0..100)
+        .map(|n| report(n, SLOT, n * 1000..n * 1000 + 1000))
+        .collect();
+    let entries: u64 = reports
+        .iter()
+        .map(|r| r.consumption["front"].users.len() as u64 * 4)
+        .sum();
+    g.throughput(Throughput::Elements(entries));
+    g.sample_size(20);
+    g.bench_function("100 nodes x 1000 users x 4 resources", |b| {
+        b.iter_batched(
+            || {
+                let mut l = Ledger::new(LedgerConfig::default());
+                l.apply_limits("front", &limits(100_000), SLOT * 1000);
+                // Warm: the keys exist, as they do after the first slot.
+                for r in &reports {
+                    let mut r = r.clone();
+                    r.slot_number -= 1;
+                    l.ingest(&r, SLOT * 1000).unwrap();
+                }
+                l
+            },
+            |mut l| {
+                for r in &reports {
+                    black_box(l.ingest(r, SLOT * 1000 + 50).unwrap());
+                }
+                l
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+/// 100k users over 100 nodes, each user on 3 nodes, with recent reports.
+fn big_ledger(factory: PolicyFactory) -> Ledger {
+    let mut l = Ledger::with_policies(LedgerConfig::default(), factory);
+    l.apply_limits("front", &limits(100_000), SLOT * 1000);
+    for slot in [SLOT - 1, SLOT] {
+        for n in 0..100 {
+            // Users n*1000.. on this node and the two next to it.
+            let users = (0..3).flat_map(move |k| {
+                let base = ((n + 100 - k) % 100) * 1000;
+                base..base + 1000
+            });
+            l.ingest(&report(n, slot, users), slot * 1000 + 50).unwrap();
+        }
+    }
+    l
+}
+
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Runs first, before other benches leave freed memory in the allocator.
+fn memory(_: &mut Criterion) {
+    let before = rss_bytes();
+    let ledger = big_ledger(Box::new(|_| Box::new(Projected::new())));
+    if let (Some(b), Some(a)) = (before, rss_bytes()) {
+        let entries = 100_000 * 4 * 3;
+        println!(
+            "memory: {:.1} MiB for 100k users x 4 resources on 3 of 100 nodes: {:.0} bytes per (user, resource, node) entry, {} keys",
+            (a - b) as f64 / (1 << 20) as f64,
+            (a - b) as f64 / entries as f64,
+            ledger.key_count()
+        );
+    }
+}
+
+fn assign(c: &mut Criterion) {
+    let mut g = c.benchmark_group("assign");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(8));
+    let policies: [(&str, fn() -> PolicyFactory); 3] = [
+        ("projected", || Box::new(|_| Box::new(Projected::new()))),
+        ("classic", || Box::new(|_| Box::new(Classic::new()))),
+        ("static-split", || {
+            Box::new(|_| Box::new(StaticSplit::new()))
+        }),
+    ];
+    for (name, factory) in policies {
+        let mut l = big_ledger(factory());
+        g.bench_function(
+            format!("100k users x 4 resources x 100 nodes/{name}"),
+            |b| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for i in 0..iters {
+                        black_box(l.assign(SLOT * 1000 + 500 + i as i64));
+                    }
+                    start.elapsed()
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, memory, ingest, assign);
+criterion_main!(benches);

@@ -5,11 +5,12 @@
 //! token bucket per (service, user, resource) and sends every node its share
 //! of what is left, as the quota of a coming slot.
 //!
-//! - [`bucket`], [`ledger`], [`policy`], [`limits`]: the decision logic, plain
-//!   synchronous code with an injected clock;
+//! - [`bucket`], [`ledger`], [`policy`], [`limits`], [`assigner`]: the
+//!   decision logic, plain synchronous code with an injected clock;
 //! - [`server`]: the gRPC `Exchange` stream, the assigner timer and the HTTP
 //!   monitor, which only move data in and out of the ledger.
 
+pub mod assigner;
 pub mod bucket;
 pub mod leadership;
 pub mod ledger;

@@ -19,13 +19,13 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge};
 use serde_json::{Value, json};
 use throttle_proto::MAX_NAME_LEN;
 use throttle_proto::slot::{Clock, SlotLength, SystemClock};
@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::assigner::{Assigner, Push};
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory, SlotRange};
 use crate::limits::{FileLimits, LimitSet, LimitSource};
@@ -177,13 +178,11 @@ impl CentralBuilder {
         let (commands, rx) = mpsc::channel(4096);
         let (stop_tx, stop_rx) = watch::channel(false);
         let actor = Actor {
-            ledger,
+            assigner: Assigner::new(ledger, self.limits.clone()),
             clock: self.clock.clone(),
-            limits: self.limits.clone(),
             conns: BTreeMap::new(),
             next_conn: 0,
             started: Instant::now(),
-            reassigned: BTreeSet::new(),
         };
         let mut tasks = vec![tokio::spawn(actor.run(rx, stop_rx.clone()))];
         tasks.push(tokio::spawn(assigner(
@@ -388,7 +387,6 @@ pub(crate) enum Command {
 struct Conn {
     node_id: String,
     node: NodeId,
-    services: BTreeSet<String>,
     addr: Option<SocketAddr>,
     since: Instant,
     reports: u64,
@@ -396,19 +394,16 @@ struct Conn {
 }
 
 struct Actor {
-    ledger: Ledger,
+    assigner: Assigner,
     clock: Arc<dyn Clock>,
-    limits: Arc<dyn LimitSource>,
     conns: BTreeMap<u64, Conn>,
     next_conn: u64,
     started: Instant,
-    /// (service, slot) already re-assigned once all reports were in.
-    reassigned: BTreeSet<(String, i64)>,
 }
 
 impl Actor {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut stop: watch::Receiver<bool>) {
-        self.refresh_limits(self.clock.now_ms());
+        self.assigner.refresh_limits(self.clock.now_ms());
         loop {
             tokio::select! {
                 // Commands queued before the stop (e.g. a closing snapshot)
@@ -436,19 +431,15 @@ impl Actor {
             } => {
                 let conn = self.next_conn;
                 self.next_conn += 1;
-                let node = self.ledger.node_id(&hello.node_id);
-                self.ledger.connect(
-                    node,
-                    hello.services.iter().map(String::as_str),
-                    self.clock.now_ms(),
-                );
+                let node =
+                    self.assigner
+                        .connect(&hello.node_id, &hello.services, self.clock.now_ms());
                 tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, "node connected");
                 self.conns.insert(
                     conn,
                     Conn {
                         node_id: hello.node_id,
                         node,
-                        services: hello.services.into_iter().collect(),
                         addr,
                         since: Instant::now(),
                         reports: 0,
@@ -460,6 +451,7 @@ impl Actor {
             }
             Command::Disconnect { conn } => {
                 if let Some(c) = self.conns.remove(&conn) {
+                    self.assigner.disconnect(c.node);
                     tracing::info!(node_id = %c.node_id, reports = c.reports, "node disconnected");
                 }
                 gauge!("throttle_central_connections").set(self.conns.len() as f64);
@@ -499,6 +491,7 @@ impl Actor {
                     let _ = reply.send(self.monitor(subject, SlotRange::default()));
                 }
                 for (_, c) in std::mem::take(&mut self.conns) {
+                    self.assigner.disconnect(c.node);
                     let _ =
                         c.tx.try_send(Err(Status::unavailable("central node shutting down")));
                 }
@@ -523,110 +516,48 @@ impl Actor {
             )));
         }
         c.reports += 1;
-        for s in report.consumption.keys().chain(report.rejection.keys()) {
-            if !c.services.contains(s) && !s.is_empty() && s.len() <= MAX_NAME_LEN {
-                c.services.insert(s.clone());
-            }
-        }
         let node = c.node;
-        let services: Vec<String> = c.services.iter().cloned().collect();
-        match self.ledger.ingest(&report, now) {
-            Ok(out) => {
-                counter!("throttle_central_reports_total").increment(1);
-                counter!("throttle_central_report_entries_total").increment(out.entries as u64);
-                if out.duplicate {
-                    counter!("throttle_central_duplicate_reports_total").increment(1);
-                    tracing::debug!(node_id = %report.node_id, slot = report.slot_number, "duplicate report ignored");
-                }
-                for (reason, key) in &out.dropped {
-                    counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str())
-                        .increment(1);
-                    tracing::warn!(node_id = %report.node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
-                }
-            }
+        let answer = match self.assigner.report(node, &report, now) {
+            Ok(a) => a,
             Err(e) => {
                 counter!("throttle_central_invalid_messages_total", "reason" => "report")
                     .increment(1);
                 tracing::warn!(node_id = %report.node_id, error = %e, "report refused");
                 return Err(Status::invalid_argument(e.to_string()));
             }
+        };
+        let out = &answer.ingested;
+        counter!("throttle_central_reports_total").increment(1);
+        counter!("throttle_central_report_entries_total").increment(out.entries as u64);
+        if out.duplicate {
+            counter!("throttle_central_duplicate_reports_total").increment(1);
+            tracing::debug!(node_id = %report.node_id, slot = report.slot_number, "duplicate report ignored");
         }
-        let current = self.ledger.config().slot.slot_at(now);
-        if report.slot_number == current {
-            self.reassign(&report, current, now);
+        for (reason, key) in &out.dropped {
+            counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str())
+                .increment(1);
+            tracing::warn!(node_id = %report.node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
         }
-        let next = report.slot_number + 1;
-        let mut quota =
-            self.ledger
-                .quota_for(node, services.iter().map(|s| (s.as_str(), next)), now);
-        quota.report_slot = Some(report.slot_number);
-        Ok(quota)
+        self.deliver(answer.pushes);
+        Ok(answer.quota)
     }
 
-    /// Once per slot and service, when the last active node has reported,
-    /// re-assigns the current slot and pushes it to every node.
-    fn reassign(&mut self, report: &v1::Report, current: i64, now: i64) {
-        let services: BTreeSet<&String> = report
-            .consumption
-            .keys()
-            .chain(report.rejection.keys())
-            .collect();
-        for service in services {
-            if self.reassigned.contains(&(service.clone(), current))
-                || !self.ledger.reassign_if_reported(service, current, now)
-            {
-                continue;
-            }
-            self.reassigned.insert((service.clone(), current));
-            counter!("throttle_central_reassigns_total").increment(1);
-            for c in self.conns.values().filter(|c| c.services.contains(service)) {
-                let quota = self
-                    .ledger
-                    .quota_for(c.node, [(service.as_str(), current)], now);
-                let msg = v1::CentralMessage {
-                    kind: Some(central_message::Kind::Quota(quota)),
-                };
-                if c.tx.try_send(Ok(msg)).is_err() {
+    /// Queues each push on every stream of its node, never waiting.
+    fn deliver(&self, pushes: Vec<Push>) {
+        for (node, quota) in pushes {
+            for c in self.conns.values().filter(|c| c.node == node) {
+                let msg = message(central_message::Kind::Quota(quota.clone()));
+                if c.tx.try_send(msg).is_err() {
                     counter!("throttle_central_pushes_dropped_total").increment(1);
+                    tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
                 }
             }
-        }
-        self.reassigned.retain(|(_, s)| *s >= current);
-    }
-
-    fn refresh_limits(&mut self, now: i64) {
-        let mut services: BTreeSet<String> = self.limits.services().into_iter().collect();
-        services.extend(self.ledger.services().map(str::to_owned));
-        for service in services {
-            let limits = self.limits.list_limits(&service);
-            self.ledger.apply_limits(&service, &limits, now);
         }
     }
 
     fn tick(&mut self) {
-        let now = self.clock.now_ms();
-        let next = self.ledger.config().slot.slot_at(now) + 1;
-        self.refresh_limits(now);
-        let started = Instant::now();
-        let assigned = self.ledger.assign(now);
-        histogram!("throttle_central_assign_seconds").record(started.elapsed().as_secs_f64());
-        for c in self.conns.values() {
-            // A service the ledger does not know yet has no limits: say so
-            // for the next slot, so the node knows the central is alive.
-            let services = c
-                .services
-                .iter()
-                .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)));
-            let quota = self.ledger.quota_for(c.node, services, now);
-            let msg = v1::CentralMessage {
-                kind: Some(central_message::Kind::Quota(quota)),
-            };
-            if c.tx.try_send(Ok(msg)).is_err() {
-                counter!("throttle_central_pushes_dropped_total").increment(1);
-                tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
-            }
-        }
-        self.ledger.forget(now);
+        let pushes = self.assigner.tick(self.clock.now_ms());
+        self.deliver(pushes);
     }
 
     fn monitor(&mut self, subject: Subject, range: SlotRange) -> Value {
@@ -640,7 +571,7 @@ impl Actor {
                         json!({
                             "node_id": c.node_id,
                             "addr": c.addr.map(|a| a.to_string()),
-                            "services": c.services,
+                            "services": self.assigner.services_of(c.node),
                             "connected_seconds": c.since.elapsed().as_secs_f64(),
                             "reports": c.reports,
                         })
@@ -648,11 +579,11 @@ impl Actor {
                     .collect();
                 json!({"connections": conns, "uptime_seconds": self.started.elapsed().as_secs_f64()})
             }
-            Subject::Reported => self.ledger.monitor_reported(range),
-            Subject::ConsumptionSum => self.ledger.monitor_sums(range, false),
-            Subject::RejectionSum => self.ledger.monitor_sums(range, true),
-            Subject::Distribution => self.ledger.monitor_distribution(range, now),
-            Subject::Quota => self.ledger.monitor_quota(range),
+            Subject::Reported => self.assigner.ledger().monitor_reported(range),
+            Subject::ConsumptionSum => self.assigner.ledger().monitor_sums(range, false),
+            Subject::RejectionSum => self.assigner.ledger().monitor_sums(range, true),
+            Subject::Distribution => self.assigner.ledger_mut().monitor_distribution(range, now),
+            Subject::Quota => self.assigner.ledger().monitor_quota(range),
         }
     }
 }

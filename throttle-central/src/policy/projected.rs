@@ -12,10 +12,12 @@ const WINDOW: i64 = 5;
 const GRANTS: usize = 4;
 /// A node with rejections wants at least this much more than it consumed.
 const HUNGRY_GROWTH: f64 = 1.2;
-/// Up to this many limited keys, even keys nobody used lately get quotas
-/// (split evenly), so a user arriving on a node is throttled from the first
-/// request; beyond it they are left to fail-open as in the original, to keep
-/// quota messages small.
+/// Up to this many limited keys, every active node gets a quota for every
+/// key: a floor where it has no recent use, an even split of keys nobody used
+/// lately. A user arriving on a node is then throttled from the first
+/// request. Beyond it (a grant per key and node would be too many), only the
+/// nodes that used a key get a quota for it and the rest fail open as in the
+/// original.
 const MAX_IDLE_KEYS: usize = 10_000;
 
 /// Quotas from the bucket level *projected* past what was granted but not
@@ -38,9 +40,11 @@ const MAX_IDLE_KEYS: usize = 10_000;
 /// 3. Gives *idle* nodes (active in the service, nothing recent for this
 ///    user) a small floor, so a user who moves to another node is not refused
 ///    outright there while the next slot's quota catches up. A user nobody
-///    used lately has the budget split evenly between the active nodes (up to
-///    10,000 such keys), so a burst after a quiet period is throttled from
-///    its first request instead of failing open.
+///    used lately gets, on every active node, a slot's worth of its rate (or
+///    an even split of the budget, if larger; up to 10,000 such keys), so a
+///    burst after a quiet period is throttled from its first request instead
+///    of failing open, and a user who lives on one node is not refused under
+///    its limit.
 /// 4. Runs at mid-slot for the *next* slot, answers a report with a quota
 ///    computed on the spot for the slot after it, and re-assigns the
 ///    *current* slot as soon as every active node has reported the previous
@@ -158,9 +162,13 @@ impl Policy for Projected {
                     // original); the bucket will charge what they admit.
                     continue;
                 }
-                for &n in &active {
-                    if !nodes.iter().any(|(m, _)| *m == n) {
-                        nodes.push((n, 0.0));
+                // Floors for idle nodes cost a grant per (key, node): only
+                // while the keys are few (see MAX_IDLE_KEYS).
+                if limited <= MAX_IDLE_KEYS {
+                    for &n in &active {
+                        if !nodes.iter().any(|(m, _)| *m == n) {
+                            nodes.push((n, 0.0));
+                        }
                     }
                 }
                 let mut level_bucket = bucket.clone();
@@ -198,7 +206,12 @@ impl Policy for Projected {
                             floor.min(budget / busy).max(1.0)
                         }
                     } else {
-                        budget / nodes.len() as f64
+                        // Nobody used it lately: wherever the user shows up
+                        // first may take a slot's worth of the rate (or the
+                        // even split, if larger). A user who lives on one
+                        // node is then not refused under its limit; one who
+                        // arrives everywhere at once borrows from the bucket.
+                        (budget / nodes.len() as f64).max(budget.min(rate * slot_secs))
                     };
                     match entry.iter_mut().find(|g| g.node == node) {
                         Some(g) => g.set(slot, grant),

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use super::{Assignment, Policy};
 use crate::ledger::ServiceState;
 
-/// Each node active in the service gets `rate x slot / nodes` of every
-/// limited (user, resource) that any node used lately; no bucket, no burst.
+/// Each node that used a limited (user, resource) lately gets
+/// `rate x slot / nodes`, where `nodes` counts those nodes; no bucket, no
+/// burst.
 /// Exact under perfectly even load, wasteful under skew: it is here to be
 /// compared with.
 #[derive(Debug, Default, Clone)]
@@ -36,16 +37,7 @@ impl Policy for StaticSplit {
         _now_ms: i64,
     ) -> Assignment {
         let recent = slot - 7;
-        let nodes: Vec<_> = state
-            .last_report
-            .iter()
-            .filter(|(_, s)| **s > recent)
-            .map(|(n, _)| *n)
-            .collect();
         let mut out = Assignment::default();
-        if nodes.is_empty() {
-            return out;
-        }
         let slot_secs = f64::from(state.slot.as_ms()) / 1000.0;
         for (user, resources) in &state.users {
             for (resource, rs) in resources {
@@ -53,8 +45,14 @@ impl Policy for StaticSplit {
                 if !rs.nodes.iter().any(|n| n.slot > recent) {
                     continue;
                 }
-                let share = bucket.rate() * slot_secs / nodes.len() as f64;
-                for &n in &nodes {
+                let users: Vec<_> = rs
+                    .nodes
+                    .iter()
+                    .filter(|n| n.slot > recent)
+                    .map(|n| n.node)
+                    .collect();
+                let share = bucket.rate() * slot_secs / users.len() as f64;
+                for &n in &users {
                     out.entry(n)
                         .or_default()
                         .users

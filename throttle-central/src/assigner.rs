@@ -1,0 +1,203 @@
+//! The central node's reactions, without I/O: what to answer a report, what
+//! to push and when.
+//!
+//! The [`Assigner`] owns the [`Ledger`] and knows which nodes are connected
+//! for which services. The gRPC server feeds it connects, reports and timer
+//! ticks from real streams; the simulator feeds it the same from virtual
+//! time. Both then deliver the [`Push`]es it returns.
+//!
+//! - [`Assigner::report`] files a report and answers with the node's quota
+//!   for the slot after it; when the policy wants it and every active node
+//!   has now reported the slot that just ended, the current slot is
+//!   re-assigned and pushed to every node of the service.
+//! - [`Assigner::tick`], at each mid-slot: reads the limits again, runs every
+//!   policy's assign and pushes the result to every connected node, then
+//!   forgets what is older than the retention.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use throttle_proto::{MAX_NAME_LEN, v1};
+
+use crate::ledger::{Ingested, Ledger, NodeId, ReportError};
+use crate::limits::LimitSource;
+
+/// A quota to send to one node.
+pub type Push = (NodeId, v1::Quota);
+
+/// What the central node does on each event; see the [module docs](self).
+pub struct Assigner {
+    ledger: Ledger,
+    limits: Arc<dyn LimitSource>,
+    /// Connected nodes: open streams and the services they declared or reported.
+    nodes: BTreeMap<NodeId, (usize, BTreeSet<String>)>,
+    /// (service, slot) already re-assigned once every report was in.
+    reassigned: BTreeSet<(String, i64)>,
+}
+
+impl std::fmt::Debug for Assigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Assigner")
+            .field("ledger", &self.ledger)
+            .field("nodes", &self.nodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The answer to a report, and what else it caused.
+#[derive(Debug)]
+pub struct Answer {
+    /// The reporting node's quota for the slot after the report's.
+    pub quota: v1::Quota,
+    /// Quotas to push to nodes (the current slot, re-assigned).
+    pub pushes: Vec<Push>,
+    /// What the ledger did with the report.
+    pub ingested: Ingested,
+}
+
+fn valid(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_LEN
+}
+
+impl Assigner {
+    /// An assigner over `ledger`, reading limits from `limits`.
+    pub fn new(ledger: Ledger, limits: Arc<dyn LimitSource>) -> Self {
+        Self {
+            ledger,
+            limits,
+            nodes: BTreeMap::new(),
+            reassigned: BTreeSet::new(),
+        }
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The ledger, mutably (monitor queries refill buckets).
+    pub fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    /// A stream opened for `node_id` with `services`.
+    pub fn connect(&mut self, node_id: &str, services: &[String], now_ms: i64) -> NodeId {
+        let node = self.ledger.node_id(node_id);
+        self.ledger
+            .connect(node, services.iter().map(String::as_str), now_ms);
+        let entry = self.nodes.entry(node).or_default();
+        entry.0 += 1;
+        entry
+            .1
+            .extend(services.iter().filter(|s| valid(s)).cloned());
+        node
+    }
+
+    /// A stream of `node` closed.
+    pub fn disconnect(&mut self, node: NodeId) {
+        if let Some(entry) = self.nodes.get_mut(&node) {
+            entry.0 = entry.0.saturating_sub(1);
+            if entry.0 == 0 {
+                self.nodes.remove(&node);
+            }
+        }
+    }
+
+    /// The services `node` declared or reported, if it is connected.
+    pub fn services_of(&self, node: NodeId) -> Option<&BTreeSet<String>> {
+        self.nodes.get(&node).map(|(_, s)| s)
+    }
+
+    /// Reads the limits of every known service again.
+    pub fn refresh_limits(&mut self, now_ms: i64) {
+        let mut services: BTreeSet<String> = self.limits.services().into_iter().collect();
+        services.extend(self.ledger.services().map(str::to_owned));
+        for service in services {
+            let limits = self.limits.list_limits(&service);
+            self.ledger.apply_limits(&service, &limits, now_ms);
+        }
+    }
+
+    /// Files `report` from `node` (connected or not) and answers it.
+    ///
+    /// # Errors
+    ///
+    /// The ledger's [`ReportError`]: nothing was filed.
+    pub fn report(
+        &mut self,
+        node: NodeId,
+        report: &v1::Report,
+        now_ms: i64,
+    ) -> Result<Answer, ReportError> {
+        let ingested = self.ledger.ingest(report, now_ms)?;
+        let reported: BTreeSet<&String> = report
+            .consumption
+            .keys()
+            .chain(report.rejection.keys())
+            .filter(|s| valid(s))
+            .collect();
+        let mut services: BTreeSet<String> = self.services_of(node).cloned().unwrap_or_default();
+        services.extend(reported.iter().map(|s| (*s).clone()));
+        if let Some(entry) = self.nodes.get_mut(&node) {
+            entry.1.clone_from(&services);
+        }
+        let current = self.ledger.config().slot.slot_at(now_ms);
+        let mut pushes = Vec::new();
+        if report.slot_number == current {
+            for service in reported {
+                if self.reassigned.contains(&(service.clone(), current))
+                    || !self.ledger.reassign_if_reported(service, current, now_ms)
+                {
+                    continue;
+                }
+                self.reassigned.insert((service.clone(), current));
+                metrics::counter!("throttle_central_reassigns_total").increment(1);
+                let targets: Vec<NodeId> = self
+                    .nodes
+                    .iter()
+                    .filter(|(_, (_, s))| s.contains(service))
+                    .map(|(n, _)| *n)
+                    .collect();
+                for n in targets {
+                    let quota = self
+                        .ledger
+                        .quota_for(n, [(service.as_str(), current)], now_ms);
+                    pushes.push((n, quota));
+                }
+            }
+            self.reassigned.retain(|(_, s)| *s >= current);
+        }
+        let next = report.slot_number + 1;
+        let mut quota =
+            self.ledger
+                .quota_for(node, services.iter().map(|s| (s.as_str(), next)), now_ms);
+        quota.report_slot = Some(report.slot_number);
+        Ok(Answer {
+            quota,
+            pushes,
+            ingested,
+        })
+    }
+
+    /// The mid-slot work: limits, assign, a push per connected node, and
+    /// retention.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<Push> {
+        let next = self.ledger.config().slot.slot_at(now_ms) + 1;
+        self.refresh_limits(now_ms);
+        let started = std::time::Instant::now();
+        let assigned = self.ledger.assign(now_ms);
+        metrics::histogram!("throttle_central_assign_seconds")
+            .record(started.elapsed().as_secs_f64());
+        let mut pushes = Vec::with_capacity(self.nodes.len());
+        for (&node, (_, services)) in &self.nodes {
+            // A service the ledger does not know yet has no limits: say so
+            // for the next slot, so the node knows the central is alive.
+            let services = services
+                .iter()
+                .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)));
+            pushes.push((node, self.ledger.quota_for(node, services, now_ms)));
+        }
+        self.ledger.forget(now_ms);
+        pushes
+    }
+}
