@@ -130,7 +130,8 @@ fn assign(c: &mut Criterion) {
     let mut g = c.benchmark_group("assign");
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(8));
-    let policies: [(&str, fn() -> PolicyFactory); 3] = [
+    type Named = (&'static str, fn() -> PolicyFactory);
+    let policies: [Named; 3] = [
         ("projected", || Box::new(|_| Box::new(Projected::new()))),
         ("classic", || Box::new(|_| Box::new(Classic::new()))),
         ("static-split", || {
