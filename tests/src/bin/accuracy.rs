@@ -9,7 +9,10 @@ use throttle_central::ledger::PolicyFactory;
 use throttle_central::policy::{Classic, Projected, StaticSplit};
 use throttle_tests::sim;
 
-fn policies() -> Vec<(&'static str, fn() -> PolicyFactory)> {
+/// A policy's name and how to make it.
+type Named = (&'static str, fn() -> PolicyFactory);
+
+fn policies() -> Vec<Named> {
     vec![
         ("projected", || Box::new(|_| Box::new(Projected::new()))),
         ("classic", || Box::new(|_| Box::new(Classic::new()))),
