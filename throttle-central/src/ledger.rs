@@ -31,6 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 use throttle_proto::slot::SlotLength;
@@ -110,12 +111,17 @@ pub struct ResourceState {
 #[derive(Debug, Default)]
 pub struct ServiceState {
     /// user -> resource -> state.
-    pub users: Map<Box<str>, Map<Box<str>, ResourceState>>,
+    /// Keys are shared (`Arc<str>`) so grants can name them without
+    /// allocating.
+    pub users: Map<Arc<str>, Map<Arc<str>, ResourceState>>,
     /// Per node, the newest data slot it reported for this service: its
     /// consumption up to there is charged.
     pub last_report: Map<NodeId, i64>,
     /// The slot length.
     pub slot: SlotLength,
+    /// Resource names, interned: every key of a resource shares one `Arc`,
+    /// so the many grants naming it touch one cache line.
+    names: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
 }
 
 struct Service {
@@ -311,13 +317,8 @@ impl Ledger {
             }
         }
         for limit in limits {
-            let resources = svc
-                .state
-                .users
-                .entry(limit.user.as_str().into())
-                .or_default();
             for (resource, &rate) in &limit.per_second {
-                let state = resources.entry(resource.as_str().into()).or_default();
+                let state = svc.state.resource_mut(&limit.user, resource);
                 match &mut state.bucket {
                     Some(b) if b.rate() == rate && b.capacity() == rate * limit.burst_seconds => {}
                     Some(b) => b.set_limit(rate, limit.burst_seconds, now_ms),
@@ -515,6 +516,7 @@ impl Ledger {
                 });
                 !resources.is_empty()
             });
+            svc.state.names.retain(|n| Arc::strong_count(n) > 1);
         }
     }
 
@@ -655,14 +657,17 @@ impl Ledger {
         for (service, svc) in &self.services {
             let mut slots = serde_json::Map::new();
             for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
-                let nodes: BTreeMap<&str, &BTreeMap<String, v1::ResourceQuotas>> = assignment
-                    .iter()
-                    .map(|(n, q)| (self.node_name(*n), &q.users))
-                    .collect();
-                let nodes: BTreeMap<&str, BTreeMap<&String, &BTreeMap<String, f64>>> = nodes
-                    .into_iter()
-                    .map(|(n, users)| (n, users.iter().map(|(u, r)| (u, &r.resources)).collect()))
-                    .collect();
+                let mut nodes: BTreeMap<&str, BTreeMap<&str, BTreeMap<&str, f64>>> =
+                    BTreeMap::new();
+                for (n, grants) in assignment {
+                    let users = nodes.entry(self.node_name(*n)).or_default();
+                    for g in grants {
+                        users
+                            .entry(&g.user)
+                            .or_default()
+                            .insert(&g.resource, g.amount);
+                    }
+                }
                 slots.insert(slot.to_string(), json!(nodes));
             }
             out.insert(service.to_string(), Value::Object(slots));
@@ -674,14 +679,30 @@ impl Ledger {
 impl ServiceState {
     fn resource_mut(&mut self, user: &str, resource: &str) -> &mut ResourceState {
         // Look up before inserting: the common case allocates nothing.
-        if !self.users.contains_key(user) {
-            self.users.insert(user.into(), Map::default());
+        if !self
+            .users
+            .get(user)
+            .is_some_and(|r| r.contains_key(resource))
+        {
+            let name = match self.names.get(resource) {
+                Some(n) => n.clone(),
+                None => {
+                    let n: Arc<str> = resource.into();
+                    self.names.insert(n.clone());
+                    n
+                }
+            };
+            if !self.users.contains_key(user) {
+                self.users.insert(user.into(), Map::default());
+            }
+            if let Some(resources) = self.users.get_mut(user) {
+                resources.insert(name, ResourceState::default());
+            }
         }
-        let resources = self.users.get_mut(user).expect("inserted above");
-        if !resources.contains_key(resource) {
-            resources.insert(resource.into(), ResourceState::default());
-        }
-        resources.get_mut(resource).expect("inserted above")
+        self.users
+            .get_mut(user)
+            .and_then(|r| r.get_mut(resource))
+            .expect("inserted above")
     }
 }
 

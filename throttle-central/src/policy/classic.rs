@@ -2,9 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use throttle_proto::v1;
-
-use super::{Assignment, Policy};
+use super::{Assignment, Grant, Policy};
 use crate::ledger::{NodeUsage, ServiceState};
 
 /// Slots in the weighting window.
@@ -102,13 +100,11 @@ impl Policy for Classic {
                 };
                 let stored = bucket.level(now_ms).max(0.0);
                 for (i, share) in shares(&r.nodes, slot) {
-                    out.entry(r.nodes[i].node)
-                        .or_default()
-                        .users
-                        .entry(user.to_string())
-                        .or_insert_with(v1::ResourceQuotas::default)
-                        .resources
-                        .insert(resource.to_string(), stored * share);
+                    out.entry(r.nodes[i].node).or_default().push(Grant {
+                        user: user.clone(),
+                        resource: resource.clone(),
+                        amount: stored * share,
+                    });
                 }
             }
         }
@@ -218,8 +214,9 @@ mod tests {
         let b = l.node_id("b");
         let qa = l.quota_for(a, [("front", 12)], 10_500);
         let qb = l.quota_for(b, [("front", 12)], 10_500);
-        let get =
-            |q: &v1::Quota| q.services["front"].slots[&12].users["alice"].resources["requests"];
+        let get = |q: &throttle_proto::v1::Quota| {
+            q.services["front"].slots[&12].users["alice"].resources["requests"]
+        };
         assert!(close(get(&qa), 210.0 * 0.75), "{qa:?}");
         assert!(close(get(&qb), 210.0 * 0.25), "{qb:?}");
         assert_eq!(

@@ -16,6 +16,7 @@ mod split;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 pub use classic::Classic;
 pub use projected::Projected;
@@ -24,8 +25,36 @@ use throttle_proto::v1;
 
 use crate::ledger::{Map, NodeId, ServiceState};
 
-/// Quotas of one slot: node -> user -> resource -> amount.
-pub type Assignment = Map<NodeId, v1::UserQuotas>;
+/// One node's quota for one (user, resource) in one slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grant {
+    /// The user (shared with the ledger's key: no allocation).
+    pub user: Arc<str>,
+    /// The resource.
+    pub resource: Arc<str>,
+    /// How much the node may admit.
+    pub amount: f64,
+}
+
+/// Quotas of one slot, per node. Compact: the protobuf message for a node is
+/// built only when it is sent ([`to_user_quotas`]).
+pub type Assignment = Map<NodeId, Vec<Grant>>;
+
+/// The protobuf form of one node's grants.
+pub fn to_user_quotas(grants: &[Grant]) -> v1::UserQuotas {
+    let mut out = v1::UserQuotas::default();
+    let mut last: Option<(&Arc<str>, &mut v1::ResourceQuotas)> = None;
+    for g in grants {
+        // Grants come grouped by user: look the user up once per group.
+        let rq = match last {
+            Some((u, rq)) if Arc::ptr_eq(u, &g.user) || **u == *g.user => rq,
+            _ => out.users.entry(g.user.to_string()).or_default(),
+        };
+        rq.resources.insert(g.resource.to_string(), g.amount);
+        last = Some((&g.user, rq));
+    }
+    out
+}
 
 /// A quota strategy for one service; see the [module docs](self).
 pub trait Policy: Send + fmt::Debug {
@@ -71,7 +100,7 @@ pub trait Policy: Send + fmt::Debug {
         now_ms: i64,
     ) -> Option<v1::UserQuotas> {
         let _ = (state, now_ms);
-        book.get(&slot)?.get(&node).cloned()
+        book.get(&slot)?.get(&node).map(|g| to_user_quotas(g))
     }
 
     /// Drops whatever the policy keeps about slots before `slot`.

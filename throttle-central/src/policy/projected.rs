@@ -2,8 +2,9 @@
 //! demand, one slot ahead.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use super::{Assignment, Policy};
+use super::{Assignment, Grant, Policy};
 use crate::ledger::{Map, NodeId, NodeUsage, ServiceState};
 
 /// Data slots a node's latest report stays relevant.
@@ -53,7 +54,7 @@ const MAX_IDLE_KEYS: usize = 10_000;
 #[derive(Debug, Default)]
 pub struct Projected {
     /// user -> resource -> per node, recent grants.
-    grants: Map<Box<str>, Map<Box<str>, Vec<NodeGrants>>>,
+    grants: Map<Arc<str>, Map<Arc<str>, Vec<NodeGrants>>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -224,13 +225,11 @@ impl Policy for Projected {
                             entry.push(g);
                         }
                     }
-                    out.entry(node)
-                        .or_default()
-                        .users
-                        .entry(user.to_string())
-                        .or_default()
-                        .resources
-                        .insert(resource.to_string(), grant);
+                    out.entry(node).or_default().push(Grant {
+                        user: user.clone(),
+                        resource: resource.clone(),
+                        amount: grant,
+                    });
                 }
             }
         }
@@ -251,7 +250,9 @@ impl Policy for Projected {
             let a = self.assign(state, book, slot, now_ms);
             book.insert(slot, a);
         }
-        book.get(&slot)?.get(&node).cloned()
+        book.get(&slot)?
+            .get(&node)
+            .map(|g| super::to_user_quotas(g))
     }
 
     fn forget_before(&mut self, slot: i64) {

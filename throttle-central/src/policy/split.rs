@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Assignment, Policy};
+use super::{Assignment, Grant, Policy};
 use crate::ledger::ServiceState;
 
 /// Each node that used a limited (user, resource) lately gets
@@ -53,13 +53,11 @@ impl Policy for StaticSplit {
                     .collect();
                 let share = bucket.rate() * slot_secs / users.len() as f64;
                 for &n in &users {
-                    out.entry(n)
-                        .or_default()
-                        .users
-                        .entry(user.to_string())
-                        .or_default()
-                        .resources
-                        .insert(resource.to_string(), share);
+                    out.entry(n).or_default().push(Grant {
+                        user: user.clone(),
+                        resource: resource.clone(),
+                        amount: share,
+                    });
                 }
             }
         }
