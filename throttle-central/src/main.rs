@@ -9,7 +9,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use throttle_central::Central;
+use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::FileLimits;
+use throttle_central::policy::{Classic, Projected, StaticSplit};
 use throttle_proto::slot::SlotLength;
 
 /// Central node of throttle: holds one token bucket per (service, user,
@@ -38,6 +40,11 @@ struct Args {
     /// Slots of history kept for sums, distribution and quotas.
     #[arg(long, env = "THROTTLE_CENTRAL_NR_SLOT", default_value_t = 60)]
     nr_slot: u32,
+    /// Quota policy of every service: `projected` (default; see
+    /// docs/accuracy.md), `classic` (the original algorithm, exactly) or
+    /// `static-split` (the rate divided evenly between the nodes).
+    #[arg(long, env = "THROTTLE_CENTRAL_POLICY", default_value = "projected", value_parser = ["projected", "classic", "static-split"])]
+    policy: String,
     /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
     #[arg(long, env = "THROTTLE_CENTRAL_LOG", default_value = "info")]
     log: String,
@@ -55,9 +62,16 @@ async fn main() -> anyhow::Result<()> {
         .install_recorder()
         .context("installing the Prometheus recorder")?;
     let slot = SlotLength::from_ms(args.slot_ms).context("invalid --slot-ms")?;
+    let policy: PolicyFactory = match args.policy.as_str() {
+        "classic" => Box::new(|_| Box::new(Classic::new())),
+        "static-split" => Box::new(|_| Box::new(StaticSplit::new())),
+        _ => Box::new(|_| Box::new(Projected::new())),
+    };
+    tracing::info!(policy = %args.policy, "quota policy");
     let mut builder = Central::builder()
         .slot(slot)
         .nr_slot(args.nr_slot)
+        .policies(policy)
         .metrics(metrics);
     match &args.limits {
         Some(path) => {
