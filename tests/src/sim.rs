@@ -213,7 +213,12 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
             let up = (scenario.alive)(t, i);
             match (up, n.id) {
                 (true, None) => {
-                    n.id = Some(central.connect(&format!("node-{i}"), &[SERVICE.to_string()], now))
+                    let (id, pushes) =
+                        central.connect(&format!("node-{i}"), &[SERVICE.to_string()], now);
+                    n.id = Some(id);
+                    for (_, q) in pushes {
+                        n.store.apply_quota(&q);
+                    }
                 }
                 (false, Some(id)) => {
                     central.disconnect(id);

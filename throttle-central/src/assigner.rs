@@ -25,6 +25,11 @@ use crate::limits::LimitSource;
 /// A quota to send to one node.
 pub type Push = (NodeId, v1::Quota);
 
+/// Services with at most this many keys are re-assigned when a node
+/// connects (cheap at that size), so the node gets a quota for the current
+/// slot at once.
+pub const CONNECT_REASSIGN_KEYS: usize = 10_000;
+
 /// What the central node does on each event; see the [module docs](self).
 pub struct Assigner {
     ledger: Ledger,
@@ -80,8 +85,16 @@ impl Assigner {
         &mut self.ledger
     }
 
-    /// A stream opened for `node_id` with `services`.
-    pub fn connect(&mut self, node_id: &str, services: &[String], now_ms: i64) -> NodeId {
+    /// A stream opened for `node_id` with `services`. Returns the node and,
+    /// for services small enough to re-assign on the spot (up to
+    /// [`CONNECT_REASSIGN_KEYS`] keys), its quota for the current slot, so a
+    /// new node does not fail open until the next assign.
+    pub fn connect(
+        &mut self,
+        node_id: &str,
+        services: &[String],
+        now_ms: i64,
+    ) -> (NodeId, Vec<Push>) {
         let node = self.ledger.node_id(node_id);
         self.ledger
             .connect(node, services.iter().map(String::as_str), now_ms);
@@ -90,7 +103,20 @@ impl Assigner {
         entry
             .1
             .extend(services.iter().filter(|s| valid(s)).cloned());
-        node
+        let current = self.ledger.config().slot.slot_at(now_ms);
+        let mut pushes = Vec::new();
+        for service in services.iter().filter(|s| valid(s)) {
+            if self
+                .ledger
+                .reassign_for_new_node(service, CONNECT_REASSIGN_KEYS, now_ms)
+            {
+                let quota = self
+                    .ledger
+                    .quota_for(node, [(service.as_str(), current)], now_ms);
+                pushes.push((node, quota));
+            }
+        }
+        (node, pushes)
     }
 
     /// A stream of `node` closed.

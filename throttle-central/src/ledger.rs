@@ -445,6 +445,24 @@ impl Ledger {
         assigned
     }
 
+    /// Re-assigns the current slot of `service` now, if its policy
+    /// re-assigns as reports arrive and the service holds at most
+    /// `max_keys` keys (a new node then gets a quota at once instead of
+    /// failing open until the next assign). Returns whether it did.
+    pub fn reassign_for_new_node(&mut self, service: &str, max_keys: usize, now_ms: i64) -> bool {
+        let slot = self.config.slot.slot_at(now_ms);
+        let Some(svc) = self.services.get_mut(service) else {
+            return false;
+        };
+        let keys: usize = svc.state.users.values().map(Map::len).sum();
+        if !svc.policy.reassign_when_reported() || keys > max_keys {
+            return false;
+        }
+        let assignment = svc.policy.assign(&svc.state, &svc.book, slot, now_ms);
+        svc.book.insert(slot, assignment);
+        true
+    }
+
     /// If `service`'s policy wants it and every node active in the service
     /// has reported data slot `slot - 1`, re-assigns `slot` and returns true.
     pub fn reassign_if_reported(&mut self, service: &str, slot: i64, now_ms: i64) -> bool {

@@ -431,7 +431,7 @@ impl Actor {
             } => {
                 let conn = self.next_conn;
                 self.next_conn += 1;
-                let node =
+                let (node, pushes) =
                     self.assigner
                         .connect(&hello.node_id, &hello.services, self.clock.now_ms());
                 tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, "node connected");
@@ -447,6 +447,7 @@ impl Actor {
                     },
                 );
                 gauge!("throttle_central_connections").set(self.conns.len() as f64);
+                self.deliver(pushes);
                 let _ = reply.send(conn);
             }
             Command::Disconnect { conn } => {

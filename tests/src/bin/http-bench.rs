@@ -1,0 +1,353 @@
+//! The HTTP path side by side: the same axum hello-world app bare, behind
+//! `ThrottleLayer` (with a live central node), and behind tower_governor's
+//! `GovernorLayer` keyed per user, under the same closed-loop load.
+//!
+//! Run with: `cargo run --release -p throttle-tests --bin http-bench`
+//! (`-- --seconds 3 --rounds 3 --connections 32` are the defaults).
+//!
+//! The server and the load generator each get one core (two single-worker
+//! runtimes on a 2-core machine). Variants alternate within each round, and
+//! the table shows medians over rounds.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use throttle_central::Central;
+use throttle_central::limits::{Limit, LimitSet, StaticLimits};
+use throttle_layer::{Reporter, SlotStore, ThrottleLayer, UserKey};
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
+
+const USERS: usize = 3000;
+/// Per-user limit, requests per second: far above what one user sends in
+/// the throughput runs, so every request is allowed there.
+const LIMIT: u32 = 1000;
+/// The limit of the attacking user in the reject-path runs.
+const ATTACK_LIMIT: u32 = 100;
+
+#[derive(Clone, Debug)]
+struct HeaderKey;
+
+impl KeyExtractor for HeaderKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &http::Request<T>) -> Result<String, tower_governor::GovernorError> {
+        req.headers()
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Bare,
+    Throttle,
+    Governor,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Bare => "bare axum",
+            Self::Throttle => "throttle (ThrottleLayer)",
+            Self::Governor => "tower_governor",
+        }
+    }
+}
+
+fn app() -> Router {
+    Router::new().route("/", get(|| async { "hello" }))
+}
+
+struct Server {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+    _keep: Option<(
+        throttle_layer::reporter::ReporterHandle,
+        throttle_central::RunningCentral,
+    )>,
+}
+
+async fn limits(attack_limit: u32) -> LimitSet {
+    let mut set = LimitSet::new();
+    for u in 0..USERS {
+        set.insert(
+            "front",
+            Limit {
+                user: format!("user-{u:04}"),
+                per_second: [("requests".to_string(), f64::from(LIMIT))].into(),
+                burst_seconds: 1.0,
+            },
+        );
+    }
+    set.insert(
+        "front",
+        Limit {
+            user: "attacker".into(),
+            per_second: [("requests".to_string(), f64::from(attack_limit))].into(),
+            burst_seconds: 1.0,
+        },
+    );
+    set
+}
+
+/// Starts `variant` on the server runtime.
+async fn start(server_rt: &tokio::runtime::Handle, variant: Variant) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let mut keep = None;
+    let router = match variant {
+        Variant::Bare => app(),
+        Variant::Throttle => {
+            let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let central = Central::builder()
+                .limits(Arc::new(StaticLimits::new(limits(ATTACK_LIMIT).await)))
+                .spawn(grpc, None)
+                .expect("central");
+            let store = SlotStore::default();
+            let reporter = Reporter::builder(&store, "bench-node")
+                .central(format!("http://{}", central.grpc_addr()))
+                .spawn()
+                .expect("reporter");
+            reporter.wait_for(|s| s.connected).await;
+            let layer = ThrottleLayer::builder(&store, "front")
+                .user(UserKey::header("x-user"))
+                .build()
+                .expect("layer");
+            keep = Some((reporter, central));
+            app().layer(layer)
+        }
+        Variant::Governor => {
+            let mut builder = GovernorConfigBuilder::default();
+            builder
+                .period(Duration::from_nanos(1_000_000_000 / u64::from(LIMIT)))
+                .burst_size(LIMIT);
+            let config = builder.key_extractor(HeaderKey).finish().expect("config");
+            app().layer(GovernorLayer::new(config))
+        }
+    };
+    let task = server_rt.spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Server {
+        addr,
+        task,
+        _keep: keep,
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Run {
+    ok: u64,
+    refused: u64,
+    errors: u64,
+    seconds: f64,
+    latencies_ns: Vec<u64>,
+}
+
+impl Run {
+    fn rps(&self) -> f64 {
+        (self.ok + self.refused) as f64 / self.seconds
+    }
+
+    fn percentile(&self, p: f64) -> f64 {
+        if self.latencies_ns.is_empty() {
+            return 0.0;
+        }
+        let i = ((self.latencies_ns.len() - 1) as f64 * p) as usize;
+        self.latencies_ns[i] as f64 / 1000.0
+    }
+}
+
+/// `connections` keep-alive connections sending back to back for `seconds`;
+/// each request is for `user(connection, i)`.
+async fn load(
+    addr: SocketAddr,
+    connections: usize,
+    seconds: f64,
+    user: fn(usize, u64) -> String,
+) -> Run {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        tasks.push(tokio::spawn(async move {
+            let mut run = Run::default();
+            let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
+                run.errors += 1;
+                return run;
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok((mut sender, conn)) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+            else {
+                run.errors += 1;
+                return run;
+            };
+            tokio::spawn(conn);
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                i += 1;
+                let req = http::Request::get("/")
+                    .header("host", "bench")
+                    .header("x-user", user(c, i))
+                    .body(Empty::<Bytes>::new());
+                let Ok(req) = req else { break };
+                let started = Instant::now();
+                if sender.ready().await.is_err() {
+                    run.errors += 1;
+                    break;
+                }
+                match sender.send_request(req).await {
+                    Ok(res) => {
+                        let status = res.status();
+                        let _ = res.into_body().collect().await;
+                        run.latencies_ns.push(started.elapsed().as_nanos() as u64);
+                        if status.is_success() {
+                            run.ok += 1;
+                        } else if status == http::StatusCode::TOO_MANY_REQUESTS {
+                            run.refused += 1;
+                        } else {
+                            run.errors += 1;
+                        }
+                    }
+                    Err(_) => {
+                        run.errors += 1;
+                        break;
+                    }
+                }
+            }
+            run
+        }));
+    }
+    let mut total = Run {
+        seconds,
+        ..Run::default()
+    };
+    for t in tasks {
+        if let Ok(r) = t.await {
+            total.ok += r.ok;
+            total.refused += r.refused;
+            total.errors += r.errors;
+            total.latencies_ns.extend(r.latencies_ns);
+        }
+    }
+    total.latencies_ns.sort_unstable();
+    total
+}
+
+fn spread_users(c: usize, i: u64) -> String {
+    // Every connection walks all users, from a different start.
+    format!("user-{:04}", (c * 97 + i as usize * 31) % USERS)
+}
+
+fn attacker(_: usize, _: u64) -> String {
+    "attacker".to_string()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn arg(name: &str, default: f64) -> f64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let seconds = arg("--seconds", 3.0);
+    let rounds = arg("--rounds", 3.0) as usize;
+    let connections = arg("--connections", 32.0) as usize;
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("server")
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let load_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("load")
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!(
+        "{rounds} rounds x {seconds} s, {connections} keep-alive connections, {USERS} users, server and load on one core each\n"
+    );
+    for (title, user, variants) in [
+        (
+            "throughput: every request allowed",
+            spread_users as fn(usize, u64) -> String,
+            vec![Variant::Bare, Variant::Throttle, Variant::Governor],
+        ),
+        (
+            "reject path: one user far over its limit",
+            attacker as fn(usize, u64) -> String,
+            vec![Variant::Throttle, Variant::Governor],
+        ),
+    ] {
+        let mut results: Vec<(Variant, Vec<Run>)> =
+            variants.iter().map(|v| (*v, Vec::new())).collect();
+        for _ in 0..rounds {
+            for (variant, runs) in &mut results {
+                let run = load_rt.block_on(async {
+                    let server = start(server_rt.handle(), *variant).await;
+                    // Warm up, then measure.
+                    load(server.addr, connections, 0.5, user).await;
+                    let run = load(server.addr, connections, seconds, user).await;
+                    server.task.abort();
+                    run
+                });
+                runs.push(run);
+            }
+        }
+        println!("{title}");
+        println!(
+            "| {:<26} | {:>10} | {:>8} | {:>9} | {:>9} | {:>9} | {:>7} |",
+            "variant", "req/s", "vs first", "p50 us", "p99 us", "refused %", "errors"
+        );
+        println!(
+            "|{:-<28}|{:->12}|{:->10}|{:->11}|{:->11}|{:->11}|{:->9}|",
+            "", "", "", "", "", "", ""
+        );
+        let first = median(results[0].1.iter().map(Run::rps).collect());
+        for (variant, runs) in &results {
+            let rps = median(runs.iter().map(Run::rps).collect());
+            let p50 = median(runs.iter().map(|r| r.percentile(0.5)).collect());
+            let p99 = median(runs.iter().map(|r| r.percentile(0.99)).collect());
+            let refused = median(
+                runs.iter()
+                    .map(|r| 100.0 * r.refused as f64 / (r.ok + r.refused).max(1) as f64)
+                    .collect(),
+            );
+            let errors: u64 = runs.iter().map(|r| r.errors).sum();
+            println!(
+                "| {:<26} | {:>10.0} | {:>7.1}% | {:>9.0} | {:>9.0} | {:>8.1}% | {:>7} |",
+                variant.name(),
+                rps,
+                100.0 * rps / first,
+                p50,
+                p99,
+                refused,
+                errors
+            );
+        }
+        println!();
+    }
+}
