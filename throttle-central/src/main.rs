@@ -53,6 +53,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let shutdown = shutdown_signal()?;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&args.log).context("invalid --log filter")?,
@@ -89,28 +90,30 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding HTTP address {}", args.http))?;
     let central = builder.spawn(grpc, Some(http))?;
-    shutdown_signal().await;
+    shutdown.await;
     tracing::info!("shutting down");
     central.shutdown().await;
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGINT or SIGTERM. The handlers are registered when this is
+/// created, not when first polled, so a signal that arrives while the central
+/// is starting is not lost to the default action.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
             }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
+        })
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
