@@ -41,7 +41,7 @@ const WARM_UP: usize = 3;
 
 fn demo_limits() -> anyhow::Result<LimitSet> {
     let toml = format!(
-        "[[limit]]\nservice = \"{s}\"\nuser = \"{HEAVY}\"\nper_second = {{ requests = {HEAVY_LIMIT} }}\nburst_seconds = 1\n\n\
+        "[[limit]]\nservice = \"{s}\"\nuser = \"{HEAVY}\"\nper_second = {{ requests = {HEAVY_LIMIT} }}\nburst_seconds = 2\n\n\
          [[limit]]\nservice = \"{s}\"\nuser = \"{LIGHT}\"\nper_second = {{ requests = {LIGHT_LIMIT} }}\n",
         s = app::SERVICE
     );
