@@ -422,6 +422,10 @@ mod grpc {
             &self,
             request: GrpcRequest<Streaming<v1::NodeMessage>>,
         ) -> Result<Response<Self::ExchangeStream>, Status> {
+            // A tonic handler finds the layer's Usage in the extensions.
+            if let Some(usage) = request.extensions().get::<Usage>() {
+                usage.add("database_read", 2);
+            }
             let mut inbound = request.into_inner();
             let out = async_stream(move |tx| async move {
                 while let Ok(Some(m)) = inbound.message().await {
@@ -481,6 +485,7 @@ mod grpc {
         );
         let layer = ThrottleLayer::builder(&store, "front")
             .user(UserKey::header("x-user"))
+            .handler_usage()
             .build()
             .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -510,7 +515,17 @@ mod grpc {
         clock.set(T + 1_000);
         let r = store.collect(100);
         assert_eq!(amount(&r.consumption, "bob", "requests"), 1);
+        assert_eq!(
+            amount(&r.consumption, "bob", "database_read"),
+            2,
+            "handler amount via tonic"
+        );
         assert_eq!(amount(&r.rejection, "alice", "requests"), 1);
+        assert_eq!(
+            amount(&r.consumption, "alice", "database_read"),
+            0,
+            "refused: handler never ran"
+        );
         server.abort();
         let _ = Duration::ZERO;
     }
