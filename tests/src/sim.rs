@@ -195,6 +195,7 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
     };
     // Fractional arrivals carried between steps, per (user, node).
     let mut owed = vec![vec![0.0f64; scenario.nodes]; scenario.users.len()];
+    let mut rates = vec![vec![0.0f64; scenario.nodes]; scenario.users.len()];
     let slots = scenario.seconds as usize;
     let mut admitted = vec![0i64; slots + 1];
     let mut offered = vec![0i64; slots + 1];
@@ -283,14 +284,22 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
                 deepest = deepest.min(level / measured.limit);
             }
         }
-        // Requests.
+        // Requests. Rates are read every 100 ms of virtual time; pairs with
+        // no demand cost nothing.
+        if t % 100 == 0 {
+            for (u, user) in scenario.users.iter().enumerate() {
+                for (i, r) in rates[u].iter_mut().enumerate() {
+                    *r = (user.demand)(t, i);
+                }
+            }
+        }
         let index = (t / 1000) as usize;
         for (u, user) in scenario.users.iter().enumerate() {
             for (i, n) in nodes.iter().enumerate() {
-                if n.id.is_none() {
+                let rate = rates[u][i];
+                if rate <= 0.0 || n.id.is_none() {
                     continue;
                 }
-                let rate = (user.demand)(t, i);
                 owed[u][i] += rate * STEP_MS as f64 / 1000.0 * (0.5 + rng.unit());
                 while owed[u][i] >= 1.0 {
                     owed[u][i] -= 1.0;
