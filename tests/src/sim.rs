@@ -244,7 +244,13 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
                             now,
                             Event::Quota(i, answer.quota),
                         );
-                        for (to, q) in answer.pushes {
+                        // The central re-assigns after its answers, at the same instant.
+                        let pushes: Vec<_> = answer
+                            .complete
+                            .iter()
+                            .flat_map(|s| central.reassign(s, now))
+                            .collect();
+                        for (to, q) in pushes {
                             if let Some(j) = nodes.iter().position(|n| n.id == Some(to)) {
                                 send(&mut queue, &mut events, &mut rng, now, Event::Quota(j, q));
                             }

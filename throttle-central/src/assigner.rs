@@ -8,8 +8,9 @@
 //!
 //! - [`Assigner::report`] files a report and answers with the node's quota
 //!   for the slot after it; when the policy wants it and every active node
-//!   has now reported the slot that just ended, the current slot is
-//!   re-assigned and pushed to every node of the service.
+//!   has now reported the slot that just ended, it says so, and
+//!   [`Assigner::reassign`] re-assigns the current slot and pushes it to
+//!   every node of the service.
 //! - [`Assigner::tick`], at each mid-slot: reads the limits again, runs every
 //!   policy's assign and pushes the result to every connected node, then
 //!   forgets what is older than the retention.
@@ -54,8 +55,10 @@ impl std::fmt::Debug for Assigner {
 pub struct Answer {
     /// The reporting node's quota for the slot after the report's.
     pub quota: v1::Quota,
-    /// Quotas to push to nodes (the current slot, re-assigned).
-    pub pushes: Vec<Push>,
+    /// Services whose active nodes have now all reported the slot that just
+    /// ended: call [`Assigner::reassign`] for each, once the answers due
+    /// are out.
+    pub complete: Vec<String>,
     /// What the ledger did with the report.
     pub ingested: Ingested,
 }
@@ -168,27 +171,14 @@ impl Assigner {
             entry.1.clone_from(&services);
         }
         let current = self.ledger.config().slot.slot_at(now_ms);
-        let mut pushes = Vec::new();
+        let mut complete = Vec::new();
         if report.slot_number == current {
             for service in reported {
-                if self.reassigned.contains(&(service.clone(), current))
-                    || !self.ledger.reassign_if_reported(service, current, now_ms)
+                if !self.reassigned.contains(&(service.clone(), current))
+                    && self.ledger.all_reported(service, current)
                 {
-                    continue;
-                }
-                self.reassigned.insert((service.clone(), current));
-                metrics::counter!("throttle_central_reassigns_total").increment(1);
-                let targets: Vec<NodeId> = self
-                    .nodes
-                    .iter()
-                    .filter(|(_, (_, s))| s.contains(service))
-                    .map(|(n, _)| *n)
-                    .collect();
-                for n in targets {
-                    let quota = self
-                        .ledger
-                        .quota_for(n, [(service.as_str(), current)], now_ms);
-                    pushes.push((n, quota));
+                    self.reassigned.insert((service.clone(), current));
+                    complete.push(service.clone());
                 }
             }
             self.reassigned.retain(|(_, s)| *s >= current);
@@ -200,9 +190,30 @@ impl Assigner {
         quota.report_slot = Some(report.slot_number);
         Ok(Answer {
             quota,
-            pushes,
+            complete,
             ingested,
         })
+    }
+
+    /// Re-assigns the current slot of `service` (after [`Answer::complete`]
+    /// named it) and returns a push for every node of the service. Run it
+    /// after the answers already due, so no report waits for an assign.
+    pub fn reassign(&mut self, service: &str, now_ms: i64) -> Vec<Push> {
+        let current = self.ledger.config().slot.slot_at(now_ms);
+        if !self.ledger.reassign(service, current, now_ms) {
+            return Vec::new();
+        }
+        metrics::counter!("throttle_central_reassigns_total").increment(1);
+        let targets: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(_, (_, s))| s.contains(service))
+            .map(|(n, _)| *n)
+            .collect();
+        targets
+            .into_iter()
+            .map(|n| (n, self.ledger.quota_for(n, [(service, current)], now_ms)))
+            .collect()
     }
 
     /// The mid-slot work: limits, assign, a push per connected node, and

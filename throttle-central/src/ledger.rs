@@ -463,25 +463,27 @@ impl Ledger {
         true
     }
 
-    /// If `service`'s policy wants it and every node active in the service
-    /// has reported data slot `slot - 1`, re-assigns `slot` and returns true.
-    pub fn reassign_if_reported(&mut self, service: &str, slot: i64, now_ms: i64) -> bool {
+    /// Whether `service`'s policy re-assigns as reports arrive and every
+    /// node active in it has reported data slot `slot - 1`.
+    pub fn all_reported(&self, service: &str, slot: i64) -> bool {
+        let Some(svc) = self.services.get(service) else {
+            return false;
+        };
+        let recent = slot - 1 - 5;
+        svc.policy.reassign_when_reported()
+            && svc
+                .state
+                .last_report
+                .values()
+                .filter(|s| **s > recent)
+                .all(|s| *s >= slot - 1)
+    }
+
+    /// Re-assigns `slot` of `service` now; false for an unknown service.
+    pub fn reassign(&mut self, service: &str, slot: i64, now_ms: i64) -> bool {
         let Some(svc) = self.services.get_mut(service) else {
             return false;
         };
-        if !svc.policy.reassign_when_reported() {
-            return false;
-        }
-        let recent = slot - 1 - 5;
-        let complete = svc
-            .state
-            .last_report
-            .values()
-            .filter(|s| **s > recent)
-            .all(|s| *s >= slot - 1);
-        if !complete {
-            return false;
-        }
         let assignment = svc.policy.assign(&svc.state, &svc.book, slot, now_ms);
         svc.book.insert(slot, assignment);
         true

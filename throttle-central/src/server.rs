@@ -179,6 +179,7 @@ impl CentralBuilder {
         let (stop_tx, stop_rx) = watch::channel(false);
         let actor = Actor {
             assigner: Assigner::new(ledger, self.limits.clone()),
+            me: commands.clone(),
             clock: self.clock.clone(),
             conns: BTreeMap::new(),
             next_conn: 0,
@@ -373,6 +374,9 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Result<(), Status>>,
     },
     Tick,
+    Reassign {
+        service: String,
+    },
     Monitor {
         subject: Subject,
         range: SlotRange,
@@ -395,6 +399,9 @@ struct Conn {
 
 struct Actor {
     assigner: Assigner,
+    /// The ledger task's own queue, for work that waits behind the
+    /// commands already there.
+    me: mpsc::Sender<Command>,
     clock: Arc<dyn Clock>,
     conns: BTreeMap<u64, Conn>,
     next_conn: u64,
@@ -480,6 +487,10 @@ impl Actor {
                 let _ = reply.send(result);
             }
             Command::Tick => self.tick(),
+            Command::Reassign { service } => {
+                let pushes = self.assigner.reassign(&service, self.clock.now_ms());
+                self.deliver(pushes);
+            }
             Command::Monitor {
                 subject,
                 range,
@@ -539,7 +550,13 @@ impl Actor {
                 .increment(1);
             tracing::warn!(node_id = %report.node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
         }
-        self.deliver(answer.pushes);
+        // Re-assign after the answers already queued: the ledger task takes
+        // its commands in order.
+        for service in answer.complete {
+            if self.me.try_send(Command::Reassign { service }).is_err() {
+                counter!("throttle_central_reassigns_skipped_total").increment(1);
+            }
+        }
         Ok(answer.quota)
     }
 

@@ -46,11 +46,12 @@ const MAX_IDLE_KEYS: usize = 10_000;
 ///    burst after a quiet period is throttled from its first request instead
 ///    of failing open, and a user who lives on one node is not refused under
 ///    its limit.
-/// 4. Runs at mid-slot for the *next* slot, answers a report with a quota
-///    computed on the spot for the slot after it, and re-assigns the
-///    *current* slot as soon as every active node has reported the previous
-///    one (pushed at once over the streams), so a shift of load between nodes
-///    is followed within the slot after it.
+/// 4. Runs at mid-slot for the *next* slot and re-assigns the *current*
+///    slot as soon as every active node has reported the previous one
+///    (pushed at once over the streams), so a shift of load between nodes is
+///    followed within the slot after it. A report's answer carries the
+///    node's current grants as a stand-in for the next slot until that slot
+///    is assigned.
 #[derive(Debug, Default)]
 pub struct Projected {
     /// user -> resource -> per node, recent grants.
@@ -244,15 +245,17 @@ impl Policy for Projected {
         slot: i64,
         now_ms: i64,
     ) -> Option<throttle_proto::v1::UserQuotas> {
-        // The first report of a slot computes the next slot's quotas from
-        // what is known now; the mid-slot assign refines them.
-        if !book.contains_key(&slot) {
-            let a = self.assign(state, book, slot, now_ms);
-            book.insert(slot, a);
-        }
-        book.get(&slot)?
-            .get(&node)
-            .map(|g| super::to_user_quotas(g))
+        let _ = (state, now_ms);
+        // A report is answered before the next slot is assigned (at
+        // mid-slot): until then the node's grants of the slot before stand
+        // in, a safety net should the coming push be lost. Answering never
+        // runs an assign, so reports arriving together do not queue behind
+        // one.
+        let grants = match book.get(&slot) {
+            Some(a) => a.get(&node),
+            None => book.get(&(slot - 1))?.get(&node),
+        };
+        grants.map(|g| super::to_user_quotas(g))
     }
 
     fn forget_before(&mut self, slot: i64) {
