@@ -60,6 +60,17 @@ impl Bucket {
         self.level
     }
 
+    /// The level at `now_ms` without recording the refill (for readers that
+    /// only look, e.g. a policy computing quotas).
+    pub fn level_at(&self, now_ms: i64) -> f64 {
+        if now_ms > self.updated_ms && self.level < self.capacity {
+            let gained = self.rate * (now_ms - self.updated_ms) as f64 / 1000.0;
+            (self.level + gained).min(self.capacity)
+        } else {
+            self.level
+        }
+    }
+
     /// Takes `amount` tokens, going below zero if need be.
     pub fn consume(&mut self, amount: i64, now_ms: i64) {
         self.refill(now_ms);
@@ -164,6 +175,11 @@ mod tests {
             // the cap only ever removes tokens.
             let uncapped = rate.min(rate * burst) + rate * now as f64 / 1000.0 - consumed;
             prop_assert!(b.level(now) <= uncapped + 1e-6 * uncapped.abs().max(1.0));
+            // Looking does not change anything.
+            let later = now + 1_234;
+            let seen = b.level_at(later);
+            prop_assert_eq!(seen, b.clone().level(later));
+            prop_assert_eq!(b.level_at(later), seen);
         }
     }
 }

@@ -173,15 +173,21 @@ impl Policy for Projected {
                         }
                     }
                 }
-                let mut level_bucket = bucket.clone();
-                let level = level_bucket.level(now_ms);
+                let level = bucket.level_at(now_ms);
                 let rate = bucket.rate();
-                let key_grants = self.grants.get(&**user).and_then(|r| r.get(&**resource));
+                // One lookup of this key's grant history, used to read the
+                // outstanding grants and then to record the new ones.
+                let entry = self
+                    .grants
+                    .entry(user.clone())
+                    .or_default()
+                    .entry(resource.clone())
+                    .or_default();
                 let mut outstanding = 0.0;
                 for &(node, d) in &nodes {
                     let last = state.last_report.get(&node).copied().unwrap_or(slot - 2);
                     let first = (last + 1).max(slot - GRANTS as i64);
-                    let grants = key_grants.and_then(|g| g.iter().find(|g| g.node == node));
+                    let grants = entry.iter().find(|g| g.node == node);
                     for y in first..slot {
                         outstanding += match grants.and_then(|g| g.get(y)) {
                             Some(g) => g.min(d),
@@ -194,12 +200,6 @@ impl Policy for Projected {
                 let total: f64 = nodes.iter().map(|(_, d)| d).sum();
                 let floor = (rate * slot_secs * 0.01).max(1.0);
                 let busy = nodes.iter().filter(|(_, d)| *d > 0.0).count().max(1) as f64;
-                let entry = self
-                    .grants
-                    .entry(user.clone())
-                    .or_default()
-                    .entry(resource.clone())
-                    .or_default();
                 for &(node, d) in &nodes {
                     let grant = if total > 0.0 {
                         if d > 0.0 {
