@@ -9,8 +9,10 @@
 //!   key's burst is spent).
 //! - `threads2/*`: the same from 2 threads at once; the time is per
 //!   decision per thread, so equal numbers mean perfect scaling.
-//! - `service/*`: a whole `tower::Service` call: a bare `service_fn`, the
-//!   same behind `Throttle` (user from a header, allowed), and refused.
+//! - `service/*`: a whole `tower::Service` call with axum bodies: a bare
+//!   `service_fn`, the same behind `Throttle` (user from a header) allowed
+//!   and refused, and behind tower_governor's `GovernorLayer` keyed by the
+//!   same header, allowed and refused.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use throttle_layer::store::{Fallback, ResourceId, ServiceStore, SlotStore};
@@ -235,38 +238,52 @@ fn threads2(c: &mut Criterion) {
     g.finish();
 }
 
+/// tower_governor's key: the same `x-user` header.
+#[derive(Clone, Debug)]
+struct HeaderKey;
+
+impl tower_governor::key_extractor::KeyExtractor for HeaderKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &http::Request<T>) -> Result<String, tower_governor::GovernorError> {
+        req.headers()
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+fn request(user: &str) -> http::Request<Body> {
+    http::Request::builder()
+        .header("x-user", user)
+        .body(Body::empty())
+        .expect("valid request")
+}
+
 fn service(c: &mut Criterion) {
     let names = users();
-    let requests: Vec<http::Request<String>> = names
-        .iter()
-        .map(|u| {
-            http::Request::builder()
-                .header("x-user", u.as_str())
-                .body(String::new())
-                .unwrap()
-        })
-        .collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let mut g = c.benchmark_group("service");
     g.throughput(Throughput::Elements(1));
-    let bare = tower::service_fn(|_r: http::Request<String>| async {
-        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
-    });
-    let handler = |_r: http::Request<throttle_layer::layer::RequestBody<String>>| async {
-        Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
-    };
     let mut i = 0;
+    let bare = tower::service_fn(|_r: http::Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
+    });
     g.bench_function(BenchmarkId::new("call", "bare"), |b| {
         b.iter(|| {
             i = (i + 1) % USERS;
             let mut svc = bare;
-            let req = requests[i].clone();
+            let req = request(&names[i]);
             rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
         })
     });
-    for (name, quota) in [("throttled-allowed", 1e15), ("throttled-rejected", 0.0)] {
+    let handler = |_r: http::Request<throttle_layer::layer::RequestBody<Body>>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
+    };
+    for (name, quota) in [("throttle-allowed", 1e15), ("throttle-rejected", 0.0)] {
         let (store, _f, _r, _refresh) = store(quota);
         let layer = ThrottleLayer::builder(&store, "front")
             .user(UserKey::header("x-user"))
@@ -279,7 +296,32 @@ fn service(c: &mut Criterion) {
             b.iter(|| {
                 i = (i + 1) % USERS;
                 let mut svc = svc.clone();
-                let req = requests[i].clone();
+                let req = request(&names[i]);
+                rt.block_on(async {
+                    black_box(svc.ready().await.unwrap().call(req).await.unwrap())
+                })
+            })
+        });
+    }
+    for (name, burst) in [("governor-allowed", u32::MAX / 2), ("governor-rejected", 1)] {
+        let mut builder = tower_governor::governor::GovernorConfigBuilder::default();
+        builder.period(Duration::from_secs(3600)).burst_size(burst);
+        let config = builder.key_extractor(HeaderKey).finish().unwrap();
+        let svc = tower::ServiceBuilder::new()
+            .layer(tower_governor::GovernorLayer::new(config))
+            .service(bare);
+        // Spend each key's burst of 1 first, so every measured call is refused.
+        if burst == 1 {
+            for n in &names {
+                let mut s = svc.clone();
+                let _ = rt.block_on(async { s.ready().await.unwrap().call(request(n)).await });
+            }
+        }
+        g.bench_function(BenchmarkId::new("call", name), |b| {
+            b.iter(|| {
+                i = (i + 1) % USERS;
+                let mut svc = svc.clone();
+                let req = request(&names[i]);
                 rt.block_on(async {
                     black_box(svc.ready().await.unwrap().call(req).await.unwrap())
                 })
