@@ -195,6 +195,17 @@ impl Cluster {
     }
 }
 
+/// The number after `--name` on the command line, or `default`; for the
+/// benchmark programs.
+pub fn arg(name: &str, default: f64) -> f64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Sum of `service/*/user/resource` over slots `from..=to` of a
 /// `consumption_sum` answer.
 pub fn sum(sums: &Value, service: &str, user: &str, resource: &str, from: i64, to: i64) -> i64 {

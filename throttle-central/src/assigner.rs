@@ -37,8 +37,8 @@ pub struct Assigner {
     limits: Arc<dyn LimitSource>,
     /// Connected nodes: open streams and the services they declared or reported.
     nodes: BTreeMap<NodeId, (usize, BTreeSet<String>)>,
-    /// (service, slot) already re-assigned once every report was in.
-    reassigned: BTreeSet<(String, i64)>,
+    /// Per service, the last slot re-assigned once every report was in.
+    reassigned: BTreeMap<String, i64>,
 }
 
 impl std::fmt::Debug for Assigner {
@@ -74,7 +74,7 @@ impl Assigner {
             ledger,
             limits,
             nodes: BTreeMap::new(),
-            reassigned: BTreeSet::new(),
+            reassigned: BTreeMap::new(),
         }
     }
 
@@ -165,28 +165,36 @@ impl Assigner {
             .chain(report.rejection.keys())
             .filter(|s| valid(s))
             .collect();
-        let mut services: BTreeSet<String> = self.services_of(node).cloned().unwrap_or_default();
-        services.extend(reported.iter().map(|s| (*s).clone()));
-        if let Some(entry) = self.nodes.get_mut(&node) {
-            entry.1.clone_from(&services);
+        if let Some((_, known)) = self.nodes.get_mut(&node) {
+            for s in &reported {
+                if !known.contains(*s) {
+                    known.insert((*s).clone());
+                }
+            }
         }
         let current = self.ledger.config().slot.slot_at(now_ms);
         let mut complete = Vec::new();
         if report.slot_number == current {
-            for service in reported {
-                if !self.reassigned.contains(&(service.clone(), current))
+            for service in &reported {
+                if self.reassigned.get(service.as_str()) != Some(&current)
                     && self.ledger.all_reported(service, current)
                 {
-                    self.reassigned.insert((service.clone(), current));
-                    complete.push(service.clone());
+                    self.reassigned.insert((*service).clone(), current);
+                    complete.push((*service).clone());
                 }
             }
-            self.reassigned.retain(|(_, s)| *s >= current);
         }
         let next = report.slot_number + 1;
-        let mut quota =
-            self.ledger
-                .quota_for(node, services.iter().map(|s| (s.as_str(), next)), now_ms);
+        // A connected node is answered for every service it declared or
+        // reported; one that is not (a replay racing a disconnect) for
+        // those it reports.
+        let Self { ledger, nodes, .. } = self;
+        let mut quota = match nodes.get(&node) {
+            Some((_, known)) => {
+                ledger.quota_for(node, known.iter().map(|s| (s.as_str(), next)), now_ms)
+            }
+            None => ledger.quota_for(node, reported.iter().map(|s| (s.as_str(), next)), now_ms),
+        };
         quota.report_slot = Some(report.slot_number);
         Ok(Answer {
             quota,

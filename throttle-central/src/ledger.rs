@@ -131,6 +131,15 @@ struct Service {
     book: BTreeMap<i64, Assignment>,
 }
 
+impl Service {
+    /// Runs the policy for `slot` and keeps the result, replacing any
+    /// earlier assignment of that slot.
+    fn assign(&mut self, slot: i64, now_ms: i64) {
+        let assignment = self.policy.assign(&self.state, &self.book, slot, now_ms);
+        self.book.insert(slot, assignment);
+    }
+}
+
 impl fmt::Debug for Service {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Service")
@@ -438,8 +447,7 @@ impl Ledger {
         let mut assigned = BTreeMap::new();
         for (name, svc) in &mut self.services {
             let slot = current + svc.policy.lead();
-            let assignment = svc.policy.assign(&svc.state, &svc.book, slot, now_ms);
-            svc.book.insert(slot, assignment);
+            svc.assign(slot, now_ms);
             assigned.insert(name.to_string(), slot);
         }
         assigned
@@ -450,17 +458,13 @@ impl Ledger {
     /// `max_keys` keys (a new node then gets a quota at once instead of
     /// failing open until the next assign). Returns whether it did.
     pub fn reassign_for_new_node(&mut self, service: &str, max_keys: usize, now_ms: i64) -> bool {
-        let slot = self.config.slot.slot_at(now_ms);
-        let Some(svc) = self.services.get_mut(service) else {
+        let Some(svc) = self.services.get(service) else {
             return false;
         };
         let keys: usize = svc.state.users.values().map(Map::len).sum();
-        if !svc.policy.reassign_when_reported() || keys > max_keys {
-            return false;
-        }
-        let assignment = svc.policy.assign(&svc.state, &svc.book, slot, now_ms);
-        svc.book.insert(slot, assignment);
-        true
+        svc.policy.reassign_when_reported()
+            && keys <= max_keys
+            && self.reassign(service, self.config.slot.slot_at(now_ms), now_ms)
     }
 
     /// Whether `service`'s policy re-assigns as reports arrive and every
@@ -484,8 +488,7 @@ impl Ledger {
         let Some(svc) = self.services.get_mut(service) else {
             return false;
         };
-        let assignment = svc.policy.assign(&svc.state, &svc.book, slot, now_ms);
-        svc.book.insert(slot, assignment);
+        svc.assign(slot, now_ms);
         true
     }
 

@@ -334,29 +334,8 @@ impl FileLimits {
     /// The [`LimitsError`] of a broken file, once per edit; the previous
     /// limits stay.
     pub fn reload(&self) -> Result<bool, LimitsError> {
-        let result = std::fs::read_to_string(&self.path)
-            .map_err(|e| LimitsError::Read {
-                path: self.path.clone(),
-                message: e.to_string(),
-            })
-            .and_then(|text| {
-                let mut last = self.text.lock();
-                if last.as_deref() == Some(text.as_str()) {
-                    // Unchanged since the last attempt, good or bad: the
-                    // recorded error (if any) stands, nothing to log again.
-                    return Ok(false);
-                }
-                let parsed = LimitSet::from_toml(&text);
-                *last = Some(text);
-                self.set.store(Arc::new(parsed?));
-                Ok(true)
-            });
-        match &result {
-            Ok(true) => self.error.store(Arc::new(None)),
-            Ok(false) => {}
-            Err(e) => self.error.store(Arc::new(Some(e.to_string()))),
-        }
-        result
+        let text = self.read()?;
+        self.apply(text)
     }
 
     /// [`FileLimits::reload`] for a watcher: a changed file is applied only
@@ -367,17 +346,7 @@ impl FileLimits {
     ///
     /// As [`FileLimits::reload`].
     pub fn poll(&self) -> Result<bool, LimitsError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|e| LimitsError::Read {
-            path: self.path.clone(),
-            message: e.to_string(),
-        });
-        let text = match text {
-            Ok(t) => t,
-            Err(e) => {
-                self.error.store(Arc::new(Some(e.to_string())));
-                return Err(e);
-            }
-        };
+        let text = self.read()?;
         if self.text.lock().as_deref() == Some(text.as_str()) {
             return Ok(false);
         }
@@ -388,7 +357,42 @@ impl FileLimits {
         }
         *pending = None;
         drop(pending);
-        self.reload()
+        // Apply the text read twice, not a third read that could catch the
+        // next edit half written.
+        self.apply(text)
+    }
+
+    fn read(&self) -> Result<String, LimitsError> {
+        std::fs::read_to_string(&self.path).map_err(|e| {
+            let e = LimitsError::Read {
+                path: self.path.clone(),
+                message: e.to_string(),
+            };
+            self.error.store(Arc::new(Some(e.to_string())));
+            e
+        })
+    }
+
+    /// Parses and installs `text` unless it is the text last applied (good
+    /// or broken: a broken file is reported once per edit).
+    fn apply(&self, text: String) -> Result<bool, LimitsError> {
+        let mut last = self.text.lock();
+        if last.as_deref() == Some(text.as_str()) {
+            return Ok(false);
+        }
+        let parsed = LimitSet::from_toml(&text);
+        *last = Some(text);
+        match parsed {
+            Ok(set) => {
+                self.set.store(Arc::new(set));
+                self.error.store(Arc::new(None));
+                Ok(true)
+            }
+            Err(e) => {
+                self.error.store(Arc::new(Some(e.to_string())));
+                Err(e)
+            }
+        }
     }
 
     /// The limits in force.

@@ -241,6 +241,9 @@ pub struct ServiceStore {
     collected_through: AtomicI64,
     /// Counters of slots that rolled over before they were collected.
     overflow: Mutex<Vec<(Box<str>, Counters)>>,
+    /// Registered once: a flood of new users at the cap must not build a
+    /// labelled metric key per request.
+    at_cap: metrics::Counter,
 }
 
 impl fmt::Debug for ServiceStore {
@@ -523,31 +526,45 @@ impl ServiceStore {
         want_handle: bool,
     ) -> Admission {
         let slot = self.current_slot();
+        let admission = self.with_entry(user, slot, |entry, st| {
+            let decision = self.decide(st, slot, costs, fallback, record);
+            let handle = want_handle.then(|| UserHandle {
+                service: self.clone(),
+                entry: entry.clone(),
+            });
+            Admission { decision, handle }
+        });
+        admission.unwrap_or(Admission {
+            decision: Decision::fallback(fallback, Basis::AtCap),
+            handle: None,
+        })
+    }
+
+    /// Runs `f` on `user`'s entry (created if new), locked and rolled on to
+    /// `slot`; `None` when the store is at its key cap and the user is new.
+    fn with_entry<T>(
+        &self,
+        user: &str,
+        slot: i64,
+        f: impl FnOnce(&Arc<UserEntry>, &mut UserState) -> T,
+    ) -> Option<T> {
         let collected = self.collected_through.load(Ordering::Acquire);
         let users = self.users.pin();
         loop {
             let Some(entry) = self.lookup(&users, user, slot) else {
-                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string())
-                    .increment(1);
-                return Admission {
-                    decision: Decision::fallback(fallback, Basis::AtCap),
-                    handle: None,
-                };
+                self.at_cap.increment(1);
+                return None;
             };
             let mut st = entry.state.lock();
             if st.evicted {
+                // Forgotten by a collect after we found it: drop it from the
+                // map if it is still there, and start over with a fresh one.
                 drop(st);
                 let _ = users.remove_if(user, |_, v| Arc::ptr_eq(v, entry));
                 continue;
             }
             st.roll(slot, collected, user, &self.overflow);
-            let decision = self.decide(&mut st, slot, costs, fallback, record);
-            drop(st);
-            let handle = want_handle.then(|| UserHandle {
-                service: self.clone(),
-                entry: entry.clone(),
-            });
-            return Admission { decision, handle };
+            return Some(f(entry, &mut st));
         }
     }
 
@@ -609,24 +626,7 @@ impl ServiceStore {
     /// decision. At the key cap the amount is not counted.
     pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
         let slot = self.current_slot();
-        let collected = self.collected_through.load(Ordering::Acquire);
-        let users = self.users.pin();
-        loop {
-            let Some(entry) = self.lookup(&users, user, slot) else {
-                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string())
-                    .increment(1);
-                return;
-            };
-            let mut st = entry.state.lock();
-            if st.evicted {
-                drop(st);
-                let _ = users.remove_if(user, |_, v| Arc::ptr_eq(v, entry));
-                continue;
-            }
-            st.roll(slot, collected, user, &self.overflow);
-            st.add(resource, amount, slot);
-            return;
-        }
+        self.with_entry(user, slot, |_, st| st.add(resource, amount, slot));
     }
 
     fn apply(&self, slot: i64, users: &v1::UserQuotas, now_slot: i64) {
@@ -659,8 +659,7 @@ impl ServiceStore {
                 continue;
             }
             let Some(entry) = self.lookup(&map, user, now_slot) else {
-                counter!("throttle_keys_at_cap_total", "service" => self.name.to_string())
-                    .increment(1);
+                self.at_cap.increment(1);
                 continue;
             };
             let mut st = entry.state.lock();
@@ -861,6 +860,7 @@ impl SlotStore {
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
             collected_through: AtomicI64::new(i64::MIN),
             overflow: Mutex::new(Vec::new()),
+            at_cap: counter!("throttle_keys_at_cap_total", "service" => name.to_string()),
         });
         services.push(s.clone());
         s

@@ -22,15 +22,6 @@ use throttle_proto::v1::{self, central_message, node_message};
 
 const RESOURCES: [&str; 4] = ["requests", "traffic_up", "traffic_down", "database_read"];
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn usage(node: u64, users: u64, total: u64) -> v1::Usage {
     let users = (0..users)
         .map(|j| {
@@ -68,9 +59,9 @@ fn rss_mib() -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let nodes = arg("--nodes", 1000);
-    let users = arg("--users", 100);
-    let seconds = arg("--seconds", 10);
+    let nodes = throttle_tests::arg("--nodes", 1000.0) as u64;
+    let users = throttle_tests::arg("--users", 100.0) as u64;
+    let seconds = throttle_tests::arg("--seconds", 10.0) as u64;
     let total_users = (nodes * users / 3).max(users);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -262,19 +262,10 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    let seconds = arg("--seconds", 3.0);
-    let rounds = arg("--rounds", 3.0) as usize;
-    let connections = arg("--connections", 32.0) as usize;
+    let seconds = throttle_tests::arg("--seconds", 3.0);
+    let rounds = throttle_tests::arg("--rounds", 3.0) as usize;
+    let connections = throttle_tests::arg("--connections", 32.0) as usize;
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("server")

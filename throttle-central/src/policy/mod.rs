@@ -40,6 +40,23 @@ pub struct Grant {
 /// built only when it is sent ([`to_user_quotas`]).
 pub type Assignment = Map<NodeId, Vec<Grant>>;
 
+/// [`Policy::quota_for`] for policies that assign one slot ahead at
+/// mid-slot: a report is answered before the next slot is assigned, so
+/// until then the node's grants of the slot before stand in, a safety net
+/// should the coming push be lost. Answering never runs an assign, so
+/// reports arriving together do not queue behind one.
+pub(crate) fn quota_or_previous(
+    book: &BTreeMap<i64, Assignment>,
+    node: NodeId,
+    slot: i64,
+) -> Option<v1::UserQuotas> {
+    let grants = match book.get(&slot) {
+        Some(a) => a.get(&node),
+        None => book.get(&(slot - 1))?.get(&node),
+    };
+    grants.map(|g| to_user_quotas(g))
+}
+
 /// The protobuf form of one node's grants.
 pub fn to_user_quotas(grants: &[Grant]) -> v1::UserQuotas {
     let mut out = v1::UserQuotas::default();
@@ -90,7 +107,8 @@ pub trait Policy: Send + fmt::Debug {
     ) -> Assignment;
 
     /// The quota of `node` for `slot`; by default what [`Policy::assign`]
-    /// computed, found in `book` (slot -> assignment).
+    /// computed, found in `book` (slot -> assignment), and none if it has
+    /// not run for that slot (as the original).
     fn quota_for(
         &mut self,
         state: &ServiceState,

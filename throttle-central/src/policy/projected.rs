@@ -239,23 +239,13 @@ impl Policy for Projected {
 
     fn quota_for(
         &mut self,
-        state: &ServiceState,
+        _state: &ServiceState,
         book: &mut BTreeMap<i64, Assignment>,
         node: NodeId,
         slot: i64,
-        now_ms: i64,
+        _now_ms: i64,
     ) -> Option<throttle_proto::v1::UserQuotas> {
-        let _ = (state, now_ms);
-        // A report is answered before the next slot is assigned (at
-        // mid-slot): until then the node's grants of the slot before stand
-        // in, a safety net should the coming push be lost. Answering never
-        // runs an assign, so reports arriving together do not queue behind
-        // one.
-        let grants = match book.get(&slot) {
-            Some(a) => a.get(&node),
-            None => book.get(&(slot - 1))?.get(&node),
-        };
-        grants.map(|g| super::to_user_quotas(g))
+        super::quota_or_previous(book, node, slot)
     }
 
     fn forget_before(&mut self, slot: i64) {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{Assignment, Grant, Policy};
-use crate::ledger::ServiceState;
+use crate::ledger::{NodeId, ServiceState};
 
 /// Each node that used a limited (user, resource) lately gets
 /// `rate x slot / nodes`, where `nodes` counts those nodes; no bucket, no
@@ -62,5 +62,16 @@ impl Policy for StaticSplit {
             }
         }
         out
+    }
+
+    fn quota_for(
+        &mut self,
+        _state: &ServiceState,
+        book: &mut BTreeMap<i64, Assignment>,
+        node: NodeId,
+        slot: i64,
+        _now_ms: i64,
+    ) -> Option<throttle_proto::v1::UserQuotas> {
+        super::quota_or_previous(book, node, slot)
     }
 }
