@@ -9,6 +9,10 @@
 //!   key's burst is spent).
 //! - `threads2/*`: the same from 2 threads at once; the time is per
 //!   decision per thread, so equal numbers mean perfect scaling.
+//! - Memory, printed once before the timings: resident bytes per tracked
+//!   user and per tracked key (user, resource) of a store holding 200,000
+//!   users that each used 4 resources this slot and hold quota rows for the
+//!   last, this and the next two slots (the steady state under a central).
 //! - `service/*`: a whole `tower::Service` call with axum bodies: a bare
 //!   `service_fn`, the same behind `Throttle` (user from a header) allowed
 //!   and refused, and behind tower_governor's `GovernorLayer` keyed by the
@@ -331,9 +335,75 @@ fn service(c: &mut Criterion) {
     g.finish();
 }
 
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Runs first, before other benches leave freed memory in the allocator.
+fn memory(_: &mut Criterion) {
+    const N: usize = 200_000;
+    const RESOURCES: [&str; 4] = ["requests", "traffic_up", "traffic_down", "database_read"];
+    let names: Vec<String> = (0..N).map(|i| format!("user-{i:06}")).collect();
+    let row = v1::UserQuotas {
+        users: names
+            .iter()
+            .map(|u| {
+                let resources = RESOURCES.iter().map(|r| (r.to_string(), 1e6)).collect();
+                (u.clone(), v1::ResourceQuotas { resources })
+            })
+            .collect(),
+    };
+    // Built first: only the store may grow between the two readings.
+    let quotas: Vec<v1::Quota> = (99..=102)
+        .map(|slot| v1::Quota {
+            services: [(
+                "front".to_string(),
+                v1::ServiceQuota {
+                    slots: [(slot, row.clone())].into(),
+                },
+            )]
+            .into(),
+            report_slot: None,
+        })
+        .collect();
+    let clock = Arc::new(throttle_proto::slot::ManualClock::new(100_000));
+    let before = rss_bytes();
+    let store = SlotStore::builder().clock(clock).build();
+    let front = store.service("front");
+    let ids: Vec<ResourceId> = RESOURCES.iter().filter_map(|r| front.resource(r)).collect();
+    for u in &names {
+        let handle = front
+            .admit_with_handle(u, &[(ids[0], 1)], Fallback::Allow, true)
+            .handle;
+        for &r in &ids[1..] {
+            if let Some(h) = &handle {
+                h.consume(r, 100);
+            }
+        }
+    }
+    for quota in &quotas {
+        store.apply_quota(quota);
+    }
+    if let (Some(b), Some(a)) = (before, rss_bytes()) {
+        let bytes = (a - b) as f64;
+        println!(
+            "memory: {:.1} MiB for {} users x {} resources with 4 quota rows: {:.0} bytes per user, {:.0} bytes per (user, resource) key",
+            bytes / (1 << 20) as f64,
+            store.keys(),
+            ids.len(),
+            bytes / N as f64,
+            bytes / (N * ids.len()) as f64,
+        );
+    }
+    black_box(&store);
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = admit, threads2, service
+    targets = memory, admit, threads2, service
 }
 criterion_main!(benches);

@@ -19,12 +19,16 @@
 //!
 //! # Concurrency and memory
 //!
-//! Each service keeps a lock-free map (`papaya`) from user to an entry with
-//! its own small mutex: two requests contend only when they are for the same
-//! user, and a known user costs one hash lookup and one uncontended lock, with
-//! no allocation. Quota rows live in the user's entry; a per-service ring of
-//! `(slot, version)` says which rows are current, so replacing a slot's table
-//! never blocks a reader.
+//! Each service keeps a lock-free map (`papaya`) of its users. A user is one
+//! entry holding its name (inline up to 24 bytes) and a small spin lock over
+//! its state: two requests contend only when they are for the same user, and
+//! a known user costs one hash lookup and one uncontended lock, with no
+//! allocation. The state holds, per resource the service counts, this slot's
+//! and the last slot's counts and the quota of each of up to four rows (the
+//! newest past slot, the current one, the next two), in one allocation sized
+//! to the service's resources. A per-service ring of `(slot, version)` says
+//! which rows are current, so replacing a slot's table never blocks a
+//! reader.
 //!
 //! The number of tracked users is capped ([`StoreBuilder::max_keys`], default
 //! 1,000,000 over all services). At the cap a *new* user is neither tracked nor
@@ -67,6 +71,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use arc_swap::ArcSwap;
+use compact_str::CompactString;
 use metrics::counter;
 use parking_lot::Mutex;
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
@@ -169,6 +174,8 @@ pub struct Admission {
     pub handle: Option<UserHandle>,
 }
 
+/// Counts of one user handed from a slot to the report: a transfer value on
+/// the stack (or in the rare overflow list), never kept per user.
 #[derive(Debug, Clone, Copy)]
 struct Counters {
     consumption: [i64; MAX_RESOURCES],
@@ -197,34 +204,90 @@ impl Counters {
     }
 }
 
+/// One resource of one user: this slot's and the last slot's counts, and
+/// the quota of each of the user's rows.
+///
+/// All of a user's cells are one allocation, sized to the resources its
+/// service counts, so a decision on the first resources reads one or two
+/// cache lines.
 #[derive(Debug, Clone, Copy)]
-struct QuotaRow {
-    slot: i64,
-    version: u64,
-    mask: u16,
-    values: [f64; MAX_RESOURCES],
+struct Cell {
+    used: i64,
+    prev_used: i64,
+    rejected: u32,
+    prev_rejected: u32,
+    /// Quota in row `k`; NaN where row `k` has no quota for this resource
+    /// (a NaN from the wire is stored as 0: no quota left).
+    quota: [f64; ROWS_PER_USER],
 }
+
+const EMPTY_CELL: Cell = Cell {
+    used: 0,
+    prev_used: 0,
+    rejected: 0,
+    prev_rejected: 0,
+    quota: [f64::NAN; ROWS_PER_USER],
+};
 
 #[derive(Debug)]
 struct UserState {
-    /// Slot of `current`.
+    /// Slot of the `used` counts.
     slot: i64,
-    current: Counters,
-    /// Slot of `previous`, not yet collected.
+    /// Slot of the `prev_used` counts, not yet collected; `i64::MIN`: none.
     prev_slot: i64,
-    previous: Counters,
-    rows: Vec<QuotaRow>,
     last_seen: i64,
+    /// Slot of each quota row.
+    row_slot: [i64; ROWS_PER_USER],
+    /// Version of each quota row; 0: the row is empty.
+    row_version: [u32; ROWS_PER_USER],
     evicted: bool,
+    cells: Box<[Cell]>,
 }
 
+/// A tracked user: its name and its lock-protected state, in one
+/// allocation. Names up to 24 bytes are stored inline, so the key compare of
+/// a lookup reads the line the lock is on.
 #[derive(Debug)]
 struct UserEntry {
-    user: Box<str>,
-    state: Mutex<UserState>,
+    user: CompactString,
+    state: UserLock<UserState>,
 }
 
-type UserMap = papaya::HashMap<Box<str>, Arc<UserEntry>, foldhash::fast::RandomState>;
+/// The per-user lock. A spin lock rather than `parking_lot`'s: its unlock is
+/// a plain release store where a parking mutex needs a compare-and-swap, one
+/// atomic read-modify-write less on every decision. Critical sections are a
+/// few dozen instructions and two requests contend only for the same user;
+/// a waiter yields its time slice rather than burn it, so a preempted holder
+/// is not starved.
+type UserLock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
+
+/// The map's key is the entry itself, hashed and compared by the user's
+/// name: one allocation per user, and the name is stored once.
+#[derive(Debug, Clone)]
+struct EntryKey(Arc<UserEntry>);
+
+impl std::hash::Hash for EntryKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // Must hash as the `str` it borrows as.
+        self.0.user.as_str().hash(state);
+    }
+}
+
+impl PartialEq for EntryKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.user == other.0.user
+    }
+}
+
+impl Eq for EntryKey {}
+
+impl std::borrow::Borrow<str> for EntryKey {
+    fn borrow(&self) -> &str {
+        &self.0.user
+    }
+}
+
+type UserMap = papaya::HashMap<EntryKey, (), foldhash::fast::RandomState>;
 
 /// Counters and quotas of one service; get it from [`SlotStore::service`].
 pub struct ServiceStore {
@@ -240,7 +303,7 @@ pub struct ServiceStore {
     ring: [AtomicU64; QUOTA_RING],
     collected_through: AtomicI64,
     /// Counters of slots that rolled over before they were collected.
-    overflow: Mutex<Vec<(Box<str>, Counters)>>,
+    overflow: Mutex<Vec<(CompactString, Counters)>>,
     /// Registered once: a flood of new users at the cap must not build a
     /// labelled metric key per request.
     at_cap: metrics::Counter,
@@ -301,16 +364,48 @@ impl UserHandle {
 }
 
 impl UserState {
-    fn new(slot: i64) -> Self {
+    fn new(slot: i64, resources: usize) -> Self {
         Self {
             slot,
-            current: Counters::default(),
             prev_slot: i64::MIN,
-            previous: Counters::default(),
-            rows: Vec::new(),
             last_seen: slot,
+            row_slot: [i64::MIN; ROWS_PER_USER],
+            row_version: [0; ROWS_PER_USER],
             evicted: false,
+            cells: vec![EMPTY_CELL; resources.min(MAX_RESOURCES)].into_boxed_slice(),
         }
+    }
+
+    /// The cell of resource `i`, growing the cells if the service gained
+    /// resources since this user was first seen.
+    fn cell(&mut self, i: usize) -> &mut Cell {
+        if i >= self.cells.len() {
+            let mut cells = std::mem::take(&mut self.cells).into_vec();
+            cells.resize(i + 1, EMPTY_CELL);
+            self.cells = cells.into_boxed_slice();
+        }
+        &mut self.cells[i]
+    }
+
+    /// This slot's counts (`previous` false) or the last slot's, zeroed.
+    fn take(&mut self, previous: bool) -> Counters {
+        let mut c = Counters::default();
+        for (i, cell) in self.cells.iter_mut().enumerate() {
+            let (used, rejected) = if previous {
+                (&mut cell.prev_used, &mut cell.prev_rejected)
+            } else {
+                (&mut cell.used, &mut cell.rejected)
+            };
+            c.consumption[i] = std::mem::take(used);
+            c.rejection[i] = std::mem::take(rejected);
+        }
+        c
+    }
+
+    fn is_idle(&self) -> bool {
+        self.cells
+            .iter()
+            .all(|c| c.used == 0 && c.rejected == 0 && c.prev_used == 0 && c.prev_rejected == 0)
     }
 
     /// Moves the counters on to `slot`, keeping the last uncollected slot.
@@ -319,32 +414,41 @@ impl UserState {
         slot: i64,
         collected: i64,
         user: &str,
-        overflow: &Mutex<Vec<(Box<str>, Counters)>>,
+        overflow: &Mutex<Vec<(CompactString, Counters)>>,
     ) {
         if self.slot >= slot {
             return;
         }
-        if self.prev_slot > collected && !self.previous.is_zero() {
+        if self.prev_slot > collected {
             // The reporter is more than a slot behind: keep the counts aside
             // rather than lose them.
-            overflow.lock().push((user.into(), self.previous));
+            let previous = self.take(true);
+            if !previous.is_zero() {
+                overflow.lock().push((user.into(), previous));
+            }
         }
         if self.slot > collected && self.slot == slot - 1 {
-            self.previous = self.current;
+            for c in &mut *self.cells {
+                c.prev_used = std::mem::take(&mut c.used);
+                c.prev_rejected = std::mem::take(&mut c.rejected);
+            }
             self.prev_slot = self.slot;
         } else {
-            if self.slot > collected && !self.current.is_zero() {
-                overflow.lock().push((user.into(), self.current));
+            let current = self.take(false);
+            if self.slot > collected && !current.is_zero() {
+                overflow.lock().push((user.into(), current));
             }
-            self.previous = Counters::default();
+            for c in &mut *self.cells {
+                c.prev_used = 0;
+                c.prev_rejected = 0;
+            }
             self.prev_slot = i64::MIN;
         }
-        self.current = Counters::default();
         self.slot = slot;
     }
 
     fn add(&mut self, resource: ResourceId, amount: i64, slot: i64) {
-        let c = &mut self.current.consumption[resource.index()];
+        let c = &mut self.cell(resource.index()).used;
         *c = c.saturating_add(amount);
         self.last_seen = slot;
     }
@@ -352,27 +456,58 @@ impl UserState {
     fn row(&self, slot: i64, version: u64) -> Option<usize> {
         // A row at least as new as the published version is current: rows
         // are written before their version is published.
-        self.rows
-            .iter()
-            .position(|r| r.slot == slot && r.version >= version)
+        (0..ROWS_PER_USER).find(|&k| {
+            self.row_slot[k] == slot
+                && self.row_version[k] != 0
+                && u64::from(self.row_version[k]) >= version
+        })
     }
 
-    fn insert_row(&mut self, row: QuotaRow, now_slot: i64) {
-        self.rows.retain(|r| r.slot != row.slot);
-        self.rows.push(row);
-        self.rows.sort_unstable_by_key(|r| r.slot);
-        // Keep the newest past row (for LastKnown) and everything after it.
-        let past = self.rows.iter().filter(|r| r.slot < now_slot).count();
-        if past > 1 {
-            self.rows.drain(..past - 1);
+    /// Installs the row for `slot` with `quotas` (by resource index; NaN:
+    /// none), replacing any row for that slot. Keeps the newest past row (for
+    /// [`Fallback::LastKnownThenAllow`]) and the rows nearest to now: the
+    /// current one is never pushed out by quotas for slots further ahead.
+    fn insert_row(&mut self, slot: i64, version: u32, quotas: &[f64], now_slot: i64) {
+        // Sources of the new rows, in slot order: an old row or the new one.
+        let mut order: [(i64, Option<usize>); ROWS_PER_USER + 1] =
+            [(i64::MAX, None); ROWS_PER_USER + 1];
+        let mut n = 0;
+        for k in 0..ROWS_PER_USER {
+            if self.row_version[k] != 0 && self.row_slot[k] != slot {
+                order[n] = (self.row_slot[k], Some(k));
+                n += 1;
+            }
         }
-        // Then the slots nearest to now: the current one must never be
-        // pushed out by quotas for slots further ahead.
-        self.rows.truncate(ROWS_PER_USER);
+        order[n] = (slot, None);
+        n += 1;
+        order[..n].sort_unstable_by_key(|&(s, _)| s);
+        let past = order[..n].iter().filter(|(s, _)| *s < now_slot).count();
+        let first = past.saturating_sub(1);
+        let kept = &order[first..n.min(first + ROWS_PER_USER)];
+        if quotas.len() > self.cells.len() {
+            self.cell(quotas.len() - 1);
+        }
+        for (i, cell) in self.cells.iter_mut().enumerate() {
+            let old = cell.quota;
+            cell.quota = [f64::NAN; ROWS_PER_USER];
+            for (k, &(_, src)) in kept.iter().enumerate() {
+                cell.quota[k] = match src {
+                    Some(j) => old[j],
+                    None => quotas.get(i).copied().unwrap_or(f64::NAN),
+                };
+            }
+        }
+        let old_version = self.row_version;
+        self.row_slot = [i64::MIN; ROWS_PER_USER];
+        self.row_version = [0; ROWS_PER_USER];
+        for (k, &(s, src)) in kept.iter().enumerate() {
+            self.row_slot[k] = s;
+            self.row_version[k] = src.map_or(version, |j| old_version[j]);
+        }
     }
 
-    /// Applies row `row` (an index, to avoid copying it): counts rejections
-    /// (if `record`) and refuses, or admits and adds `costs`.
+    /// Applies row `row`: counts rejections (if `record`) and refuses, or
+    /// admits and adds `costs`.
     fn decide(
         &mut self,
         row: usize,
@@ -382,12 +517,12 @@ impl UserState {
     ) -> (bool, Option<Tightest>) {
         let mut refused: Option<Tightest> = None;
         let mut tightest: Option<Tightest> = None;
-        let mut mask = self.rows[row].mask;
-        while mask != 0 {
-            let i = mask.trailing_zeros() as usize;
-            mask &= mask - 1;
-            let quota = self.rows[row].values[i];
-            let used = self.current.consumption[i];
+        for (i, cell) in self.cells.iter_mut().enumerate() {
+            let quota = cell.quota[row];
+            if quota.is_nan() {
+                continue;
+            }
+            let used = cell.used;
             let t = Tightest {
                 resource: ResourceId(i as u8),
                 quota,
@@ -395,28 +530,26 @@ impl UserState {
             };
             if quota < 1.0 || used as f64 > quota {
                 if record {
-                    self.current.rejection[i] = self.current.rejection[i].saturating_add(1);
+                    cell.rejected = cell.rejected.saturating_add(1);
                 }
                 refused.get_or_insert(t);
             } else if tightest.is_none_or(|b| quota - (used as f64) < b.quota - (b.used as f64)) {
                 tightest = Some(t);
             }
         }
-        if refused.is_some() {
-            if !record {
-                // Shadow mode: the request goes through, so it consumes.
-                for &(r, amount) in costs {
-                    self.add(r, amount, slot);
-                }
-            }
-            self.last_seen = slot;
-            return (false, refused);
-        }
-        for &(r, amount) in costs {
-            self.add(r, amount, slot);
-        }
         self.last_seen = slot;
-        (true, tightest)
+        // Shadow mode lets a refused request through, so it consumes.
+        let allowed = refused.is_none();
+        if allowed || !record {
+            for &(r, amount) in costs {
+                self.add(r, amount, slot);
+            }
+        }
+        if allowed {
+            (true, tightest)
+        } else {
+            (false, refused)
+        }
     }
 }
 
@@ -464,16 +597,16 @@ impl ServiceStore {
         &self,
         users: &'g papaya::HashMapRef<
             '_,
-            Box<str>,
-            Arc<UserEntry>,
+            EntryKey,
+            (),
             foldhash::fast::RandomState,
             papaya::LocalGuard<'_>,
         >,
         user: &str,
         slot: i64,
     ) -> Option<&'g Arc<UserEntry>> {
-        if let Some(e) = users.get(user) {
-            return Some(e);
+        if let Some((k, ())) = users.get_key_value(user) {
+            return Some(&k.0);
         }
         if self.keys.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
             self.keys.fetch_sub(1, Ordering::Relaxed);
@@ -481,15 +614,15 @@ impl ServiceStore {
         }
         let entry = Arc::new(UserEntry {
             user: user.into(),
-            state: Mutex::new(UserState::new(slot)),
+            state: UserLock::new(UserState::new(slot, self.resources.load().len())),
         });
-        match users.try_insert(user.into(), entry) {
-            Ok(e) => Some(e),
-            Err(occupied) => {
-                self.keys.fetch_sub(1, Ordering::Relaxed);
-                Some(occupied.current)
-            }
+        if users.try_insert(EntryKey(entry), ()).is_err() {
+            // Another thread added it first.
+            self.keys.fetch_sub(1, Ordering::Relaxed);
         }
+        // Removed again at once only by a collect evicting it, which the
+        // caller sees as `evicted` and retries.
+        users.get_key_value(user).map(|(k, ())| &k.0)
     }
 
     /// Decides whether `user` may make a request now, with the original
@@ -560,7 +693,7 @@ impl ServiceStore {
                 // Forgotten by a collect after we found it: drop it from the
                 // map if it is still there, and start over with a fresh one.
                 drop(st);
-                let _ = users.remove_if(user, |_, v| Arc::ptr_eq(v, entry));
+                let _ = users.remove_if(user, |k, ()| Arc::ptr_eq(&k.0, entry));
                 continue;
             }
             st.roll(slot, collected, user, &self.overflow);
@@ -640,30 +773,27 @@ impl ServiceStore {
             1
         };
         let map = self.users.pin();
+        let mut quotas = [f64::NAN; MAX_RESOURCES];
         for (user, rq) in &users.users {
-            let mut row = QuotaRow {
-                slot,
-                version,
-                mask: 0,
-                values: [0.0; MAX_RESOURCES],
-            };
+            if user.is_empty() || user.len() > MAX_NAME_LEN {
+                continue;
+            }
+            quotas.fill(f64::NAN);
+            let mut len = 0;
             for (resource, &q) in &rq.resources {
                 let Some(id) = self.resource_locked(resource) else {
                     continue;
                 };
-                row.mask |= 1 << id.0;
                 // NaN would compare as "allow"; treat it as no quota left.
-                row.values[id.index()] = if q.is_nan() { 0.0 } else { q };
-            }
-            if user.is_empty() || user.len() > MAX_NAME_LEN {
-                continue;
+                quotas[id.index()] = if q.is_nan() { 0.0 } else { q };
+                len = len.max(id.index() + 1);
             }
             let Some(entry) = self.lookup(&map, user, now_slot) else {
                 self.at_cap.increment(1);
                 continue;
             };
             let mut st = entry.state.lock();
-            st.insert_row(row, now_slot);
+            st.insert_row(slot, version as u32, &quotas[..len], now_slot);
         }
         // Rows first, then the version: readers never see a version whose
         // rows are missing.
@@ -718,25 +848,23 @@ impl ServiceStore {
         };
         let users = self.users.pin();
         let mut evict = Vec::new();
-        for (user, entry) in users.iter() {
+        for (key, ()) in users.iter() {
+            let entry = &key.0;
             let mut st = entry.state.lock();
             let mut taken = Counters::default();
             if st.slot <= slot {
-                taken.merge(&st.current);
-                st.current = Counters::default();
+                taken = st.take(false);
             }
             if st.prev_slot <= slot {
-                taken.merge(&st.previous);
-                st.previous = Counters::default();
+                taken.merge(&st.take(true));
                 st.prev_slot = i64::MIN;
             }
             if !taken.is_zero() {
-                add(user, &taken);
+                add(&entry.user, &taken);
             }
             let idle = st.last_seen < slot - 1
-                && st.current.is_zero()
-                && st.previous.is_zero()
-                && st.rows.iter().all(|r| r.slot <= slot);
+                && st.is_idle()
+                && (0..ROWS_PER_USER).all(|k| st.row_version[k] == 0 || st.row_slot[k] <= slot);
             if idle {
                 st.evicted = true;
                 evict.push(entry.clone());
@@ -748,7 +876,7 @@ impl ServiceStore {
         }
         for entry in evict {
             if users
-                .remove_if(&entry.user, |_, v| Arc::ptr_eq(v, &entry))
+                .remove_if(entry.user.as_str(), |k, ()| Arc::ptr_eq(&k.0, &entry))
                 .ok()
                 .flatten()
                 .is_some()
@@ -1299,5 +1427,46 @@ mod tests {
         f.clock.set(T + 1_000);
         let r = f.store.collect(100);
         assert_eq!(amount(&r.rejection, "alice", "requests"), 0);
+    }
+
+    proptest::proptest! {
+        /// The fixed rows keep what a sorted list of rows would: the newest
+        /// past row, then the nearest slots, each with its own quotas and
+        /// version, for any order of arrival.
+        #[test]
+        fn rows_keep_the_newest_past_and_the_nearest_slots(
+            inserts in proptest::collection::vec((90i64..110, 0usize..3, 0.0f64..1e9), 1..40),
+            now in 95i64..105,
+        ) {
+            let mut st = UserState::new(now, 1);
+            // Model: (slot, version, quota per resource), sorted by slot.
+            let mut model: Vec<(i64, u32, Vec<f64>)> = Vec::new();
+            for (v, &(slot, resources, q)) in inserts.iter().enumerate() {
+                let version = v as u32 + 1;
+                let quotas: Vec<f64> = (0..=resources).map(|i| q + i as f64).collect();
+                st.insert_row(slot, version, &quotas, now);
+                model.retain(|r| r.0 != slot);
+                model.push((slot, version, quotas));
+                model.sort_by_key(|r| r.0);
+                let past = model.iter().filter(|r| r.0 < now).count();
+                if past > 1 {
+                    model.drain(..past - 1);
+                }
+                model.truncate(ROWS_PER_USER);
+            }
+            for (slot, version, quotas) in &model {
+                let k = st.row(*slot, u64::from(*version));
+                proptest::prop_assert!(k.is_some(), "row for slot {} lost", slot);
+                let k = k.unwrap_or_default();
+                for (i, cell) in st.cells.iter().enumerate() {
+                    match quotas.get(i) {
+                        Some(q) => proptest::prop_assert_eq!(cell.quota[k], *q),
+                        None => proptest::prop_assert!(cell.quota[k].is_nan()),
+                    }
+                }
+            }
+            let kept = (0..ROWS_PER_USER).filter(|&k| st.row_version[k] != 0).count();
+            proptest::prop_assert_eq!(kept, model.len());
+        }
     }
 }
