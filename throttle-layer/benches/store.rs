@@ -277,14 +277,14 @@ fn service(c: &mut Criterion) {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     });
     g.bench_function(BenchmarkId::new("call", "bare"), |b| {
+        let mut svc = bare;
         b.iter(|| {
             i = (i + 1) % USERS;
-            let mut svc = bare;
             let req = request(&names[i]);
             rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
         })
     });
-    let handler = |_r: http::Request<throttle_layer::layer::RequestBody<Body>>| async {
+    let handler = |_r: http::Request<Body>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     };
     for (name, quota) in [("throttle-allowed", 1e15), ("throttle-rejected", 0.0)] {
@@ -293,13 +293,36 @@ fn service(c: &mut Criterion) {
             .user(UserKey::header("x-user"))
             .build()
             .unwrap();
-        let svc = tower::ServiceBuilder::new()
+        let mut svc = tower::ServiceBuilder::new()
             .layer(layer)
             .service_fn(handler);
         g.bench_function(BenchmarkId::new("call", name), |b| {
             b.iter(|| {
                 i = (i + 1) % USERS;
-                let mut svc = svc.clone();
+                let req = request(&names[i]);
+                rt.block_on(async {
+                    black_box(svc.ready().await.unwrap().call(req).await.unwrap())
+                })
+            })
+        });
+    }
+    // The same, counting response bytes: the body types change.
+    let metered_handler = |_r: http::Request<throttle_layer::layer::RequestBody<Body>>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
+    };
+    {
+        let (store, _f, _r, _refresh) = store(1e15);
+        let layer = ThrottleLayer::builder(&store, "front")
+            .user(UserKey::header("x-user"))
+            .traffic_down()
+            .build()
+            .unwrap();
+        let mut svc = tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(metered_handler);
+        g.bench_function(BenchmarkId::new("call", "throttle-metered-allowed"), |b| {
+            b.iter(|| {
+                i = (i + 1) % USERS;
                 let req = request(&names[i]);
                 rt.block_on(async {
                     black_box(svc.ready().await.unwrap().call(req).await.unwrap())
@@ -311,7 +334,7 @@ fn service(c: &mut Criterion) {
         let mut builder = tower_governor::governor::GovernorConfigBuilder::default();
         builder.period(Duration::from_secs(3600)).burst_size(burst);
         let config = builder.key_extractor(HeaderKey).finish().unwrap();
-        let svc = tower::ServiceBuilder::new()
+        let mut svc = tower::ServiceBuilder::new()
             .layer(tower_governor::GovernorLayer::new(config))
             .service(bare);
         // Spend each key's burst of 1 first, so every measured call is refused.
@@ -324,7 +347,6 @@ fn service(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("call", name), |b| {
             b.iter(|| {
                 i = (i + 1) % USERS;
-                let mut svc = svc.clone();
                 let req = request(&names[i]);
                 rt.block_on(async {
                     black_box(svc.ready().await.unwrap().call(req).await.unwrap())

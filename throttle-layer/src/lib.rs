@@ -44,4 +44,4 @@ pub use layer::{Throttle, ThrottleLayer, ThrottleLayerBuilder};
 pub use reporter::Reporter;
 pub use store::{Fallback, SlotStore};
 pub use usage::Usage;
-pub use user::{MissingUser, UserKey};
+pub use user::{MissingUser, RequestHead, UserKey};

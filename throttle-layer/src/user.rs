@@ -3,8 +3,8 @@
 //! The key is read from the request head without allocating for the common
 //! sources: a header, the peer address (axum `ConnectInfo`, tonic
 //! `TcpConnectInfo`), `X-Forwarded-For` behind trusted proxies, or a request
-//! extension set by an authentication layer. A closure over
-//! [`http::request::Parts`] covers everything else.
+//! extension set by an authentication layer. A closure over the
+//! [`RequestHead`] covers everything else.
 //!
 //! # Examples
 //!
@@ -26,7 +26,48 @@ use http::HeaderName;
 use http::request::Parts;
 
 type ExtensionFn = for<'a> fn(&'a http::Extensions) -> Option<&'a str>;
-type PartsFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+type HeadFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<String> + Send + Sync>;
+
+/// A request's head, borrowed from the request: what [`UserKey::from_fn`]
+/// reads. The fields are those of [`http::request::Parts`]; the layer builds
+/// it without taking the request apart.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// The method.
+    pub method: &'a http::Method,
+    /// The URI.
+    pub uri: &'a http::Uri,
+    /// The HTTP version.
+    pub version: http::Version,
+    /// The headers.
+    pub headers: &'a http::HeaderMap,
+    /// The extensions set by layers before this one.
+    pub extensions: &'a http::Extensions,
+}
+
+impl<'a> RequestHead<'a> {
+    /// The head of `request`.
+    pub fn of<B>(request: &'a http::Request<B>) -> Self {
+        Self {
+            method: request.method(),
+            uri: request.uri(),
+            version: request.version(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
+    }
+
+    /// The head in `parts`.
+    pub fn from_parts(parts: &'a Parts) -> Self {
+        Self {
+            method: &parts.method,
+            uri: &parts.uri,
+            version: parts.version,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+        }
+    }
+}
 
 /// How the layer finds the user of a request; see the [module docs](self).
 #[derive(Clone)]
@@ -40,7 +81,7 @@ enum Kind {
     PeerIp,
     ForwardedFor(Arc<[IpNet]>),
     Extension(ExtensionFn),
-    Fn(PartsFn),
+    Fn(HeadFn),
 }
 
 impl fmt::Debug for UserKey {
@@ -245,23 +286,23 @@ impl UserKey {
     /// Any function of the request head.
     pub fn from_fn<F>(f: F) -> Self
     where
-        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+        F: Fn(&RequestHead<'_>) -> Option<String> + Send + Sync + 'static,
     {
         Self {
             kind: Kind::Fn(Arc::new(f)),
         }
     }
 
-    pub(crate) fn extract<'a>(&self, parts: &'a Parts) -> Option<UserName<'a>> {
+    pub(crate) fn extract<'a>(&self, parts: RequestHead<'a>) -> Option<UserName<'a>> {
         let name = match &self.kind {
             Kind::Header(h) => UserName::Borrowed(parts.headers.get(h)?.to_str().ok()?.trim()),
-            Kind::PeerIp => UserName::Ip(IpText::new(peer_addr(&parts.extensions)?.ip())),
+            Kind::PeerIp => UserName::Ip(IpText::new(peer_addr(parts.extensions)?.ip())),
             Kind::ForwardedFor(trusted) => {
-                let peer = peer_addr(&parts.extensions)?.ip();
-                UserName::Ip(IpText::new(forwarded_client(peer, trusted, &parts.headers)))
+                let peer = peer_addr(parts.extensions)?.ip();
+                UserName::Ip(IpText::new(forwarded_client(peer, trusted, parts.headers)))
             }
-            Kind::Extension(f) => UserName::Borrowed(f(&parts.extensions)?),
-            Kind::Fn(f) => UserName::Owned(f(parts)?),
+            Kind::Extension(f) => UserName::Borrowed(f(parts.extensions)?),
+            Kind::Fn(f) => UserName::Owned(f(&parts)?),
         };
         (!name.as_str().is_empty()).then_some(name)
     }
@@ -303,7 +344,8 @@ mod tests {
     }
 
     fn user(key: &UserKey, p: &Parts) -> Option<String> {
-        key.extract(p).map(|u| u.as_str().to_owned())
+        key.extract(RequestHead::from_parts(p))
+            .map(|u| u.as_str().to_owned())
     }
 
     fn with_peer(ip: &str) -> impl FnOnce(http::request::Builder) -> http::request::Builder {

@@ -126,6 +126,29 @@ async fn reject_status_and_headers_are_configurable() {
 }
 
 #[tokio::test]
+async fn metered_and_plain_layers_refuse_alike() {
+    let (_, store) = store();
+    quota(&store, r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#);
+    let plain = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(builder(&store).build().unwrap());
+    let metered = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(builder(&store).traffic_down().traffic_up().build().unwrap());
+    let mut seen = Vec::new();
+    for app in [plain, metered] {
+        let res = app.oneshot(get_as("alice", "/")).await.unwrap();
+        let status = res.status();
+        let retry = res.headers()["retry-after"].clone();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        seen.push((status, retry, body));
+    }
+    assert_eq!(seen[0], seen[1]);
+    assert_eq!(seen[0].0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(seen[0].2, "Too Many Requests\n");
+}
+
+#[tokio::test]
 async fn grpc_requests_are_refused_trailers_only() {
     let (_, store) = store();
     quota(

@@ -152,3 +152,42 @@ where
         }
     }
 }
+
+/// A response body type a [`Plain`](super::Plain) layer can answer a refusal
+/// in: the short text of an HTTP refusal, or empty for gRPC's trailers-only
+/// refusal. Implemented for axum's and tonic's bodies, `Full<Bytes>` and
+/// `String`; implement it for another body type to use that type behind a
+/// plain layer.
+pub trait RefusalBody: Sized {
+    /// A body holding `text` (ASCII, possibly empty).
+    fn refusal(text: &'static [u8]) -> Self;
+}
+
+impl RefusalBody for String {
+    fn refusal(text: &'static [u8]) -> Self {
+        String::from_utf8_lossy(text).into_owned()
+    }
+}
+
+impl RefusalBody for http_body_util::Full<Bytes> {
+    fn refusal(text: &'static [u8]) -> Self {
+        Self::new(Bytes::from_static(text))
+    }
+}
+
+#[cfg(feature = "axum")]
+impl RefusalBody for axum::body::Body {
+    fn refusal(text: &'static [u8]) -> Self {
+        Self::from(text)
+    }
+}
+
+impl RefusalBody for tonic::body::Body {
+    fn refusal(text: &'static [u8]) -> Self {
+        if text.is_empty() {
+            Self::default()
+        } else {
+            Self::new(http_body_util::Full::new(Bytes::from_static(text)))
+        }
+    }
+}

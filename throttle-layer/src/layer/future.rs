@@ -6,7 +6,7 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
-use super::body::{Meter, ResponseBody};
+use super::body::{Meter, RefusalBody, ResponseBody};
 
 pin_project! {
     /// Either the inner service's future, whose response body will be
@@ -68,6 +68,63 @@ where
                     parts,
                     ResponseBody::fixed(body),
                 )))
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The future of a [`Plain`](super::Plain) layer: the inner service's
+    /// future, untouched, or a refusal that is ready at once.
+    #[derive(Debug)]
+    pub struct PlainFuture<F, B> {
+        #[pin]
+        kind: PlainKind<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = PlainProj]
+    #[derive(Debug)]
+    enum PlainKind<F, B> {
+        Passed { #[pin] future: F },
+        Rejected { response: Option<http::Response<B>> },
+    }
+}
+
+impl<F, B> PlainFuture<F, B> {
+    pub(crate) fn passed(future: F) -> Self {
+        Self {
+            kind: PlainKind::Passed { future },
+        }
+    }
+
+    pub(crate) fn rejected(response: http::Response<B>) -> Self {
+        Self {
+            kind: PlainKind::Rejected {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for PlainFuture<F, B>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+    B: RefusalBody,
+{
+    type Output = Result<http::Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            PlainProj::Passed { future } => future.poll(cx),
+            PlainProj::Rejected { response } => {
+                // Polled again after completion: as above, an empty 500.
+                Poll::Ready(Ok(response.take().unwrap_or_else(|| {
+                    let mut r = http::Response::new(B::refusal(b""));
+                    *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                    r
+                })))
             }
         }
     }

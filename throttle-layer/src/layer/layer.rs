@@ -1,3 +1,4 @@
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use http::StatusCode;
@@ -10,11 +11,28 @@ use crate::user::{MissingUser, UserKey};
 /// Applies [`Throttle`] to a service; see the [module docs](crate::layer).
 ///
 /// Clones share the same store: build one layer per route configuration and
-/// clone it freely.
+/// clone it freely. `M` is [`Plain`] (bodies pass through untouched) unless
+/// the layer counts body bytes, which makes it [`Metered`].
 #[derive(Debug, Clone)]
-pub struct ThrottleLayer {
+pub struct ThrottleLayer<M = Plain> {
     pub(crate) config: Arc<Config>,
+    mode: PhantomData<M>,
 }
+
+/// Mode of a layer that leaves request and response bodies as they are:
+/// the inner service sees the request unchanged and the response passes
+/// through untouched, so an allowed request costs only the decision. A
+/// refusal is built in the response body type, which must be a
+/// [`RefusalBody`](super::RefusalBody).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Plain;
+
+/// Mode of a layer that counts body bytes as they stream
+/// ([`ThrottleLayerBuilder::traffic_up`], [`ThrottleLayerBuilder::traffic_down`]):
+/// the inner service receives a [`RequestBody`](super::RequestBody) and the
+/// response body becomes a [`ResponseBody`](super::ResponseBody).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Metered;
 
 #[derive(Debug)]
 pub(crate) struct Config {
@@ -58,7 +76,13 @@ pub enum LayerError {
 
 /// Configures a [`ThrottleLayer`]; from [`ThrottleLayer::builder`].
 #[derive(Debug)]
-pub struct ThrottleLayerBuilder {
+pub struct ThrottleLayerBuilder<M = Plain> {
+    settings: Settings,
+    mode: PhantomData<M>,
+}
+
+#[derive(Debug)]
+struct Settings {
     store: SlotStore,
     service: String,
     user: Option<UserKey>,
@@ -79,7 +103,7 @@ impl ThrottleLayer {
     /// costs 1 `requests`, refusals are `429 Too Many Requests` with rate
     /// limit headers, and while no quota is known requests are allowed.
     pub fn builder(store: &SlotStore, service: &str) -> ThrottleLayerBuilder {
-        ThrottleLayerBuilder {
+        ThrottleLayerBuilder::new(Settings {
             store: store.clone(),
             service: service.to_owned(),
             user: None,
@@ -93,77 +117,84 @@ impl ThrottleLayer {
             shadow: false,
             reject_status: StatusCode::TOO_MANY_REQUESTS,
             rate_limit_headers: true,
-        }
+        })
     }
 }
 
-impl ThrottleLayerBuilder {
+impl<M> ThrottleLayerBuilder<M> {
+    fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            mode: PhantomData,
+        }
+    }
+
     /// How to find the user (required).
     pub fn user(mut self, key: UserKey) -> Self {
-        self.user = Some(key);
+        self.settings.user = Some(key);
         self
     }
 
     /// What to do when the user cannot be found (default: skip throttling).
     pub fn missing_user(mut self, missing: MissingUser) -> Self {
-        self.missing_user = missing;
+        self.settings.missing_user = missing;
         self
     }
 
     /// Whether each request costs 1 `requests` (default: true).
     pub fn count_requests(mut self, on: bool) -> Self {
-        self.requests = on;
+        self.settings.requests = on;
         self
     }
 
     /// Counts request body bytes as `traffic_up`, as the body streams.
-    pub fn traffic_up(mut self) -> Self {
-        self.traffic_up = true;
-        self
+    pub fn traffic_up(mut self) -> ThrottleLayerBuilder<Metered> {
+        self.settings.traffic_up = true;
+        ThrottleLayerBuilder::new(self.settings)
     }
 
     /// Counts response body bytes as `traffic_down`, as the body streams
     /// (also when the client goes away before the end).
-    pub fn traffic_down(mut self) -> Self {
-        self.traffic_down = true;
-        self
+    pub fn traffic_down(mut self) -> ThrottleLayerBuilder<Metered> {
+        self.settings.traffic_down = true;
+        ThrottleLayerBuilder::new(self.settings)
     }
 
     /// A fixed extra cost per admitted request, e.g. `("database_read", 3)`.
     pub fn cost(mut self, resource: &str, amount: i64) -> Self {
-        self.costs.push((resource.to_owned(), amount));
+        self.settings.costs.push((resource.to_owned(), amount));
         self
     }
 
     /// Puts a [`Usage`](crate::Usage) in each request's extensions for the
     /// handler to add amounts only it knows.
     pub fn handler_usage(mut self) -> Self {
-        self.handler_usage = true;
+        self.settings.handler_usage = true;
         self
     }
 
     /// What to do while there is no quota for the current slot.
     pub fn fallback(mut self, fallback: Fallback) -> Self {
-        self.fallback = fallback;
+        self.settings.fallback = fallback;
         self
     }
 
     /// Decide and count, but let every request through.
     pub fn shadow(mut self, on: bool) -> Self {
-        self.shadow = on;
+        self.settings.shadow = on;
         self
     }
 
     /// Status of a refused HTTP request (default 429; nginx uses 503).
     pub fn reject_status(mut self, status: StatusCode) -> Self {
-        self.reject_status = status;
+        self.settings.reject_status = status;
         self
     }
 
     /// Whether refusals carry `RateLimit-Policy`/`RateLimit` and
     /// `X-RateLimit-*` headers (default: true). `Retry-After` is always sent.
     pub fn rate_limit_headers(mut self, on: bool) -> Self {
-        self.rate_limit_headers = on;
+        self.settings.rate_limit_headers = on;
         self
     }
 
@@ -173,20 +204,21 @@ impl ThrottleLayerBuilder {
     ///
     /// [`LayerError`] for a missing user key, a negative cost, or a resource
     /// the service cannot count.
-    pub fn build(self) -> Result<ThrottleLayer, LayerError> {
-        let user = self.user.ok_or(LayerError::NoUserKey)?;
-        let service = self.store.service(&self.service);
+    pub fn build(self) -> Result<ThrottleLayer<M>, LayerError> {
+        let settings = self.settings;
+        let user = settings.user.ok_or(LayerError::NoUserKey)?;
+        let service = settings.store.service(&settings.service);
         let resource = |name: &str| {
             service.resource(name).ok_or_else(|| LayerError::Resource {
-                service: self.service.clone(),
+                service: settings.service.clone(),
                 resource: name.to_owned(),
             })
         };
         let mut costs = Vec::new();
-        if self.requests {
+        if settings.requests {
             costs.push((resource("requests")?, 1));
         }
-        for (name, amount) in &self.costs {
+        for (name, amount) in &settings.costs {
             if *amount < 0 {
                 return Err(LayerError::NegativeCost(name.clone()));
             }
@@ -196,29 +228,30 @@ impl ThrottleLayerBuilder {
                 None => costs.push((id, *amount)),
             }
         }
-        let traffic_up = self
+        let traffic_up = settings
             .traffic_up
             .then(|| resource("traffic_up"))
             .transpose()?;
-        let traffic_down = self
+        let traffic_down = settings
             .traffic_down
             .then(|| resource("traffic_down"))
             .transpose()?;
-        let label = self.service.clone();
+        let label = settings.service.clone();
         Ok(ThrottleLayer {
+            mode: PhantomData,
             config: Arc::new(Config {
-                store: self.store,
+                store: settings.store,
                 service,
                 user,
-                missing_user: self.missing_user,
+                missing_user: settings.missing_user,
                 costs,
                 traffic_up,
                 traffic_down,
-                handler_usage: self.handler_usage,
-                fallback: self.fallback,
-                shadow: self.shadow,
-                reject_status: self.reject_status,
-                rate_limit_headers: self.rate_limit_headers,
+                handler_usage: settings.handler_usage,
+                fallback: settings.fallback,
+                shadow: settings.shadow,
+                reject_status: settings.reject_status,
+                rate_limit_headers: settings.rate_limit_headers,
                 // Handles registered once: the request path never builds a
                 // metric key.
                 shadow_rejected: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "shadow_rejected"),
@@ -229,13 +262,14 @@ impl ThrottleLayerBuilder {
     }
 }
 
-impl<S> Layer<S> for ThrottleLayer {
-    type Service = Throttle<S>;
+impl<S, M> Layer<S> for ThrottleLayer<M> {
+    type Service = Throttle<S, M>;
 
-    fn layer(&self, inner: S) -> Throttle<S> {
+    fn layer(&self, inner: S) -> Throttle<S, M> {
         Throttle {
             inner,
             config: self.config.clone(),
+            mode: PhantomData,
         }
     }
 }

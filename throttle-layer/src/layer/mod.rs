@@ -34,9 +34,35 @@
 //!     .route("/upload", post(|body: String| async move { body.len().to_string() }).layer(uploads));
 //! ```
 //!
-//! With any Tower service. The inner service receives the request body
-//! wrapped in [`RequestBody`] (which counts `traffic_up`); axum routes and
-//! tonic servers accept any body, so there this is invisible.
+//! # Bodies pass through unless bytes are counted
+//!
+//! A layer that does not count body bytes is [`Plain`]: the inner service
+//! gets the request exactly as it came and the response goes out exactly as
+//! the service made it, so an allowed request costs the decision and
+//! nothing else. A refusal is built in the service's own response body type
+//! (a [`RefusalBody`]: axum's and tonic's bodies, `Full<Bytes>`, `String`).
+//!
+//! ```
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use throttle_layer::{SlotStore, ThrottleLayer, UserKey};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store = SlotStore::default();
+//! let layer = ThrottleLayer::builder(&store, "front").user(UserKey::header("x-user")).build().unwrap();
+//! let svc = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("hello")))
+//! });
+//! let res = svc.oneshot(http::Request::builder().header("x-user", "alice").body(String::new()).unwrap()).await.unwrap();
+//! assert_eq!(res.status(), 200);
+//! # }
+//! ```
+//!
+//! [`traffic_up`](ThrottleLayerBuilder::traffic_up) or
+//! [`traffic_down`](ThrottleLayerBuilder::traffic_down) make the layer
+//! [`Metered`]: the inner service receives the request body wrapped in
+//! [`RequestBody`] and the response body becomes a [`ResponseBody`], both
+//! counting bytes frame by frame. axum routes and tonic servers accept any
+//! body, so there this is invisible.
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt};
@@ -44,7 +70,11 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let store = SlotStore::default();
-//! let layer = ThrottleLayer::builder(&store, "front").user(UserKey::header("x-user")).build().unwrap();
+//! let layer = ThrottleLayer::builder(&store, "front")
+//!     .user(UserKey::header("x-user"))
+//!     .traffic_down()
+//!     .build()
+//!     .unwrap();
 //! let svc = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<RequestBody<String>>| async {
 //!     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("hello")))
 //! });
@@ -59,6 +89,6 @@ pub mod future;
 mod layer;
 mod service;
 
-pub use body::{RequestBody, ResponseBody};
-pub use layer::{LayerError, ThrottleLayer, ThrottleLayerBuilder};
+pub use body::{RefusalBody, RequestBody, ResponseBody};
+pub use layer::{LayerError, Metered, Plain, ThrottleLayer, ThrottleLayerBuilder};
 pub use service::Throttle;

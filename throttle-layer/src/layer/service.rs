@@ -1,4 +1,5 @@
 use std::fmt::Write as _;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -6,12 +7,12 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use tower_service::Service;
 
-use super::body::{Meter, RequestBody, ResponseBody};
-use super::future::ResponseFuture;
-use super::layer::Config;
-use crate::store::{Basis, Decision};
+use super::body::{Meter, RefusalBody, RequestBody, ResponseBody};
+use super::future::{PlainFuture, ResponseFuture};
+use super::layer::{Config, Metered, Plain};
+use crate::store::{Basis, Decision, UserHandle};
 use crate::usage::Usage;
-use crate::user::MissingUser;
+use crate::user::{MissingUser, RequestHead};
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -23,13 +24,16 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// Throttles requests per user; see the [module docs](crate::layer).
+///
+/// `M` is the layer's mode: [`Plain`] or [`Metered`].
 #[derive(Debug, Clone)]
-pub struct Throttle<S> {
+pub struct Throttle<S, M = Plain> {
     pub(crate) inner: S,
     pub(crate) config: Arc<Config>,
+    pub(crate) mode: PhantomData<M>,
 }
 
-impl<S> Throttle<S> {
+impl<S, M> Throttle<S, M> {
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -46,7 +50,81 @@ impl<S> Throttle<S> {
     }
 }
 
-impl<S, ReqB, ResB> Service<Request<ReqB>> for Throttle<S>
+/// What becomes of one request.
+enum Outcome {
+    /// No user and [`MissingUser::Skip`]: not throttled, not counted.
+    Skip,
+    /// Refused: the response head and its short body.
+    Refuse(http::response::Parts, &'static [u8]),
+    /// Allowed (or shadow-refused); the handle when amounts follow.
+    Pass(Option<UserHandle>),
+}
+
+/// The decision, shared by both modes: find the user, ask the store, count
+/// the metrics, build the refusal.
+fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
+    let extracted = cfg.user.extract(head);
+    let user = match (&extracted, &cfg.missing_user) {
+        (Some(u), _) => u.as_str(),
+        (None, MissingUser::As(name)) => name.as_str(),
+        (None, MissingUser::Skip) => {
+            cfg.skipped.increment(1);
+            return Outcome::Skip;
+        }
+    };
+    let wants_handle = cfg.traffic_up.is_some() || cfg.traffic_down.is_some() || cfg.handler_usage;
+    let admission = if wants_handle || cfg.shadow {
+        cfg.service
+            .admit_with_handle(user, &cfg.costs, cfg.fallback, !cfg.shadow)
+    } else {
+        cfg.service.admit(user, &cfg.costs, cfg.fallback)
+    };
+    let decision = admission.decision;
+    if decision.basis != Basis::Quota && decision.basis != Basis::Unlimited {
+        cfg.fallback_decisions.increment(1);
+    }
+    if !decision.is_allowed() {
+        if cfg.shadow {
+            cfg.shadow_rejected.increment(1);
+        } else {
+            let (response, body) = reject(cfg, head, &decision);
+            return Outcome::Refuse(response, body);
+        }
+    }
+    Outcome::Pass(admission.handle)
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for Throttle<S, Plain>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: RefusalBody,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = PlainFuture<S::Future, ResB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        let cfg = &*self.config;
+        let handle = match decide(cfg, RequestHead::of(&req)) {
+            Outcome::Skip => None,
+            Outcome::Refuse(parts, body) => {
+                return PlainFuture::rejected(Response::from_parts(parts, ResB::refusal(body)));
+            }
+            Outcome::Pass(handle) => handle,
+        };
+        if cfg.handler_usage {
+            // Also without a user, so the handler's extractor never fails.
+            req.extensions_mut().insert(Usage::new(handle));
+        }
+        PlainFuture::passed(self.inner.call(req))
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for Throttle<S, Metered>
 where
     S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
 {
@@ -60,39 +138,11 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let cfg = &*self.config;
-        let (mut parts, body) = req.into_parts();
-        let extracted = cfg.user.extract(&parts);
-        let user = match (&extracted, &cfg.missing_user) {
-            (Some(u), _) => u.as_str(),
-            (None, MissingUser::As(name)) => name.as_str(),
-            (None, MissingUser::Skip) => {
-                cfg.skipped.increment(1);
-                let req = Request::from_parts(parts, RequestBody::new(body, None));
-                return ResponseFuture::passed(self.inner.call(req), None);
-            }
+        let handle = match decide(cfg, RequestHead::of(&req)) {
+            Outcome::Skip => None,
+            Outcome::Refuse(parts, body) => return ResponseFuture::rejected(parts, body),
+            Outcome::Pass(handle) => handle,
         };
-        let wants_handle =
-            cfg.traffic_up.is_some() || cfg.traffic_down.is_some() || cfg.handler_usage;
-        let admission = if wants_handle || cfg.shadow {
-            cfg.service
-                .admit_with_handle(user, &cfg.costs, cfg.fallback, !cfg.shadow)
-        } else {
-            cfg.service.admit(user, &cfg.costs, cfg.fallback)
-        };
-        let decision = admission.decision;
-        if decision.basis != Basis::Quota && decision.basis != Basis::Unlimited {
-            cfg.fallback_decisions.increment(1);
-        }
-        if !decision.is_allowed() {
-            if cfg.shadow {
-                cfg.shadow_rejected.increment(1);
-            } else {
-                let (response, body) = reject(cfg, &parts, &decision);
-                return ResponseFuture::rejected(response, body);
-            }
-        }
-        drop(extracted);
-        let handle = admission.handle;
         let meter = |r| {
             handle.clone().map(|handle| Meter {
                 handle,
@@ -101,17 +151,17 @@ where
         };
         let up = cfg.traffic_up.and_then(meter);
         let down = cfg.traffic_down.and_then(meter);
+        let (mut parts, body) = req.into_parts();
         if cfg.handler_usage {
-            parts.extensions.insert(Usage::new(handle.clone()));
+            parts.extensions.insert(Usage::new(handle));
         }
         let req = Request::from_parts(parts, RequestBody::new(body, up));
         ResponseFuture::passed(self.inner.call(req), down)
     }
 }
 
-fn is_grpc(parts: &http::request::Parts) -> bool {
-    parts
-        .headers
+fn is_grpc(head: RequestHead<'_>) -> bool {
+    head.headers
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
@@ -119,7 +169,7 @@ fn is_grpc(parts: &http::request::Parts) -> bool {
 /// Builds the refusal: the only allocations are the response's own.
 fn reject(
     cfg: &Config,
-    req: &http::request::Parts,
+    req: RequestHead<'_>,
     decision: &Decision,
 ) -> (http::response::Parts, &'static [u8]) {
     let slot = cfg.store.slot_length();
