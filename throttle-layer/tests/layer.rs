@@ -128,7 +128,10 @@ async fn reject_status_and_headers_are_configurable() {
 #[tokio::test]
 async fn metered_and_plain_layers_refuse_alike() {
     let (_, store) = store();
-    quota(&store, r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#);
+    quota(
+        &store,
+        r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
+    );
     let plain = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(builder(&store).build().unwrap());
