@@ -122,12 +122,16 @@ impl Policy for Projected {
             .map(|(n, _)| *n)
             .collect();
         active.sort_unstable();
-        let limited = state
+        // Only "more than MAX_IDLE_KEYS or not" matters: stop counting
+        // there rather than touch every key an extra time.
+        let few_keys = state
             .users
             .values()
             .flat_map(|r| r.values())
             .filter(|r| r.bucket.is_some())
-            .count();
+            .take(MAX_IDLE_KEYS + 1)
+            .count()
+            <= MAX_IDLE_KEYS;
         let mut out = Assignment::default();
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
         for (user, resources) in &state.users {
@@ -158,7 +162,7 @@ impl Policy for Projected {
                     };
                     nodes.push((e.node, d));
                 }
-                if nodes.is_empty() && (active.is_empty() || limited > MAX_IDLE_KEYS) {
+                if nodes.is_empty() && (active.is_empty() || !few_keys) {
                     // Nobody used it lately and there are too many such keys
                     // to hand out: no quota, the nodes allow (as the
                     // original); the bucket will charge what they admit.
@@ -166,7 +170,7 @@ impl Policy for Projected {
                 }
                 // Floors for idle nodes cost a grant per (key, node): only
                 // while the keys are few (see MAX_IDLE_KEYS).
-                if limited <= MAX_IDLE_KEYS {
+                if few_keys {
                     for &n in &active {
                         if !nodes.iter().any(|(m, _)| *m == n) {
                             nodes.push((n, 0.0));
