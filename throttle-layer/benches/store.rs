@@ -265,6 +265,28 @@ fn request(user: &str) -> http::Request<Body> {
         .expect("valid request")
 }
 
+/// Benches one service value (never cloned per call), cycling through the
+/// users.
+fn call<S, B>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    names: &[String],
+    name: &str,
+    svc: &mut S,
+) where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut i = 0;
+    g.bench_function(BenchmarkId::new("call", name), |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            let req = request(&names[i]);
+            rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
+        })
+    });
+}
+
 fn service(c: &mut Criterion) {
     let names = users();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -272,18 +294,10 @@ fn service(c: &mut Criterion) {
         .unwrap();
     let mut g = c.benchmark_group("service");
     g.throughput(Throughput::Elements(1));
-    let mut i = 0;
     let bare = tower::service_fn(|_r: http::Request<Body>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     });
-    g.bench_function(BenchmarkId::new("call", "bare"), |b| {
-        let mut svc = bare;
-        b.iter(|| {
-            i = (i + 1) % USERS;
-            let req = request(&names[i]);
-            rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
-        })
-    });
+    call(&mut g, &rt, &names, "bare", &mut bare.clone());
     let handler = |_r: http::Request<Body>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     };
@@ -296,15 +310,7 @@ fn service(c: &mut Criterion) {
         let mut svc = tower::ServiceBuilder::new()
             .layer(layer)
             .service_fn(handler);
-        g.bench_function(BenchmarkId::new("call", name), |b| {
-            b.iter(|| {
-                i = (i + 1) % USERS;
-                let req = request(&names[i]);
-                rt.block_on(async {
-                    black_box(svc.ready().await.unwrap().call(req).await.unwrap())
-                })
-            })
-        });
+        call(&mut g, &rt, &names, name, &mut svc);
     }
     // The same, counting response bytes: the body types change.
     let metered_handler = |_r: http::Request<throttle_layer::layer::RequestBody<Body>>| async {
@@ -320,15 +326,7 @@ fn service(c: &mut Criterion) {
         let mut svc = tower::ServiceBuilder::new()
             .layer(layer)
             .service_fn(metered_handler);
-        g.bench_function(BenchmarkId::new("call", "throttle-metered-allowed"), |b| {
-            b.iter(|| {
-                i = (i + 1) % USERS;
-                let req = request(&names[i]);
-                rt.block_on(async {
-                    black_box(svc.ready().await.unwrap().call(req).await.unwrap())
-                })
-            })
-        });
+        call(&mut g, &rt, &names, "throttle-metered-allowed", &mut svc);
     }
     for (name, burst) in [("governor-allowed", u32::MAX / 2), ("governor-rejected", 1)] {
         let mut builder = tower_governor::governor::GovernorConfigBuilder::default();
@@ -344,15 +342,7 @@ fn service(c: &mut Criterion) {
                 let _ = rt.block_on(async { s.ready().await.unwrap().call(request(n)).await });
             }
         }
-        g.bench_function(BenchmarkId::new("call", name), |b| {
-            b.iter(|| {
-                i = (i + 1) % USERS;
-                let req = request(&names[i]);
-                rt.block_on(async {
-                    black_box(svc.ready().await.unwrap().call(req).await.unwrap())
-                })
-            })
-        });
+        call(&mut g, &rt, &names, name, &mut svc);
     }
     g.finish();
 }

@@ -16,6 +16,13 @@ pub(crate) struct Meter {
     pub(crate) resource: ResourceId,
 }
 
+/// Counts a polled frame's data bytes, if there is a meter.
+fn observe<D: Buf, E>(meter: Option<&Meter>, frame: &Option<Result<Frame<D>, E>>) {
+    if let (Some(Ok(f)), Some(m)) = (frame, meter) {
+        m.count(f);
+    }
+}
+
 impl Meter {
     fn count<D: Buf>(&self, frame: &Frame<D>) {
         if let Some(data) = frame.data_ref() {
@@ -60,9 +67,7 @@ impl<B: Body> Body for RequestBody<B> {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
         let frame = ready!(this.inner.poll_frame(cx));
-        if let (Some(Ok(f)), Some(m)) = (&frame, this.meter.as_ref()) {
-            m.count(f);
-        }
+        observe(this.meter.as_ref(), &frame);
         Poll::Ready(frame)
     }
 
@@ -127,9 +132,7 @@ where
         match self.project().kind.project() {
             KindProj::Inner { body, meter } => {
                 let frame = ready!(body.poll_frame(cx));
-                if let (Some(Ok(f)), Some(m)) = (&frame, meter.as_ref()) {
-                    m.count(f);
-                }
+                observe(meter.as_ref(), &frame);
                 Poll::Ready(frame)
             }
             KindProj::Fixed { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into())))),
