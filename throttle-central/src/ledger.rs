@@ -37,6 +37,8 @@ use serde_json::{Value, json};
 use throttle_proto::slot::SlotLength;
 use throttle_proto::{MAX_NAME_LEN, v1};
 
+use smallvec::SmallVec;
+
 use crate::bucket::Bucket;
 use crate::limits::Limit;
 use crate::policy::{Assignment, Policy, Projected};
@@ -50,6 +52,15 @@ pub type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub struct NodeId(u32);
 
 impl NodeId {
+    /// The index of the node among all nodes seen (dense, from 0).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    pub(crate) fn from_index(i: usize) -> Self {
+        Self(i as u32)
+    }
+
     #[cfg(test)]
     pub(crate) fn test(i: u32) -> Self {
         Self(i)
@@ -97,30 +108,112 @@ struct SlotSum {
     rejection: i64,
 }
 
+/// The place of one (user, resource) key in its service's arena.
+///
+/// Ids are dense, so per-key tables (grants, a policy's history) are plain
+/// vectors. A freed id is reused only once no assignment in the book can
+/// still name it; [`Key::generation`] tells a reused id from its former key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyId(u32);
+
+impl KeyId {
+    #[cfg(test)]
+    pub(crate) fn test(i: u32) -> Self {
+        Self(i)
+    }
+
+    /// The index in the arena (and in any per-key table).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Node entries kept inline in a key: with sticky load balancing a user is
+/// on a few nodes, and then reading a key's distribution reads no other
+/// allocation.
+type NodeList = SmallVec<[NodeUsage; 3]>;
+
 /// Everything the ledger keeps for one (service, user, resource).
-#[derive(Debug, Default)]
-pub struct ResourceState {
-    /// The bucket, when the user has a limit on this resource.
-    pub bucket: Option<Bucket>,
-    /// Latest report per node.
-    pub nodes: Vec<NodeUsage>,
+#[derive(Debug)]
+pub struct Key {
+    user: Arc<str>,
+    resource: Arc<str>,
+    generation: u32,
+    live: bool,
+    bucket: Option<Bucket>,
+    nodes: NodeList,
     sums: VecDeque<SlotSum>,
 }
 
+impl Key {
+    fn new(user: Arc<str>, resource: Arc<str>, generation: u32) -> Self {
+        Self {
+            user,
+            resource,
+            generation,
+            live: true,
+            bucket: None,
+            nodes: NodeList::new(),
+            sums: VecDeque::new(),
+        }
+    }
+
+    /// The user's name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The resource's name.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// Changes each time the key's id is given to a new key.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The bucket, when the user has a limit on this resource.
+    pub fn bucket(&self) -> Option<&Bucket> {
+        self.bucket.as_ref()
+    }
+
+    /// Latest report per node.
+    pub fn nodes(&self) -> &[NodeUsage] {
+        &self.nodes
+    }
+}
+
+/// A user's keys: its resources' names (interned) and where they are.
+type UserKeys = SmallVec<[(Arc<str>, KeyId); 4]>;
+
+/// Slots after it is freed before a key's id may be reused: the book holds
+/// assignments up to a policy's lead (at most 2) ahead of the current slot,
+/// and those must go before the id can name another key.
+const REUSE_AFTER: i64 = 4;
+
 /// All (user, resource) state of one service; what a [`Policy`] reads.
+///
+/// Keys live in one dense arena, so a policy's pass over every key reads
+/// memory in order (an assign at 400,000 keys is bound by memory, not by
+/// arithmetic), and grants name a key by a 4-byte id instead of sharing its
+/// names.
 #[derive(Debug, Default)]
 pub struct ServiceState {
-    /// user -> resource -> state.
-    /// Keys are shared (`Arc<str>`) so grants can name them without
-    /// allocating.
-    pub users: Map<Arc<str>, Map<Arc<str>, ResourceState>>,
+    /// user -> its keys.
+    users: Map<Arc<str>, UserKeys>,
+    keys: Vec<Key>,
+    /// Freed ids, with the cutoff from which each may be reused.
+    freed: VecDeque<(KeyId, i64)>,
+    live: usize,
+    /// The oldest slot kept, as of the last [`Ledger::forget`].
+    cutoff: i64,
     /// Per node, the newest data slot it reported for this service: its
     /// consumption up to there is charged.
     pub last_report: Map<NodeId, i64>,
     /// The slot length.
     pub slot: SlotLength,
-    /// Resource names, interned: every key of a resource shares one `Arc`,
-    /// so the many grants naming it touch one cache line.
+    /// Resource names, interned: every key of a resource shares one `Arc`.
     names: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
 }
 
@@ -143,7 +236,7 @@ impl Service {
 impl fmt::Debug for Service {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Service")
-            .field("users", &self.state.users.len())
+            .field("keys", &self.state.key_count())
             .field("policy", &self.policy.name())
             .field("book_slots", &self.book.len())
             .finish()
@@ -317,21 +410,22 @@ impl Ledger {
     pub fn apply_limits(&mut self, service: &str, limits: &[Limit], now_ms: i64) {
         let by_user: Map<&str, &Limit> = limits.iter().map(|l| (l.user.as_str(), l)).collect();
         let svc = self.service_mut(service);
-        for (user, resources) in svc.state.users.iter_mut() {
-            let limit = by_user.get(&**user);
-            for (resource, state) in resources.iter_mut() {
-                if limit.and_then(|l| l.per_second.get(&**resource)).is_none() {
-                    state.bucket = None;
-                }
+        for key in svc.state.keys.iter_mut().filter(|k| k.live) {
+            let limited = by_user
+                .get(&*key.user)
+                .is_some_and(|l| l.per_second.contains_key(&*key.resource));
+            if !limited {
+                key.bucket = None;
             }
         }
         for limit in limits {
             for (resource, &rate) in &limit.per_second {
-                let state = svc.state.resource_mut(&limit.user, resource);
-                match &mut state.bucket {
+                let id = svc.state.find_or_insert(&limit.user, resource);
+                let bucket = &mut svc.state.key_mut(id).bucket;
+                match bucket {
                     Some(b) if b.rate() == rate && b.capacity() == rate * limit.burst_seconds => {}
                     Some(b) => b.set_limit(rate, limit.burst_seconds, now_ms),
-                    None => state.bucket = Some(Bucket::new(rate, limit.burst_seconds, now_ms)),
+                    None => *bucket = Some(Bucket::new(rate, limit.burst_seconds, now_ms)),
                 }
             }
         }
@@ -425,8 +519,9 @@ impl Ledger {
                                 format!("{name}/{user}/{resource}"),
                             ));
                         } else {
-                            let state = svc.state.resource_mut(user, resource);
-                            state.file(node, slot, amount, is_rejection, now_ms);
+                            let id = svc.state.find_or_insert(user, resource);
+                            let key = svc.state.key_mut(id);
+                            key.file(node, slot, amount, is_rejection, now_ms);
                             out.entries += 1;
                         }
                     }
@@ -461,7 +556,7 @@ impl Ledger {
         let Some(svc) = self.services.get(service) else {
             return false;
         };
-        let keys: usize = svc.state.users.values().map(Map::len).sum();
+        let keys = svc.state.key_count();
         svc.policy.reassign_when_reported()
             && keys <= max_keys
             && self.reassign(service, self.config.slot.slot_at(now_ms), now_ms)
@@ -527,19 +622,9 @@ impl Ledger {
         self.reported = self.reported.split_off(&cutoff);
         for svc in self.services.values_mut() {
             svc.book = svc.book.split_off(&cutoff);
-            svc.state.last_report.retain(|_, s| *s >= cutoff);
             svc.policy.forget_before(cutoff);
-            svc.state.users.retain(|_, resources| {
-                resources.retain(|_, r| {
-                    r.nodes.retain(|n| n.slot >= cutoff);
-                    while r.sums.front().is_some_and(|s| s.slot < cutoff) {
-                        r.sums.pop_front();
-                    }
-                    r.bucket.is_some() || !r.nodes.is_empty() || !r.sums.is_empty()
-                });
-                !resources.is_empty()
-            });
-            svc.state.names.retain(|n| Arc::strong_count(n) > 1);
+            svc.state
+                .forget(cutoff, cutoff + i64::from(self.config.nr_slot));
         }
     }
 
@@ -551,14 +636,9 @@ impl Ledger {
         resource: &str,
         now_ms: i64,
     ) -> Option<f64> {
-        let state = self
-            .services
-            .get_mut(service)?
-            .state
-            .users
-            .get_mut(user)?
-            .get_mut(resource)?;
-        state.bucket.as_mut().map(|b| b.level(now_ms))
+        let state = &mut self.services.get_mut(service)?.state;
+        let id = state.find(user, resource)?;
+        state.key_mut(id).bucket.as_mut().map(|b| b.level(now_ms))
     }
 
     /// Sum of consumption (or rejection) of one key in data slot `slot`.
@@ -572,8 +652,8 @@ impl Ledger {
     ) -> i64 {
         self.services
             .get(service)
-            .and_then(|s| s.state.users.get(user)?.get(resource))
-            .and_then(|r| r.sums.iter().find(|s| s.slot == slot))
+            .and_then(|s| Some(s.state.key(s.state.find(user, resource)?)))
+            .and_then(|k| k.sums.iter().find(|s| s.slot == slot))
             .map_or(0, |s| {
                 if rejection {
                     s.rejection
@@ -585,11 +665,7 @@ impl Ledger {
 
     /// Number of (service, user, resource) keys held.
     pub fn key_count(&self) -> usize {
-        self.services
-            .values()
-            .flat_map(|s| s.state.users.values())
-            .map(Map::len)
-            .sum()
+        self.services.values().map(|s| s.state.key_count()).sum()
     }
 
     /// Monitor: data slot -> nodes that reported it.
@@ -615,23 +691,21 @@ impl Ledger {
         let mut out: BTreeMap<&str, BTreeMap<String, Users<'_>>> = BTreeMap::new();
         for (service, svc) in &self.services {
             let slots = out.entry(service).or_default();
-            for (user, resources) in &svc.state.users {
-                for (resource, state) in resources {
-                    for sum in state.sums.iter().filter(|s| range.contains(s.slot)) {
-                        let amount = if rejection {
-                            sum.rejection
-                        } else {
-                            sum.consumption
-                        };
-                        if amount != 0 {
-                            *slots
-                                .entry(sum.slot.to_string())
-                                .or_default()
-                                .entry(user)
-                                .or_default()
-                                .entry(resource)
-                                .or_default() += amount;
-                        }
+            for (_, key) in svc.state.keys() {
+                for sum in key.sums.iter().filter(|s| range.contains(s.slot)) {
+                    let amount = if rejection {
+                        sum.rejection
+                    } else {
+                        sum.consumption
+                    };
+                    if amount != 0 {
+                        *slots
+                            .entry(sum.slot.to_string())
+                            .or_default()
+                            .entry(key.user())
+                            .or_default()
+                            .entry(key.resource())
+                            .or_default() += amount;
                     }
                 }
             }
@@ -644,32 +718,28 @@ impl Ledger {
     pub fn monitor_distribution(&mut self, range: SlotRange, now_ms: i64) -> Value {
         let mut out = serde_json::Map::new();
         for (service, svc) in &mut self.services {
-            let mut users = serde_json::Map::new();
-            for (user, resources) in &mut svc.state.users {
-                let mut res = serde_json::Map::new();
-                for (resource, state) in resources.iter_mut() {
-                    let nodes: serde_json::Map<String, Value> = state
-                        .nodes
-                        .iter()
-                        .filter(|n| range.contains(n.slot))
-                        .map(|n| {
-                            let name = self.node_names.get(n.node.0 as usize).map_or("", |s| s);
-                            let entry =
-                                json!({"slot": n.slot, "consumption": n.consumption, "rejection": n.rejection});
-                            (name.to_owned(), entry)
-                        })
-                        .collect();
-                    let bucket = state.bucket.as_mut().map(|b| {
-                        json!({"level": b.level(now_ms), "rate": b.rate(), "capacity": b.capacity()})
-                    });
-                    res.insert(
-                        resource.to_string(),
-                        json!({"nodes": nodes, "bucket": bucket}),
-                    );
-                }
-                users.insert(user.to_string(), Value::Object(res));
+            let mut users: BTreeMap<&str, serde_json::Map<String, Value>> = BTreeMap::new();
+            for key in svc.state.keys.iter_mut().filter(|k| k.live) {
+                let nodes: serde_json::Map<String, Value> = key
+                    .nodes
+                    .iter()
+                    .filter(|n| range.contains(n.slot))
+                    .map(|n| {
+                        let name = self.node_names.get(n.node.0 as usize).map_or("", |s| s);
+                        let entry =
+                            json!({"slot": n.slot, "consumption": n.consumption, "rejection": n.rejection});
+                        (name.to_owned(), entry)
+                    })
+                    .collect();
+                let bucket = key.bucket.as_mut().map(|b| {
+                    json!({"level": b.level(now_ms), "rate": b.rate(), "capacity": b.capacity()})
+                });
+                users.entry(&key.user).or_default().insert(
+                    key.resource.to_string(),
+                    json!({"nodes": nodes, "bucket": bucket}),
+                );
             }
-            out.insert(service.to_string(), Value::Object(users));
+            out.insert(service.to_string(), json!(users));
         }
         Value::Object(out)
     }
@@ -682,13 +752,14 @@ impl Ledger {
             for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
                 let mut nodes: BTreeMap<&str, BTreeMap<&str, BTreeMap<&str, f64>>> =
                     BTreeMap::new();
-                for (n, grants) in assignment {
-                    let users = nodes.entry(self.node_name(*n)).or_default();
+                for (n, grants) in assignment.iter() {
+                    let users = nodes.entry(self.node_name(n)).or_default();
                     for g in grants {
+                        let key = svc.state.key(g.key);
                         users
-                            .entry(&g.user)
+                            .entry(key.user())
                             .or_default()
-                            .insert(&g.resource, g.amount);
+                            .insert(key.resource(), g.amount);
                     }
                 }
                 slots.insert(slot.to_string(), json!(nodes));
@@ -700,36 +771,128 @@ impl Ledger {
 }
 
 impl ServiceState {
-    fn resource_mut(&mut self, user: &str, resource: &str) -> &mut ResourceState {
+    /// Every key, with its id.
+    pub fn keys(&self) -> impl Iterator<Item = (KeyId, &Key)> {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.live)
+            .map(|(i, k)| (KeyId(i as u32), k))
+    }
+
+    /// The key of `id`. A freed id still names its former key until it is
+    /// reused, so grants of the book always resolve.
+    ///
+    /// # Panics
+    ///
+    /// If `id` was never given out by this service.
+    pub fn key(&self, id: KeyId) -> &Key {
+        &self.keys[id.index()]
+    }
+
+    /// How many ids have been given out: the length a per-key table needs.
+    pub fn id_bound(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// How many keys are held.
+    pub fn key_count(&self) -> usize {
+        self.live
+    }
+
+    /// The key of (`user`, `resource`), if held.
+    pub fn find(&self, user: &str, resource: &str) -> Option<KeyId> {
+        let keys = self.users.get(user)?;
+        keys.iter()
+            .find(|(r, _)| **r == *resource)
+            .map(|(_, id)| *id)
+    }
+
+    fn key_mut(&mut self, id: KeyId) -> &mut Key {
+        &mut self.keys[id.index()]
+    }
+
+    /// The key of (`user`, `resource`), created if new.
+    fn find_or_insert(&mut self, user: &str, resource: &str) -> KeyId {
         // Look up before inserting: the common case allocates nothing.
-        if !self
-            .users
-            .get(user)
-            .is_some_and(|r| r.contains_key(resource))
-        {
-            let name = match self.names.get(resource) {
-                Some(n) => n.clone(),
-                None => {
-                    let n: Arc<str> = resource.into();
-                    self.names.insert(n.clone());
-                    n
-                }
-            };
-            if !self.users.contains_key(user) {
-                self.users.insert(user.into(), Map::default());
+        if let Some(id) = self.find(user, resource) {
+            return id;
+        }
+        let resource = match self.names.get(resource) {
+            Some(n) => n.clone(),
+            None => {
+                let n: Arc<str> = resource.into();
+                self.names.insert(n.clone());
+                n
             }
-            if let Some(resources) = self.users.get_mut(user) {
-                resources.insert(name, ResourceState::default());
+        };
+        let user = match self.users.get_key_value(user) {
+            Some((u, _)) => u.clone(),
+            None => {
+                let u: Arc<str> = user.into();
+                self.users.insert(u.clone(), UserKeys::new());
+                u
+            }
+        };
+        let id = self.alloc(user.clone(), resource.clone());
+        if let Some(keys) = self.users.get_mut(&user) {
+            keys.push((resource, id));
+        }
+        id
+    }
+
+    fn alloc(&mut self, user: Arc<str>, resource: Arc<str>) -> KeyId {
+        self.live += 1;
+        if let Some(&(id, from)) = self.freed.front()
+            && from <= self.cutoff
+        {
+            self.freed.pop_front();
+            let key = self.key_mut(id);
+            let generation = key.generation.wrapping_add(1);
+            *key = Key::new(user, resource, generation);
+            return id;
+        }
+        // Each key is over 100 bytes: memory runs out long before 2^32 keys.
+        let id = KeyId(u32::try_from(self.keys.len()).expect("fewer than 2^32 keys"));
+        self.keys.push(Key::new(user, resource, 0));
+        id
+    }
+
+    /// Drops what is older than `cutoff` and the keys left empty; `current`
+    /// is the current slot.
+    fn forget(&mut self, cutoff: i64, current: i64) {
+        self.cutoff = cutoff;
+        self.last_report.retain(|_, s| *s >= cutoff);
+        for (i, key) in self.keys.iter_mut().enumerate() {
+            if !key.live {
+                continue;
+            }
+            key.nodes.retain(|n| n.slot >= cutoff);
+            while key.sums.front().is_some_and(|s| s.slot < cutoff) {
+                key.sums.pop_front();
+            }
+            if key.bucket.is_some() || !key.nodes.is_empty() || !key.sums.is_empty() {
+                continue;
+            }
+            // Freed: its names stay until the id is reused, so assignments
+            // still in the book resolve.
+            key.live = false;
+            key.sums = VecDeque::new();
+            self.live -= 1;
+            let id = KeyId(i as u32);
+            self.freed.push_back((id, current + REUSE_AFTER));
+            if let Some(keys) = self.users.get_mut(&*key.user) {
+                keys.retain(|(_, k)| *k != id);
+                if keys.is_empty() {
+                    self.users.remove(&*key.user);
+                }
             }
         }
-        self.users
-            .get_mut(user)
-            .and_then(|r| r.get_mut(resource))
-            .expect("inserted above")
+        self.names.retain(|n| Arc::strong_count(n) > 1);
     }
 }
 
-impl ResourceState {
+impl Key {
     fn file(&mut self, node: NodeId, slot: i64, amount: i64, is_rejection: bool, now_ms: i64) {
         if !is_rejection && let Some(b) = &mut self.bucket {
             b.consume(amount, now_ms);
@@ -966,6 +1129,78 @@ mod tests {
         l.forget(T + 5_000);
         assert_eq!(l.key_count(), 0);
         assert_eq!(l.monitor_reported(SlotRange::default()), json!({}));
+    }
+
+    #[test]
+    fn freed_key_ids_are_reused_only_once_the_book_lets_go() {
+        let mut l = Ledger::new(LedgerConfig {
+            nr_slot: 5,
+            ..LedgerConfig::default()
+        });
+        let one = |user: &str| format!(r#"{{"{user}": {{"requests": 1}}}}"#);
+        l.ingest(&report("n1", 100, &one("bob"), "{}"), T).unwrap();
+        l.forget(T + 5_000);
+        fn state(l: &Ledger) -> &ServiceState {
+            &l.services["front"].state
+        }
+        assert_eq!(state(&l).key_count(), 0);
+        assert_eq!(
+            state(&l).key(KeyId(0)).user(),
+            "bob",
+            "a freed key keeps its names for the assignments still naming it"
+        );
+        // Too soon to reuse id 0: the book may hold slots up to 107.
+        l.ingest(&report("n1", 106, &one("carol"), "{}"), T + 6_000)
+            .unwrap();
+        assert_eq!(state(&l).find("carol", "requests"), Some(KeyId(1)));
+        // Carol's data slot 105 is forgotten too; id 0 may now be reused.
+        l.forget(T + 14_000);
+        l.ingest(&report("n1", 115, &one("dave"), "{}"), T + 15_000)
+            .unwrap();
+        let dave = state(&l).find("dave", "requests");
+        assert_eq!(dave, Some(KeyId(0)));
+        let key = state(&l).key(KeyId(0));
+        assert_eq!((key.user(), key.resource()), ("dave", "requests"));
+        assert_eq!(key.generation(), 1, "a reused id is a new generation");
+        assert_eq!(state(&l).id_bound(), 2);
+        assert_eq!(l.slot_sum("front", "dave", "requests", 114, false), 1);
+        assert_eq!(l.slot_sum("front", "bob", "requests", 99, false), 0);
+    }
+
+    proptest::proptest! {
+        /// Whatever the order of reports and forgetting, the arena holds
+        /// exactly the keys reported within the last `nr_slot` slots, each
+        /// found under its own names.
+        #[test]
+        fn the_arena_holds_exactly_the_recent_keys(
+            ops in proptest::collection::vec((0..6usize, 0..3usize, 0..4i64), 1..120)
+        ) {
+            const RESOURCES: [&str; 3] = ["requests", "traffic_up", "db"];
+            let nr_slot = 5;
+            let mut l = Ledger::new(LedgerConfig { nr_slot, ..LedgerConfig::default() });
+            let mut model: BTreeMap<(usize, usize), i64> = BTreeMap::new();
+            let mut now = T;
+            for (i, (user, resource, advance)) in ops.into_iter().enumerate() {
+                now += advance * 1_000;
+                let slot = l.config().slot.slot_at(now);
+                let usage = format!(r#"{{"u{user}": {{"{}": 1}}}}"#, RESOURCES[resource]);
+                l.ingest(&report(&format!("n{i}"), slot, &usage, "{}"), now).unwrap();
+                model.insert((user, resource), slot - 1);
+                l.forget(now);
+                let cutoff = slot - i64::from(nr_slot);
+                model.retain(|_, s| *s >= cutoff);
+                let state = &l.services["front"].state;
+                proptest::prop_assert_eq!(state.key_count(), model.len());
+                proptest::prop_assert_eq!(state.keys().count(), model.len());
+                for &(u, r) in model.keys() {
+                    let id = state.find(&format!("u{u}"), RESOURCES[r]);
+                    proptest::prop_assert!(id.is_some());
+                    let key = state.key(id.unwrap_or(KeyId(u32::MAX)));
+                    proptest::prop_assert_eq!(key.user(), format!("u{u}"));
+                    proptest::prop_assert_eq!(key.resource(), RESOURCES[r]);
+                }
+            }
+        }
     }
 
     #[test]

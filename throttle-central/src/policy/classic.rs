@@ -93,19 +93,19 @@ impl Policy for Classic {
         now_ms: i64,
     ) -> Assignment {
         let mut out = Assignment::default();
-        for (user, resources) in &state.users {
-            for (resource, r) in resources {
-                let Some(mut bucket) = r.bucket.clone() else {
-                    continue;
-                };
-                let stored = bucket.level(now_ms).max(0.0);
-                for (i, share) in shares(&r.nodes, slot) {
-                    out.entry(r.nodes[i].node).or_default().push(Grant {
-                        user: user.clone(),
-                        resource: resource.clone(),
+        for (id, key) in state.keys() {
+            let Some(bucket) = key.bucket() else {
+                continue;
+            };
+            let stored = bucket.level_at(now_ms).max(0.0);
+            for (i, share) in shares(key.nodes(), slot) {
+                out.push(
+                    key.nodes()[i].node,
+                    Grant {
+                        key: id,
                         amount: stored * share,
-                    });
-                }
+                    },
+                );
             }
         }
         out

@@ -16,29 +16,61 @@ mod split;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
 
 pub use classic::Classic;
 pub use projected::Projected;
 pub use split::StaticSplit;
 use throttle_proto::v1;
 
-use crate::ledger::{Map, NodeId, ServiceState};
+use crate::ledger::{KeyId, NodeId, ServiceState};
 
 /// One node's quota for one (user, resource) in one slot.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// 16 bytes and `Copy`: the key is named by its id in the service's arena,
+/// so building a slot's million grants touches no reference count.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
-    /// The user (shared with the ledger's key: no allocation).
-    pub user: Arc<str>,
-    /// The resource.
-    pub resource: Arc<str>,
+    /// The (user, resource) key.
+    pub key: KeyId,
     /// How much the node may admit.
     pub amount: f64,
 }
 
 /// Quotas of one slot, per node. Compact: the protobuf message for a node is
 /// built only when it is sent ([`to_user_quotas`]).
-pub type Assignment = Map<NodeId, Vec<Grant>>;
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Assignment {
+    /// Indexed by node id; a node without grants has an empty vector.
+    nodes: Vec<Vec<Grant>>,
+}
+
+impl Assignment {
+    /// Gives `node` a grant.
+    pub fn push(&mut self, node: NodeId, grant: Grant) {
+        let i = node.index();
+        if i >= self.nodes.len() {
+            self.nodes.resize_with(i + 1, Vec::new);
+        }
+        self.nodes[i].push(grant);
+    }
+
+    /// The grants of `node`, if it has any.
+    pub fn get(&self, node: NodeId) -> Option<&[Grant]> {
+        self.nodes
+            .get(node.index())
+            .filter(|g| !g.is_empty())
+            .map(Vec::as_slice)
+    }
+
+    /// Every node with grants, and its grants.
+    pub fn iter(&self) -> impl Iterator<Item = (NodeId, &[Grant])> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(i, g)| (NodeId::from_index(i), g.as_slice()))
+    }
+}
 
 /// [`Policy::quota_for`] for policies that assign one slot ahead at
 /// mid-slot: a report is answered before the next slot is assigned, so
@@ -46,29 +78,37 @@ pub type Assignment = Map<NodeId, Vec<Grant>>;
 /// should the coming push be lost. Answering never runs an assign, so
 /// reports arriving together do not queue behind one.
 pub(crate) fn quota_or_previous(
+    state: &ServiceState,
     book: &BTreeMap<i64, Assignment>,
     node: NodeId,
     slot: i64,
 ) -> Option<v1::UserQuotas> {
     let grants = match book.get(&slot) {
-        Some(a) => a.get(&node),
-        None => book.get(&(slot - 1))?.get(&node),
+        Some(a) => a.get(node),
+        None => book.get(&(slot - 1))?.get(node),
     };
-    grants.map(|g| to_user_quotas(g))
+    grants.map(|g| to_user_quotas(state, g))
 }
 
 /// The protobuf form of one node's grants.
-pub fn to_user_quotas(grants: &[Grant]) -> v1::UserQuotas {
+pub fn to_user_quotas(state: &ServiceState, grants: &[Grant]) -> v1::UserQuotas {
     let mut out = v1::UserQuotas::default();
-    let mut last: Option<(&Arc<str>, &mut v1::ResourceQuotas)> = None;
+    let mut last: Option<(&str, &mut v1::ResourceQuotas)> = None;
     for g in grants {
-        // Grants come grouped by user: look the user up once per group.
+        let key = state.key(g.key);
+        // A user's keys are mostly next to each other: look the user up
+        // once per run of them.
         let rq = match last {
-            Some((u, rq)) if Arc::ptr_eq(u, &g.user) || **u == *g.user => rq,
-            _ => out.users.entry(g.user.to_string()).or_default(),
+            Some((u, rq)) if u == key.user() => rq,
+            _ => {
+                if !out.users.contains_key(key.user()) {
+                    out.users.insert(key.user().to_owned(), Default::default());
+                }
+                out.users.get_mut(key.user()).expect("inserted above")
+            }
         };
-        rq.resources.insert(g.resource.to_string(), g.amount);
-        last = Some((&g.user, rq));
+        rq.resources.insert(key.resource().to_owned(), g.amount);
+        last = Some((key.user(), rq));
     }
     out
 }
@@ -117,8 +157,8 @@ pub trait Policy: Send + fmt::Debug {
         slot: i64,
         now_ms: i64,
     ) -> Option<v1::UserQuotas> {
-        let _ = (state, now_ms);
-        book.get(&slot)?.get(&node).map(|g| to_user_quotas(g))
+        let _ = now_ms;
+        book.get(&slot)?.get(node).map(|g| to_user_quotas(state, g))
     }
 
     /// Drops whatever the policy keeps about slots before `slot`.

@@ -2,10 +2,11 @@
 //! demand, one slot ahead.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use super::{Assignment, Grant, Policy};
-use crate::ledger::{Map, NodeId, NodeUsage, ServiceState};
+use crate::ledger::{Key, KeyId, NodeId, NodeUsage, ServiceState};
 
 /// Data slots a node's latest report stays relevant.
 const WINDOW: i64 = 5;
@@ -54,8 +55,17 @@ const MAX_IDLE_KEYS: usize = 10_000;
 ///    is assigned.
 #[derive(Debug, Default)]
 pub struct Projected {
-    /// user -> resource -> per node, recent grants.
-    grants: Map<Arc<str>, Map<Arc<str>, Vec<NodeGrants>>>,
+    /// Per key id, recent grants per node: read in the order of the keys,
+    /// beside them.
+    grants: Vec<KeyGrants>,
+}
+
+/// One key's recent grants; `generation` tells whether they are the grants
+/// of the key now holding that id.
+#[derive(Debug, Default)]
+struct KeyGrants {
+    generation: u32,
+    nodes: SmallVec<[NodeGrants; 3]>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -80,15 +90,45 @@ impl Projected {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// The recent grants of key `id`, emptied if they were another key's.
+    fn history(&mut self, id: KeyId, generation: u32) -> &mut SmallVec<[NodeGrants; 3]> {
+        if self.grants.len() <= id.index() {
+            self.grants.resize_with(id.index() + 1, KeyGrants::default);
+        }
+        let h = &mut self.grants[id.index()];
+        if h.generation != generation {
+            h.generation = generation;
+            h.nodes.clear();
+        }
+        &mut h.nodes
+    }
 }
 
-/// What a node would have used, from its latest entry: consumption plus
-/// rejections times the cost of one request.
-fn demand(entry: &NodeUsage, unit: f64) -> f64 {
+/// What a node would have used, from its latest entry of `key`: consumption
+/// plus rejections times the cost of one request.
+fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
     let c = entry.consumption as f64;
     if entry.rejection == 0 {
         return c;
     }
+    let unit = if key.resource() == "requests" {
+        1.0
+    } else {
+        // The cost of one request: this resource per request, on that node
+        // in that slot.
+        state
+            .find(key.user(), "requests")
+            .and_then(|r| {
+                state
+                    .key(r)
+                    .nodes()
+                    .iter()
+                    .find(|n| n.node == entry.node && n.slot == entry.slot)
+            })
+            .filter(|n| n.consumption > 0)
+            .map_or(1.0, |n| c / n.consumption as f64)
+    };
     (c + entry.rejection as f64 * unit).max(c * HUNGRY_GROWTH)
 }
 
@@ -122,120 +162,110 @@ impl Policy for Projected {
             .map(|(n, _)| *n)
             .collect();
         active.sort_unstable();
+        // Each node's newest report, by node index: read for every entry.
+        let mut newest: Vec<Option<i64>> = Vec::new();
+        for (n, s) in &state.last_report {
+            if n.index() >= newest.len() {
+                newest.resize(n.index() + 1, None);
+            }
+            newest[n.index()] = Some(*s);
+        }
+        let newest_of = |n: NodeId| newest.get(n.index()).copied().flatten();
         // Only "more than MAX_IDLE_KEYS or not" matters: stop counting
         // there rather than touch every key an extra time.
         let few_keys = state
-            .users
-            .values()
-            .flat_map(|r| r.values())
-            .filter(|r| r.bucket.is_some())
+            .keys()
+            .filter(|(_, k)| k.bucket().is_some())
             .take(MAX_IDLE_KEYS + 1)
             .count()
             <= MAX_IDLE_KEYS;
+        if self.grants.len() < state.id_bound() {
+            self.grants
+                .resize_with(state.id_bound(), KeyGrants::default);
+        }
         let mut out = Assignment::default();
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
-        for (user, resources) in &state.users {
-            let requests = resources.get("requests");
-            for (resource, rs) in resources {
-                let Some(bucket) = &rs.bucket else { continue };
-                nodes.clear();
-                for e in rs.nodes.iter().filter(|e| e.slot > recent) {
-                    // A node that reported newer slots without this key has
-                    // moved on: its demand is zero now.
-                    let newest = state.last_report.get(&e.node).copied().unwrap_or(e.slot);
-                    let d = if e.slot < newest {
-                        0.0
-                    } else {
-                        let unit = if &**resource == "requests" {
-                            1.0
-                        } else {
-                            requests
-                                .and_then(|r| {
-                                    r.nodes
-                                        .iter()
-                                        .find(|n| n.node == e.node && n.slot == e.slot)
-                                })
-                                .filter(|n| n.consumption > 0)
-                                .map_or(1.0, |n| e.consumption as f64 / n.consumption as f64)
-                        };
-                        demand(e, unit)
+        for (id, key) in state.keys() {
+            let Some(bucket) = key.bucket() else { continue };
+            nodes.clear();
+            for e in key.nodes().iter().filter(|e| e.slot > recent) {
+                // A node that reported newer slots without this key has
+                // moved on: its demand is zero now.
+                let d = if e.slot < newest_of(e.node).unwrap_or(e.slot) {
+                    0.0
+                } else {
+                    demand(state, key, e)
+                };
+                nodes.push((e.node, d));
+            }
+            if nodes.is_empty() && (active.is_empty() || !few_keys) {
+                // Nobody used it lately and there are too many such keys
+                // to hand out: no quota, the nodes allow (as the
+                // original); the bucket will charge what they admit.
+                continue;
+            }
+            // Floors for idle nodes cost a grant per (key, node): only
+            // while the keys are few (see MAX_IDLE_KEYS).
+            if few_keys {
+                for &n in &active {
+                    if !nodes.iter().any(|(m, _)| *m == n) {
+                        nodes.push((n, 0.0));
+                    }
+                }
+            }
+            let level = bucket.level_at(now_ms);
+            let rate = bucket.rate();
+            let history = self.history(id, key.generation());
+            let mut outstanding = 0.0;
+            for &(node, d) in &nodes {
+                let last = newest_of(node).unwrap_or(slot - 2);
+                let first = (last + 1).max(slot - GRANTS as i64);
+                let grants = history.iter().find(|g| g.node == node);
+                for y in first..slot {
+                    outstanding += match grants.and_then(|g| g.get(y)) {
+                        Some(g) => g.min(d),
+                        None => d,
                     };
-                    nodes.push((e.node, d));
                 }
-                if nodes.is_empty() && (active.is_empty() || !few_keys) {
-                    // Nobody used it lately and there are too many such keys
-                    // to hand out: no quota, the nodes allow (as the
-                    // original); the bucket will charge what they admit.
-                    continue;
-                }
-                // Floors for idle nodes cost a grant per (key, node): only
-                // while the keys are few (see MAX_IDLE_KEYS).
-                if few_keys {
-                    for &n in &active {
-                        if !nodes.iter().any(|(m, _)| *m == n) {
-                            nodes.push((n, 0.0));
-                        }
-                    }
-                }
-                let level = bucket.level_at(now_ms);
-                let rate = bucket.rate();
-                // One lookup of this key's grant history, used to read the
-                // outstanding grants and then to record the new ones.
-                let entry = self
-                    .grants
-                    .entry(user.clone())
-                    .or_default()
-                    .entry(resource.clone())
-                    .or_default();
-                let mut outstanding = 0.0;
-                for &(node, d) in &nodes {
-                    let last = state.last_report.get(&node).copied().unwrap_or(slot - 2);
-                    let first = (last + 1).max(slot - GRANTS as i64);
-                    let grants = entry.iter().find(|g| g.node == node);
-                    for y in first..slot {
-                        outstanding += match grants.and_then(|g| g.get(y)) {
-                            Some(g) => g.min(d),
-                            None => d,
-                        };
-                    }
-                }
-                let ceiling = bucket.capacity().max(rate * slot_secs);
-                let budget = (level - outstanding + rate * until_end).clamp(0.0, ceiling);
-                let total: f64 = nodes.iter().map(|(_, d)| d).sum();
-                let floor = (rate * slot_secs * 0.01).max(1.0);
-                let busy = nodes.iter().filter(|(_, d)| *d > 0.0).count().max(1) as f64;
-                for &(node, d) in &nodes {
-                    let grant = if total > 0.0 {
-                        if d > 0.0 {
-                            budget * d / total
-                        } else {
-                            floor.min(budget / busy).max(1.0)
-                        }
+            }
+            let ceiling = bucket.capacity().max(rate * slot_secs);
+            let budget = (level - outstanding + rate * until_end).clamp(0.0, ceiling);
+            let total: f64 = nodes.iter().map(|(_, d)| d).sum();
+            let floor = (rate * slot_secs * 0.01).max(1.0);
+            let busy = nodes.iter().filter(|(_, d)| *d > 0.0).count().max(1) as f64;
+            for &(node, d) in &nodes {
+                let grant = if total > 0.0 {
+                    if d > 0.0 {
+                        budget * d / total
                     } else {
-                        // Nobody used it lately: wherever the user shows up
-                        // first may take a slot's worth of the rate (or the
-                        // even split, if larger). A user who lives on one
-                        // node is then not refused under its limit; one who
-                        // arrives everywhere at once borrows from the bucket.
-                        (budget / nodes.len() as f64).max(budget.min(rate * slot_secs))
-                    };
-                    match entry.iter_mut().find(|g| g.node == node) {
-                        Some(g) => g.set(slot, grant),
-                        None => {
-                            let mut g = NodeGrants {
-                                node,
-                                slots: [(i64::MIN, 0.0); GRANTS],
-                            };
-                            g.set(slot, grant);
-                            entry.push(g);
-                        }
+                        floor.min(budget / busy).max(1.0)
                     }
-                    out.entry(node).or_default().push(Grant {
-                        user: user.clone(),
-                        resource: resource.clone(),
+                } else {
+                    // Nobody used it lately: wherever the user shows up
+                    // first may take a slot's worth of the rate (or the
+                    // even split, if larger). A user who lives on one
+                    // node is then not refused under its limit; one who
+                    // arrives everywhere at once borrows from the bucket.
+                    (budget / nodes.len() as f64).max(budget.min(rate * slot_secs))
+                };
+                match history.iter_mut().find(|g| g.node == node) {
+                    Some(g) => g.set(slot, grant),
+                    None => {
+                        let mut g = NodeGrants {
+                            node,
+                            slots: [(i64::MIN, 0.0); GRANTS],
+                        };
+                        g.set(slot, grant);
+                        history.push(g);
+                    }
+                }
+                out.push(
+                    node,
+                    Grant {
+                        key: id,
                         amount: grant,
-                    });
-                }
+                    },
+                );
             }
         }
         out
@@ -243,22 +273,39 @@ impl Policy for Projected {
 
     fn quota_for(
         &mut self,
-        _state: &ServiceState,
+        state: &ServiceState,
         book: &mut BTreeMap<i64, Assignment>,
         node: NodeId,
         slot: i64,
         _now_ms: i64,
     ) -> Option<throttle_proto::v1::UserQuotas> {
-        super::quota_or_previous(book, node, slot)
+        super::quota_or_previous(state, book, node, slot)
     }
 
     fn forget_before(&mut self, slot: i64) {
-        self.grants.retain(|_, resources| {
-            resources.retain(|_, nodes| {
-                nodes.retain(|g| g.slots.iter().any(|(s, _)| *s >= slot));
-                !nodes.is_empty()
-            });
-            !resources.is_empty()
-        });
+        for key in &mut self.grants {
+            key.nodes
+                .retain(|g| g.slots.iter().any(|(s, _)| *s >= slot));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_key_id_starts_without_grants() {
+        let mut p = Projected::new();
+        let id = KeyId::test(3);
+        let mut g = NodeGrants {
+            node: NodeId::test(0),
+            slots: [(i64::MIN, 0.0); GRANTS],
+        };
+        g.set(10, 5.0);
+        p.history(id, 0).push(g);
+        assert_eq!(p.history(id, 0).len(), 1, "same key: kept");
+        assert!(p.history(id, 1).is_empty(), "next generation: emptied");
+        assert!(p.history(KeyId::test(0), 0).is_empty());
     }
 }

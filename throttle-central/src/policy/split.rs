@@ -39,26 +39,21 @@ impl Policy for StaticSplit {
         let recent = slot - 7;
         let mut out = Assignment::default();
         let slot_secs = f64::from(state.slot.as_ms()) / 1000.0;
-        for (user, resources) in &state.users {
-            for (resource, rs) in resources {
-                let Some(bucket) = &rs.bucket else { continue };
-                if !rs.nodes.iter().any(|n| n.slot > recent) {
-                    continue;
-                }
-                let users: Vec<_> = rs
-                    .nodes
-                    .iter()
-                    .filter(|n| n.slot > recent)
-                    .map(|n| n.node)
-                    .collect();
-                let share = bucket.rate() * slot_secs / users.len() as f64;
-                for &n in &users {
-                    out.entry(n).or_default().push(Grant {
-                        user: user.clone(),
-                        resource: resource.clone(),
+        for (id, key) in state.keys() {
+            let Some(bucket) = key.bucket() else { continue };
+            let users = key.nodes().iter().filter(|n| n.slot > recent).count();
+            if users == 0 {
+                continue;
+            }
+            let share = bucket.rate() * slot_secs / users as f64;
+            for n in key.nodes().iter().filter(|n| n.slot > recent) {
+                out.push(
+                    n.node,
+                    Grant {
+                        key: id,
                         amount: share,
-                    });
-                }
+                    },
+                );
             }
         }
         out
@@ -66,12 +61,12 @@ impl Policy for StaticSplit {
 
     fn quota_for(
         &mut self,
-        _state: &ServiceState,
+        state: &ServiceState,
         book: &mut BTreeMap<i64, Assignment>,
         node: NodeId,
         slot: i64,
         _now_ms: i64,
     ) -> Option<throttle_proto::v1::UserQuotas> {
-        super::quota_or_previous(book, node, slot)
+        super::quota_or_previous(state, book, node, slot)
     }
 }
