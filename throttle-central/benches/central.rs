@@ -10,6 +10,10 @@
 //!   (user, resource, node) entries.
 //! - Memory: the process's resident memory before and after building that
 //!   ledger, per (user, resource, node) entry, printed once.
+//! - `wire`: the protobuf work of one round trip of a node with 1,000 users
+//!   x 4 resources, step by step: decoding its report and freeing it,
+//!   building its answer (a grant per key) and encoding that answer. (Filing
+//!   it is the `ingest` bench.)
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -156,5 +160,40 @@ fn assign(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, memory, ingest, assign);
+fn wire(c: &mut Criterion) {
+    use prost::Message;
+    let mut g = c.benchmark_group("wire");
+    g.throughput(Throughput::Elements(4_000));
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &limits(1000), SLOT * 1000);
+    let node = l.node_id("node-000");
+    l.connect(node, ["front"], SLOT * 1000);
+    l.ingest(&report(0, SLOT, 0..1000), SLOT * 1000 + 50)
+        .unwrap();
+    l.assign(SLOT * 1000 + 500);
+    let bytes = report(0, SLOT + 1, 0..1000).encode_to_vec();
+    g.bench_function("decode report (1000 users x 4)", |b| {
+        b.iter(|| v1::Report::decode(black_box(&bytes[..])).unwrap())
+    });
+    let decoded = v1::Report::decode(&bytes[..]).unwrap();
+    g.bench_function("drop report", |b| {
+        b.iter_batched(|| decoded.clone(), drop, criterion::BatchSize::SmallInput)
+    });
+    g.bench_function("build answer (4000 grants)", |b| {
+        b.iter(|| l.quota_for(node, [("front", SLOT + 1)], SLOT * 1000 + 1_050))
+    });
+    let answer = l.quota_for(node, [("front", SLOT + 1)], SLOT * 1000 + 1_050);
+    let grants: usize = answer.services["front"]
+        .slots
+        .values()
+        .map(|u| u.users.len() * 4)
+        .sum();
+    assert_eq!(grants, 4000);
+    g.bench_function("encode answer", |b| {
+        b.iter(|| black_box(&answer).encode_to_vec())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, memory, ingest, assign, wire);
 criterion_main!(benches);

@@ -34,7 +34,8 @@ use throttle_proto::v1::{self, central_message, node_message};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::assigner::{Assigner, Push};
@@ -205,11 +206,16 @@ impl CentralBuilder {
             leadership: self.leadership.clone(),
             slot,
         };
+        // Answers are small writes right after a large read: without
+        // TCP_NODELAY, Nagle's algorithm holds them until the node's delayed
+        // ACK (milliseconds on loopback, 40 ms across hosts). Tonic applies
+        // its own `tcp_nodelay` only to sockets it binds itself.
+        let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
         let server = tonic::transport::Server::builder()
             .add_service(
                 CentralServer::new(service).max_decoding_message_size(self.max_message_bytes),
             )
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped(stop_rx.clone()));
+            .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
         tasks.push(tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "gRPC server failed");
@@ -370,8 +376,9 @@ pub(crate) enum Command {
     Report {
         conn: u64,
         report: v1::Report,
-        /// `Ok` once the answer is queued on the stream.
-        reply: oneshot::Sender<Result<(), Status>>,
+        /// `Ok` once the answer is queued on the stream; the report comes
+        /// back, to be freed on the stream's task rather than the ledger's.
+        reply: oneshot::Sender<(Result<(), Status>, v1::Report)>,
     },
     Tick,
     Reassign {
@@ -412,19 +419,25 @@ impl Actor {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut stop: watch::Receiver<bool>) {
         self.assigner.refresh_limits(self.clock.now_ms());
         loop {
-            tokio::select! {
+            let cmd = tokio::select! {
                 // Commands queued before the stop (e.g. a closing snapshot)
                 // are answered first.
                 biased;
                 cmd = rx.recv() => match cmd {
-                    Some(cmd) => self.handle(cmd),
+                    Some(cmd) => cmd,
                     None => return,
                 },
                 _ = stop.wait_for(|s| *s) => {
                     self.handle(Command::CloseAll { snapshot: None });
                     return;
                 }
+            };
+            if matches!(cmd, Command::Reassign { .. }) {
+                // Let the streams write the answers just queued before the
+                // re-assignment takes this thread.
+                tokio::task::yield_now().await;
             }
+            self.handle(cmd);
         }
     }
 
@@ -466,14 +479,14 @@ impl Actor {
             }
             Command::Report {
                 conn,
-                report,
+                mut report,
                 reply,
             } => {
                 // The answer is queued here, by the ledger's own task, so it
                 // precedes anything the ledger sends this stream later (such
                 // as the close on shutdown): a node that saw no answer knows
                 // its report was not filed, and sends it again.
-                let result = self.report(conn, report).and_then(|quota| {
+                let result = self.report(conn, &mut report).and_then(|quota| {
                     let tx = self.conns.get(&conn).map(|c| &c.tx);
                     let msg = message(central_message::Kind::Quota(quota));
                     match tx.map(|tx| tx.try_send(msg)) {
@@ -484,7 +497,7 @@ impl Actor {
                         }
                     }
                 });
-                let _ = reply.send(result);
+                let _ = reply.send((result, report));
             }
             Command::Tick => self.tick(),
             Command::Reassign { service } => {
@@ -512,7 +525,7 @@ impl Actor {
         }
     }
 
-    fn report(&mut self, conn: u64, mut report: v1::Report) -> Result<v1::Quota, Status> {
+    fn report(&mut self, conn: u64, report: &mut v1::Report) -> Result<v1::Quota, Status> {
         let now = self.clock.now_ms();
         let Some(c) = self.conns.get_mut(&conn) else {
             return Err(Status::failed_precondition("stream is not registered"));
@@ -529,7 +542,7 @@ impl Actor {
         }
         c.reports += 1;
         let node = c.node;
-        let answer = match self.assigner.report(node, &report, now) {
+        let answer = match self.assigner.report(node, report, now) {
             Ok(a) => a,
             Err(e) => {
                 counter!("throttle_central_invalid_messages_total", "reason" => "report")
@@ -563,9 +576,21 @@ impl Actor {
     /// Queues each push on every stream of its node, never waiting.
     fn deliver(&self, pushes: Vec<Push>) {
         for (node, quota) in pushes {
-            for c in self.conns.values().filter(|c| c.node == node) {
-                let msg = message(central_message::Kind::Quota(quota.clone()));
-                if c.tx.try_send(msg).is_err() {
+            // A node has one stream but for a moment while it reconnects:
+            // the quota is moved into the last message, cloned only for
+            // the others.
+            let mut streams = self.conns.values().filter(|c| c.node == node).peekable();
+            let mut quota = Some(quota);
+            while let Some(c) = streams.next() {
+                let q = match streams.peek() {
+                    Some(_) => quota.clone(),
+                    None => quota.take(),
+                };
+                let Some(q) = q else { break };
+                if c.tx
+                    .try_send(message(central_message::Kind::Quota(q)))
+                    .is_err()
+                {
                     counter!("throttle_central_pushes_dropped_total").increment(1);
                     tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
                 }
@@ -828,8 +853,8 @@ impl CentralService {
                         break;
                     }
                     match rx.await {
-                        Ok(Ok(())) => continue,
-                        Ok(Err(status)) => status,
+                        Ok((Ok(()), _report)) => continue,
+                        Ok((Err(status), _report)) => status,
                         Err(_) => break,
                     }
                 }
