@@ -10,5 +10,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // and the legacy JSON keeps a stable key order.
         .btree_map(".")
         .compile_fds(fds)?;
+    // The same service once more for the central node's side, sending
+    // `wire::Outbound` (built or already encoded messages): see `wire`.
+    let exchange = tonic_build::manual::Method::builder()
+        .name("exchange")
+        .route_name("Exchange")
+        .input_type("crate::v1::NodeMessage")
+        .output_type("crate::wire::Outbound")
+        .codec_path("tonic_prost::ProstCodec")
+        .client_streaming()
+        .server_streaming()
+        .build();
+    let central = tonic_build::manual::Service::builder()
+        .name("Central")
+        .package("throttle.v1")
+        .method(exchange)
+        .build();
+    tonic_build::manual::Builder::new()
+        .build_client(false)
+        .compile(&[central]);
     Ok(())
 }

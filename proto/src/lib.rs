@@ -30,6 +30,7 @@
 
 pub mod legacy;
 pub mod slot;
+pub mod wire;
 
 /// Generated messages, client and server of package `throttle.v1`.
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]

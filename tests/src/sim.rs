@@ -162,7 +162,7 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
         },
         policy,
     );
-    let mut central = Assigner::new(ledger, Arc::new(StaticLimits::new(limits)));
+    let mut central: Assigner = Assigner::new(ledger, Arc::new(StaticLimits::new(limits)));
     central.refresh_limits(T0);
     let mut nodes: Vec<SimNode> = (0..scenario.nodes)
         .map(|_| {

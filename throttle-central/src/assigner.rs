@@ -14,17 +14,75 @@
 //! - [`Assigner::tick`], at each mid-slot: reads the limits again, runs every
 //!   policy's assign and pushes the result to every connected node, then
 //!   forgets what is older than the retention.
+//!
+//! Quotas come out as messages ([`Messages`], for the simulator and tests) or
+//! already encoded ([`Encoded`], for the gRPC server); both say the same.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use crate::ledger::{Ingested, Ledger, NodeId, ReportError};
 use crate::limits::LimitSource;
 
 /// A quota to send to one node.
-pub type Push = (NodeId, v1::Quota);
+pub type Push<Q = v1::Quota> = (NodeId, Q);
+
+/// The form in which an [`Assigner`] hands out quotas.
+pub trait QuotaFormat {
+    /// One node's quota.
+    type Quota: fmt::Debug + Clone;
+
+    /// The quota of `node` for each `(service, slot)`, answering the report
+    /// of `report_slot` if given.
+    fn render<'a>(
+        ledger: &Ledger,
+        node: NodeId,
+        services: impl IntoIterator<Item = (&'a str, i64)>,
+        report_slot: Option<i64>,
+    ) -> Self::Quota;
+}
+
+/// Quotas as [`v1::Quota`] messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Messages;
+
+impl QuotaFormat for Messages {
+    type Quota = v1::Quota;
+
+    fn render<'a>(
+        ledger: &Ledger,
+        node: NodeId,
+        services: impl IntoIterator<Item = (&'a str, i64)>,
+        report_slot: Option<i64>,
+    ) -> v1::Quota {
+        let mut quota = ledger.quota_for(node, services);
+        quota.report_slot = report_slot;
+        quota
+    }
+}
+
+/// Quotas as encoded [`v1::CentralMessage`]s, written straight from the
+/// grants ([`Ledger::encode_quota_for`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Encoded;
+
+impl QuotaFormat for Encoded {
+    type Quota = Bytes;
+
+    fn render<'a>(
+        ledger: &Ledger,
+        node: NodeId,
+        services: impl IntoIterator<Item = (&'a str, i64)>,
+        report_slot: Option<i64>,
+    ) -> Bytes {
+        ledger.encode_quota_for(node, services, report_slot)
+    }
+}
 
 /// Services with at most this many keys are re-assigned when a node
 /// connects (cheap at that size), so the node gets a quota for the current
@@ -32,7 +90,8 @@ pub type Push = (NodeId, v1::Quota);
 pub const CONNECT_REASSIGN_KEYS: usize = 10_000;
 
 /// What the central node does on each event; see the [module docs](self).
-pub struct Assigner {
+pub struct Assigner<F: QuotaFormat = Messages> {
+    format: PhantomData<F>,
     ledger: Ledger,
     limits: Arc<dyn LimitSource>,
     /// Connected nodes: open streams and the services they declared or reported.
@@ -41,7 +100,7 @@ pub struct Assigner {
     reassigned: BTreeMap<String, i64>,
 }
 
-impl std::fmt::Debug for Assigner {
+impl<F: QuotaFormat> fmt::Debug for Assigner<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Assigner")
             .field("ledger", &self.ledger)
@@ -52,9 +111,9 @@ impl std::fmt::Debug for Assigner {
 
 /// The answer to a report, and what else it caused.
 #[derive(Debug)]
-pub struct Answer {
+pub struct Answer<Q = v1::Quota> {
     /// The reporting node's quota for the slot after the report's.
-    pub quota: v1::Quota,
+    pub quota: Q,
     /// Services whose active nodes have now all reported the slot that just
     /// ended: call [`Assigner::reassign`] for each, once the answers due
     /// are out.
@@ -67,10 +126,11 @@ fn valid(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME_LEN
 }
 
-impl Assigner {
+impl<F: QuotaFormat> Assigner<F> {
     /// An assigner over `ledger`, reading limits from `limits`.
     pub fn new(ledger: Ledger, limits: Arc<dyn LimitSource>) -> Self {
         Self {
+            format: PhantomData,
             ledger,
             limits,
             nodes: BTreeMap::new(),
@@ -97,7 +157,7 @@ impl Assigner {
         node_id: &str,
         services: &[String],
         now_ms: i64,
-    ) -> (NodeId, Vec<Push>) {
+    ) -> (NodeId, Vec<Push<F::Quota>>) {
         let node = self.ledger.node_id(node_id);
         self.ledger
             .connect(node, services.iter().map(String::as_str), now_ms);
@@ -113,9 +173,7 @@ impl Assigner {
                 .ledger
                 .reassign_for_new_node(service, CONNECT_REASSIGN_KEYS, now_ms)
             {
-                let quota = self
-                    .ledger
-                    .quota_for(node, [(service.as_str(), current)], now_ms);
+                let quota = F::render(&self.ledger, node, [(service.as_str(), current)], None);
                 pushes.push((node, quota));
             }
         }
@@ -157,7 +215,7 @@ impl Assigner {
         node: NodeId,
         report: &v1::Report,
         now_ms: i64,
-    ) -> Result<Answer, ReportError> {
+    ) -> Result<Answer<F::Quota>, ReportError> {
         let ingested = self.ledger.ingest(report, now_ms)?;
         let reported: BTreeSet<&String> = report
             .consumption
@@ -188,14 +246,21 @@ impl Assigner {
         // A connected node is answered for every service it declared or
         // reported; one that is not (a replay racing a disconnect) for
         // those it reports.
-        let Self { ledger, nodes, .. } = self;
-        let mut quota = match nodes.get(&node) {
-            Some((_, known)) => {
-                ledger.quota_for(node, known.iter().map(|s| (s.as_str(), next)), now_ms)
-            }
-            None => ledger.quota_for(node, reported.iter().map(|s| (s.as_str(), next)), now_ms),
+        let answering = Some(report.slot_number);
+        let quota = match self.nodes.get(&node) {
+            Some((_, known)) => F::render(
+                &self.ledger,
+                node,
+                known.iter().map(|s| (s.as_str(), next)),
+                answering,
+            ),
+            None => F::render(
+                &self.ledger,
+                node,
+                reported.iter().map(|s| (s.as_str(), next)),
+                answering,
+            ),
         };
-        quota.report_slot = Some(report.slot_number);
         Ok(Answer {
             quota,
             complete,
@@ -206,7 +271,7 @@ impl Assigner {
     /// Re-assigns the current slot of `service` (after [`Answer::complete`]
     /// named it) and returns a push for every node of the service. Run it
     /// after the answers already due, so no report waits for an assign.
-    pub fn reassign(&mut self, service: &str, now_ms: i64) -> Vec<Push> {
+    pub fn reassign(&mut self, service: &str, now_ms: i64) -> Vec<Push<F::Quota>> {
         let current = self.ledger.config().slot.slot_at(now_ms);
         if !self.ledger.reassign(service, current, now_ms) {
             return Vec::new();
@@ -220,13 +285,13 @@ impl Assigner {
             .collect();
         targets
             .into_iter()
-            .map(|n| (n, self.ledger.quota_for(n, [(service, current)], now_ms)))
+            .map(|n| (n, F::render(&self.ledger, n, [(service, current)], None)))
             .collect()
     }
 
     /// The mid-slot work: limits, assign, a push per connected node, and
     /// retention.
-    pub fn tick(&mut self, now_ms: i64) -> Vec<Push> {
+    pub fn tick(&mut self, now_ms: i64) -> Vec<Push<F::Quota>> {
         let next = self.ledger.config().slot.slot_at(now_ms) + 1;
         self.refresh_limits(now_ms);
         let started = std::time::Instant::now();
@@ -240,7 +305,7 @@ impl Assigner {
             let services = services
                 .iter()
                 .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)));
-            pushes.push((node, self.ledger.quota_for(node, services, now_ms)));
+            pushes.push((node, F::render(&self.ledger, node, services, None)));
         }
         self.ledger.forget(now_ms);
         pushes

@@ -33,15 +33,17 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde_json::{Value, json};
 use throttle_proto::slot::SlotLength;
+use throttle_proto::wire::QuotaEncoder;
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use smallvec::SmallVec;
 
 use crate::bucket::Bucket;
 use crate::limits::Limit;
-use crate::policy::{Assignment, Policy, Projected};
+use crate::policy::{Assignment, Grant, Policy, Projected, encode_grants, to_user_quotas};
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
 /// seed matters, and ingest hashes several names per entry, so speed does too.
@@ -587,33 +589,51 @@ impl Ledger {
         true
     }
 
+    /// The grants of `node` in (`service`, `slot`), with the service's keys.
+    fn grants(&self, node: NodeId, service: &str, slot: i64) -> Option<(&ServiceState, &[Grant])> {
+        let svc = self.services.get(service)?;
+        let grants = svc.policy.grants_for(&svc.book, node, slot)?;
+        Some((&svc.state, grants))
+    }
+
     /// The quota of `node` for each `(service, slot)`: `{slot: {}}` for a
     /// service with nothing for this node.
     pub fn quota_for<'a>(
-        &mut self,
+        &self,
         node: NodeId,
         services: impl IntoIterator<Item = (&'a str, i64)>,
-        now_ms: i64,
     ) -> v1::Quota {
         let mut quota = v1::Quota::default();
         for (name, slot) in services {
-            let users = match self.services.get_mut(name) {
-                Some(svc) => {
-                    let Service {
-                        state,
-                        policy,
-                        book,
-                    } = svc;
-                    policy.quota_for(state, book, node, slot, now_ms)
-                }
-                None => None,
-            };
+            let users = self
+                .grants(node, name, slot)
+                .map(|(state, grants)| to_user_quotas(state, grants));
             let slots = [(slot, users.unwrap_or_default())].into();
             quota
                 .services
                 .insert(name.to_owned(), v1::ServiceQuota { slots });
         }
         quota
+    }
+
+    /// The same quota as [`Ledger::quota_for`], answering the report of
+    /// `report_slot` if given, as the encoded [`v1::CentralMessage`]: written
+    /// straight from the grants, with no message built.
+    pub fn encode_quota_for<'a>(
+        &self,
+        node: NodeId,
+        services: impl IntoIterator<Item = (&'a str, i64)>,
+        report_slot: Option<i64>,
+    ) -> Bytes {
+        let mut out = QuotaEncoder::new();
+        let mut order = Vec::new();
+        for (name, slot) in services {
+            out.begin(name, slot);
+            if let Some((state, grants)) = self.grants(node, name, slot) {
+                encode_grants(&mut out, state, grants, &mut order);
+            }
+        }
+        out.finish(report_slot)
     }
 
     /// Forgets everything older than `nr_slot` slots before `now_ms`.
@@ -1203,11 +1223,72 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// The encoded answer says exactly what the built one says, also
+        /// when a user's keys are far apart in the arena (a resource that
+        /// first appears in a later report).
+        #[test]
+        fn encoded_quotas_decode_as_the_built_ones(
+            reports in proptest::collection::vec(
+                (0..3usize, proptest::collection::vec((0..8usize, 0..4usize, 0..50i64), 1..12)),
+                2..8,
+            ),
+            limited in proptest::collection::btree_set((0..8usize, 0..4usize), 0..20),
+            policy in 0..3usize,
+        ) {
+            use prost::Message;
+            const RESOURCES: [&str; 4] = ["requests", "up", "down", "db"];
+            let factory: PolicyFactory = match policy {
+                0 => Box::new(|_| Box::new(Projected::new())),
+                1 => Box::new(|_| Box::new(crate::policy::Classic::new())),
+                _ => Box::new(|_| Box::new(crate::policy::StaticSplit::new())),
+            };
+            let mut l = Ledger::with_policies(LedgerConfig::default(), factory);
+            let limits: Vec<Limit> = limited
+                .iter()
+                .map(|&(u, r)| limit(&format!("user-{u}"), RESOURCES[r], 10.0 + r as f64))
+                .collect();
+            for (i, (node, entries)) in reports.iter().enumerate() {
+                if i == 1 {
+                    // Keys the first report created come before the
+                    // limited ones in the arena.
+                    l.apply_limits("front", &limits, T);
+                }
+                let mut users: BTreeMap<String, BTreeMap<&str, i64>> = BTreeMap::new();
+                for &(u, r, amount) in entries {
+                    users.entry(format!("user-{u}")).or_default().insert(RESOURCES[r], amount);
+                }
+                let now = T + i as i64 * 1_000;
+                let slot = l.config().slot.slot_at(now);
+                l.ingest(&report(&format!("n{node}"), slot, &json!(users).to_string(), "{}"), now)
+                    .unwrap();
+                l.assign(now + 500);
+            }
+            let now = T + reports.len() as i64 * 1_000;
+            let slot = l.config().slot.slot_at(now);
+            for node in 0..3 {
+                let n = l.node_id(&format!("n{node}"));
+                for s in [slot, slot + 1, slot + 2] {
+                    let built = l.quota_for(n, [("front", s), ("other", s)]);
+                    let encoded = l.encode_quota_for(n, [("front", s), ("other", s)], Some(s - 1));
+                    let decoded = v1::CentralMessage::decode(&encoded[..]);
+                    let want = v1::CentralMessage {
+                        kind: Some(v1::central_message::Kind::Quota(v1::Quota {
+                            report_slot: Some(s - 1),
+                            ..built
+                        })),
+                    };
+                    proptest::prop_assert_eq!(decoded, Ok(want));
+                }
+            }
+        }
+    }
+
     #[test]
     fn quota_for_unknown_service_is_an_empty_slot() {
         let mut l = Ledger::new(LedgerConfig::default());
         let n = l.node_id("n1");
-        let q = l.quota_for(n, [("front", 101)], T);
+        let q = l.quota_for(n, [("front", 101)]);
         assert_eq!(
             throttle_proto::legacy::quota_to_json(&q).unwrap(),
             r#"{"front":{"101":{}}}"#

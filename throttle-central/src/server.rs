@@ -29,8 +29,9 @@ use metrics::{counter, gauge};
 use serde_json::{Value, json};
 use throttle_proto::MAX_NAME_LEN;
 use throttle_proto::slot::{Clock, SlotLength, SystemClock};
-use throttle_proto::v1::central_server::{Central as CentralRpc, CentralServer};
 use throttle_proto::v1::{self, central_message, node_message};
+use throttle_proto::wire::Outbound;
+use throttle_proto::wire::server::central_server::{Central as CentralRpc, CentralServer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -38,7 +39,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::assigner::{Assigner, Push};
+use crate::assigner::{Assigner, Encoded, Push};
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory, SlotRange};
 use crate::limits::{FileLimits, LimitSet, LimitSource};
@@ -48,7 +49,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages queued per node stream before pushes are dropped.
 const STREAM_QUEUE: usize = 32;
 
-type Outbound = mpsc::Sender<Result<v1::CentralMessage, Status>>;
+/// A stream's queue of messages to its node. Quotas are queued already
+/// encoded ([`Encoded`]): a push to many nodes builds no message at all.
+type Outgoing = mpsc::Sender<Result<Outbound, Status>>;
 
 /// Settings and collaborators of a central node; see [`Central::builder`].
 pub struct CentralBuilder {
@@ -367,7 +370,7 @@ pub(crate) enum Command {
     Connect {
         hello: v1::Hello,
         addr: Option<SocketAddr>,
-        tx: Outbound,
+        tx: Outgoing,
         reply: oneshot::Sender<u64>,
     },
     Disconnect {
@@ -401,11 +404,11 @@ struct Conn {
     addr: Option<SocketAddr>,
     since: Instant,
     reports: u64,
-    tx: Outbound,
+    tx: Outgoing,
 }
 
 struct Actor {
-    assigner: Assigner,
+    assigner: Assigner<Encoded>,
     /// The ledger task's own queue, for work that waits behind the
     /// commands already there.
     me: mpsc::Sender<Command>,
@@ -488,7 +491,7 @@ impl Actor {
                 // its report was not filed, and sends it again.
                 let result = self.report(conn, &mut report).and_then(|quota| {
                     let tx = self.conns.get(&conn).map(|c| &c.tx);
-                    let msg = message(central_message::Kind::Quota(quota));
+                    let msg = Ok(Outbound::Encoded(quota));
                     match tx.map(|tx| tx.try_send(msg)) {
                         Some(Ok(())) => Ok(()),
                         _ => {
@@ -525,7 +528,7 @@ impl Actor {
         }
     }
 
-    fn report(&mut self, conn: u64, report: &mut v1::Report) -> Result<v1::Quota, Status> {
+    fn report(&mut self, conn: u64, report: &mut v1::Report) -> Result<bytes::Bytes, Status> {
         let now = self.clock.now_ms();
         let Some(c) = self.conns.get_mut(&conn) else {
             return Err(Status::failed_precondition("stream is not registered"));
@@ -574,23 +577,12 @@ impl Actor {
     }
 
     /// Queues each push on every stream of its node, never waiting.
-    fn deliver(&self, pushes: Vec<Push>) {
+    fn deliver(&self, pushes: Vec<Push<bytes::Bytes>>) {
         for (node, quota) in pushes {
-            // A node has one stream but for a moment while it reconnects:
-            // the quota is moved into the last message, cloned only for
-            // the others.
-            let mut streams = self.conns.values().filter(|c| c.node == node).peekable();
-            let mut quota = Some(quota);
-            while let Some(c) = streams.next() {
-                let q = match streams.peek() {
-                    Some(_) => quota.clone(),
-                    None => quota.take(),
-                };
-                let Some(q) = q else { break };
-                if c.tx
-                    .try_send(message(central_message::Kind::Quota(q)))
-                    .is_err()
-                {
+            // Encoded once; a node with two streams (for a moment, while it
+            // reconnects) shares the bytes.
+            for c in self.conns.values().filter(|c| c.node == node) {
+                if c.tx.try_send(Ok(Outbound::Encoded(quota.clone()))).is_err() {
                     counter!("throttle_central_pushes_dropped_total").increment(1);
                     tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
                 }
@@ -707,8 +699,8 @@ struct CentralService {
     slot: SlotLength,
 }
 
-fn message(kind: central_message::Kind) -> Result<v1::CentralMessage, Status> {
-    Ok(v1::CentralMessage { kind: Some(kind) })
+fn message(kind: central_message::Kind) -> Result<Outbound, Status> {
+    Ok(Outbound::Message(v1::CentralMessage { kind: Some(kind) }))
 }
 
 fn invalid(reason: &'static str, msg: String) -> Status {
@@ -776,7 +768,7 @@ impl CentralService {
         self,
         mut inbound: Streaming<v1::NodeMessage>,
         addr: Option<SocketAddr>,
-        tx: Outbound,
+        tx: Outgoing,
     ) {
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
             .await
@@ -869,7 +861,7 @@ impl CentralService {
 
 #[tonic::async_trait]
 impl CentralRpc for CentralService {
-    type ExchangeStream = ReceiverStream<Result<v1::CentralMessage, Status>>;
+    type ExchangeStream = ReceiverStream<Result<Outbound, Status>>;
 
     async fn exchange(
         &self,

@@ -185,6 +185,8 @@ fn main() -> anyhow::Result<()> {
                         break;
                     }
                 }
+                // The last report's answer is still on its way.
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 reader.abort();
             }));
         }

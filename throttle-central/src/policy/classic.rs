@@ -212,15 +212,15 @@ mod tests {
         assert_eq!(l.assign(10_500)["front"], 12);
         let a = l.node_id("a");
         let b = l.node_id("b");
-        let qa = l.quota_for(a, [("front", 12)], 10_500);
-        let qb = l.quota_for(b, [("front", 12)], 10_500);
+        let qa = l.quota_for(a, [("front", 12)]);
+        let qb = l.quota_for(b, [("front", 12)]);
         let get = |q: &throttle_proto::v1::Quota| {
             q.services["front"].slots[&12].users["alice"].resources["requests"]
         };
         assert!(close(get(&qa), 210.0 * 0.75), "{qa:?}");
         assert!(close(get(&qb), 210.0 * 0.25), "{qb:?}");
         assert_eq!(
-            l.quota_for(a, [("front", 13)], 10_500).services["front"].slots[&13]
+            l.quota_for(a, [("front", 13)]).services["front"].slots[&13]
                 .users
                 .len(),
             0
@@ -243,7 +243,7 @@ mod tests {
         l.ingest(&r, 10_000).unwrap();
         l.assign(10_500);
         let a = l.node_id("a");
-        let q = l.quota_for(a, [("s", 12)], 10_500);
+        let q = l.quota_for(a, [("s", 12)]);
         assert_eq!(q.services["s"].slots[&12].users["u"].resources["r"], 0.0);
     }
 

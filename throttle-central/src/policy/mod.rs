@@ -21,6 +21,7 @@ pub use classic::Classic;
 pub use projected::Projected;
 pub use split::StaticSplit;
 use throttle_proto::v1;
+use throttle_proto::wire::QuotaEncoder;
 
 use crate::ledger::{KeyId, NodeId, ServiceState};
 
@@ -72,22 +73,51 @@ impl Assignment {
     }
 }
 
-/// [`Policy::quota_for`] for policies that assign one slot ahead at
+/// [`Policy::grants_for`] for policies that assign one slot ahead at
 /// mid-slot: a report is answered before the next slot is assigned, so
 /// until then the node's grants of the slot before stand in, a safety net
 /// should the coming push be lost. Answering never runs an assign, so
 /// reports arriving together do not queue behind one.
-pub(crate) fn quota_or_previous(
-    state: &ServiceState,
+pub(crate) fn grants_or_previous(
     book: &BTreeMap<i64, Assignment>,
     node: NodeId,
     slot: i64,
-) -> Option<v1::UserQuotas> {
-    let grants = match book.get(&slot) {
+) -> Option<&[Grant]> {
+    match book.get(&slot) {
         Some(a) => a.get(node),
         None => book.get(&(slot - 1))?.get(node),
-    };
-    grants.map(|g| to_user_quotas(state, g))
+    }
+}
+
+/// Writes one node's grants into `out` as the users of the (service, slot)
+/// begun there. A user's grants are gathered first (protobuf map entries
+/// must not repeat a user); `order` is scratch space.
+pub fn encode_grants(
+    out: &mut QuotaEncoder,
+    state: &ServiceState,
+    grants: &[Grant],
+    order: &mut Vec<(usize, u32)>,
+) {
+    // A user's keys share its name's allocation: sorting by its address
+    // gathers them without comparing names.
+    order.clear();
+    order.extend(
+        grants
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (state.key(g.key).user().as_ptr() as usize, i as u32)),
+    );
+    order.sort_unstable();
+    for run in order.chunk_by(|a, b| a.0 == b.0) {
+        let user = state.key(grants[run[0].1 as usize].key).user();
+        out.user(
+            user,
+            run.iter().map(|&(_, i)| {
+                let g = grants[i as usize];
+                (state.key(g.key).resource(), g.amount)
+            }),
+        );
+    }
 }
 
 /// The protobuf form of one node's grants.
@@ -146,19 +176,17 @@ pub trait Policy: Send + fmt::Debug {
         now_ms: i64,
     ) -> Assignment;
 
-    /// The quota of `node` for `slot`; by default what [`Policy::assign`]
-    /// computed, found in `book` (slot -> assignment), and none if it has
-    /// not run for that slot (as the original).
-    fn quota_for(
-        &mut self,
-        state: &ServiceState,
-        book: &mut BTreeMap<i64, Assignment>,
+    /// The grants of `node` for `slot`, to answer a report or push; by
+    /// default what [`Policy::assign`] computed, found in `book` (slot ->
+    /// assignment), and none if it has not run for that slot (as the
+    /// original).
+    fn grants_for<'a>(
+        &self,
+        book: &'a BTreeMap<i64, Assignment>,
         node: NodeId,
         slot: i64,
-        now_ms: i64,
-    ) -> Option<v1::UserQuotas> {
-        let _ = now_ms;
-        book.get(&slot)?.get(node).map(|g| to_user_quotas(state, g))
+    ) -> Option<&'a [Grant]> {
+        book.get(&slot)?.get(node)
     }
 
     /// Drops whatever the policy keeps about slots before `slot`.

@@ -59,14 +59,12 @@ impl Policy for StaticSplit {
         out
     }
 
-    fn quota_for(
-        &mut self,
-        state: &ServiceState,
-        book: &mut BTreeMap<i64, Assignment>,
+    fn grants_for<'a>(
+        &self,
+        book: &'a BTreeMap<i64, Assignment>,
         node: NodeId,
         slot: i64,
-        _now_ms: i64,
-    ) -> Option<throttle_proto::v1::UserQuotas> {
-        super::quota_or_previous(state, book, node, slot)
+    ) -> Option<&'a [Grant]> {
+        super::grants_or_previous(book, node, slot)
     }
 }
