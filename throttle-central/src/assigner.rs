@@ -98,6 +98,8 @@ pub struct Assigner<F: QuotaFormat = Messages> {
     nodes: BTreeMap<NodeId, (usize, BTreeSet<String>)>,
     /// Per service, the last slot re-assigned once every report was in.
     reassigned: BTreeMap<String, i64>,
+    /// The [`LimitSource::version`] of the limits applied last.
+    limits_applied: Option<u64>,
 }
 
 impl<F: QuotaFormat> fmt::Debug for Assigner<F> {
@@ -135,6 +137,7 @@ impl<F: QuotaFormat> Assigner<F> {
             limits,
             nodes: BTreeMap::new(),
             reassigned: BTreeMap::new(),
+            limits_applied: None,
         }
     }
 
@@ -195,8 +198,14 @@ impl<F: QuotaFormat> Assigner<F> {
         self.nodes.get(&node).map(|(_, s)| s)
     }
 
-    /// Reads the limits of every known service again.
+    /// Reads the limits of every known service again, unless the source
+    /// says they are the ones applied last time.
     pub fn refresh_limits(&mut self, now_ms: i64) {
+        let version = self.limits.version();
+        if version.is_some() && version == self.limits_applied {
+            return;
+        }
+        self.limits_applied = version;
         let mut services: BTreeSet<String> = self.limits.services().into_iter().collect();
         services.extend(self.ledger.services().map(str::to_owned));
         for service in services {
@@ -309,5 +318,96 @@ impl<F: QuotaFormat> Assigner<F> {
         }
         self.ledger.forget(now_ms);
         pushes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::ledger::LedgerConfig;
+    use crate::limits::{Limit, LimitSet, StaticLimits};
+
+    /// Counts how often the limits are read.
+    #[derive(Debug)]
+    struct Counting {
+        inner: StaticLimits,
+        versioned: bool,
+        reads: AtomicUsize,
+    }
+
+    impl LimitSource for Counting {
+        fn services(&self) -> Vec<String> {
+            self.inner.services()
+        }
+
+        fn list_limits(&self, service: &str) -> Vec<crate::limits::Limit> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.inner.list_limits(service)
+        }
+
+        fn version(&self) -> Option<u64> {
+            if self.versioned {
+                self.inner.version()
+            } else {
+                None
+            }
+        }
+    }
+
+    fn set(rate: f64) -> LimitSet {
+        let mut set = LimitSet::new();
+        set.insert(
+            "front",
+            Limit {
+                user: "alice".into(),
+                per_second: [("requests".into(), rate)].into(),
+                burst_seconds: 1.0,
+            },
+        );
+        set
+    }
+
+    fn assigner(versioned: bool) -> (Assigner, Arc<Counting>) {
+        let limits = Arc::new(Counting {
+            inner: StaticLimits::new(set(10.0)),
+            versioned,
+            reads: AtomicUsize::new(0),
+        });
+        let assigner = Assigner::new(Ledger::new(LedgerConfig::default()), limits.clone());
+        (assigner, limits)
+    }
+
+    #[test]
+    fn limits_are_read_again_only_when_their_version_changes() {
+        let (mut a, limits) = assigner(true);
+        a.refresh_limits(0);
+        a.refresh_limits(1_000);
+        assert_eq!(
+            limits.reads.load(Ordering::Relaxed),
+            1,
+            "unchanged: skipped"
+        );
+        limits.inner.replace(set(20.0));
+        a.refresh_limits(2_000);
+        assert_eq!(limits.reads.load(Ordering::Relaxed), 2);
+        let level = a
+            .ledger_mut()
+            .bucket_level("front", "alice", "requests", 2_000);
+        assert_eq!(level, Some(10.0), "the new rate applies from now on");
+        assert_eq!(
+            a.ledger_mut()
+                .bucket_level("front", "alice", "requests", 3_000),
+            Some(20.0)
+        );
+    }
+
+    #[test]
+    fn limits_without_a_version_are_read_every_time() {
+        let (mut a, limits) = assigner(false);
+        a.refresh_limits(0);
+        a.refresh_limits(1_000);
+        assert_eq!(limits.reads.load(Ordering::Relaxed), 2);
     }
 }
