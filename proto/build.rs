@@ -15,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let exchange = tonic_build::manual::Method::builder()
         .name("exchange")
         .route_name("Exchange")
-        .input_type("crate::v1::NodeMessage")
+        .input_type("crate::wire::Inbound")
         .output_type("crate::wire::Outbound")
         .codec_path("tonic_prost::ProstCodec")
         .client_streaming()

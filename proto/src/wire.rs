@@ -8,8 +8,13 @@
 //! straight from borrowed names, and [`Outbound`] carries them to the stream
 //! as they are. A node decodes them as an ordinary [`v1::CentralMessage`].
 //!
+//! The other way, a [`v1::Report`] of 1,000 users decoded by prost is 5,000
+//! `String`s and as many map nodes. [`Inbound`] keeps a report's bytes as
+//! they arrived, and [`RawReport`] checks them once and then reads names and
+//! amounts in place.
+//!
 //! [`server`] is the central's gRPC service, generated like the one in
-//! [`v1`] but sending [`Outbound`] instead of [`v1::CentralMessage`].
+//! [`v1`] but receiving [`Inbound`] and sending [`Outbound`].
 //!
 //! # Examples
 //!
@@ -30,9 +35,13 @@
 //! # Ok::<(), prost::DecodeError>(())
 //! ```
 
-use bytes::{BufMut, Bytes};
+use std::ops::Range;
+
+use bytes::{Buf, BufMut, Bytes};
 use prost::Message;
-use prost::encoding::{DecodeContext, WireType, encode_varint, encoded_len_varint, skip_field};
+use prost::encoding::{
+    DecodeContext, WireType, decode_varint, encode_varint, encoded_len_varint, skip_field,
+};
 
 use crate::v1;
 
@@ -229,6 +238,401 @@ impl QuotaEncoder {
     }
 }
 
+/// One message from a node, as the central node receives it: a
+/// [`v1::NodeMessage`] whose report is kept as bytes (see [`RawReport`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Inbound {
+    /// Neither a hello nor a report (an empty or unknown message).
+    #[default]
+    Empty,
+    /// The stream's first message.
+    Hello(v1::Hello),
+    /// The encoding of a [`v1::Report`], not decoded yet.
+    Report(Bytes),
+}
+
+const NODE_MESSAGE_HELLO: u32 = 1;
+const NODE_MESSAGE_REPORT: u32 = 2;
+
+impl Message for Inbound {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        match self {
+            Self::Empty => {}
+            Self::Hello(h) => prost::encoding::message::encode(NODE_MESSAGE_HELLO, h, buf),
+            Self::Report(b) => {
+                encode_varint(
+                    u64::from(NODE_MESSAGE_REPORT << 3 | WireType::LengthDelimited as u32),
+                    buf,
+                );
+                encode_varint(b.len() as u64, buf);
+                buf.put_slice(b);
+            }
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        match (tag, wire_type) {
+            (NODE_MESSAGE_HELLO, _) => {
+                let mut hello = match std::mem::take(self) {
+                    Self::Hello(h) => h,
+                    _ => v1::Hello::default(),
+                };
+                prost::encoding::message::merge(wire_type, &mut hello, buf, ctx)?;
+                *self = Self::Hello(hello);
+                Ok(())
+            }
+            (NODE_MESSAGE_REPORT, _) => {
+                // Shares the received buffer: no copy.
+                let mut report = Bytes::new();
+                prost::encoding::bytes::merge(wire_type, &mut report, buf, ctx)?;
+                *self = Self::Report(report);
+                Ok(())
+            }
+            _ => skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        match self {
+            Self::Empty => 0,
+            Self::Hello(h) => prost::encoding::message::encoded_len(NODE_MESSAGE_HELLO, h),
+            Self::Report(b) => delimited_len(NODE_MESSAGE_REPORT, b.len()),
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::Empty;
+    }
+}
+
+/// Why [`RawReport::parse`] did not read a report in place.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RawReportError {
+    /// Not a valid encoding of a [`v1::Report`].
+    #[error("malformed report: {0}")]
+    Malformed(&'static str),
+    /// Valid, but written otherwise than prost writes it (map keys not in
+    /// strictly increasing order, possibly repeated, or a value split in
+    /// parts that prost would merge): decode it with prost instead.
+    #[error("report maps are not in key order")]
+    Unordered,
+}
+
+/// One field of a message, borrowed from its bytes.
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    /// A fixed-width value (skipped by every message read here).
+    Fixed,
+}
+
+/// Reads the fields of one message body.
+struct Fields<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    #[inline]
+    fn new(buf: &'a [u8]) -> Self {
+        Self { buf }
+    }
+
+    #[inline]
+    fn varint(&mut self) -> Result<u64, RawReportError> {
+        let mut b = self.buf;
+        let v = decode_varint(&mut b).map_err(|_| RawReportError::Malformed("bad varint"))?;
+        self.buf = b;
+        Ok(v)
+    }
+
+    #[inline]
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RawReportError> {
+        if n > self.buf.len() {
+            return Err(RawReportError::Malformed("field extends past its message"));
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    /// The next field and its number, or `None` at the end.
+    #[inline]
+    fn next_field(&mut self) -> Result<Option<(u32, Field<'a>)>, RawReportError> {
+        if self.buf.is_empty() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let number = u32::try_from(key >> 3)
+            .ok()
+            .filter(|n| *n != 0)
+            .ok_or(RawReportError::Malformed("bad field number"))?;
+        let field = match key & 7 {
+            0 => Field::Varint(self.varint()?),
+            1 => {
+                self.take(8)?;
+                Field::Fixed
+            }
+            2 => {
+                let len = usize::try_from(self.varint()?)
+                    .map_err(|_| RawReportError::Malformed("length too large"))?;
+                Field::Bytes(self.take(len)?)
+            }
+            5 => {
+                self.take(4)?;
+                Field::Fixed
+            }
+            _ => return Err(RawReportError::Malformed("unsupported wire type")),
+        };
+        Ok(Some((number, field)))
+    }
+}
+
+#[inline]
+fn utf8(b: &[u8]) -> Result<&str, RawReportError> {
+    std::str::from_utf8(b).map_err(|_| RawReportError::Malformed("string is not UTF-8"))
+}
+
+/// A map entry: its key (a string) and its value (a message body or an
+/// integer), defaults where absent.
+#[inline]
+fn entry(body: &[u8]) -> Result<(&str, &[u8], u64), RawReportError> {
+    let (mut key, mut message, mut number) = ("", &[][..], 0);
+    let mut f = Fields::new(body);
+    while let Some((n, field)) = f.next_field()? {
+        match (n, field) {
+            (ENTRY_KEY, Field::Bytes(b)) => key = utf8(b)?,
+            // A message value given twice is merged by prost, field by
+            // field: leave such an entry to prost.
+            (ENTRY_VALUE, Field::Bytes(_)) if !message.is_empty() => {
+                return Err(RawReportError::Unordered);
+            }
+            (ENTRY_VALUE, Field::Bytes(b)) => message = b,
+            (ENTRY_VALUE, Field::Varint(v)) => number = v,
+            (ENTRY_KEY | ENTRY_VALUE, _) => {
+                return Err(RawReportError::Malformed("map entry of the wrong type"));
+            }
+            _ => {}
+        }
+    }
+    Ok((key, message, number))
+}
+
+/// Checks that `prev < key`, remembering `key`.
+fn in_order<'a>(prev: &mut Option<&'a str>, key: &'a str) -> Result<(), RawReportError> {
+    if prev.is_some_and(|p| p >= key) {
+        return Err(RawReportError::Unordered);
+    }
+    *prev = Some(key);
+    Ok(())
+}
+
+/// A service's usage in a [`RawReport`].
+#[derive(Debug, Clone)]
+struct RawUsage {
+    rejection: bool,
+    service: Range<usize>,
+    usage: Range<usize>,
+    users: usize,
+}
+
+/// A [`v1::Report`] read in place: checked once by [`RawReport::parse`],
+/// then its names and amounts are borrowed from the received bytes.
+#[derive(Debug, Clone)]
+pub struct RawReport {
+    bytes: Bytes,
+    node_id: Range<usize>,
+    slot_number: i64,
+    usages: Vec<RawUsage>,
+}
+
+/// The byte range of `part` within `whole`; an empty range for an empty
+/// part (a default, which may point anywhere) or one that is not inside.
+fn range_in(whole: &[u8], part: &[u8]) -> Range<usize> {
+    let start = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
+    match start.checked_add(part.len()) {
+        Some(end) if !part.is_empty() && end <= whole.len() => start..end,
+        _ => 0..0,
+    }
+}
+
+impl RawReport {
+    /// Checks `bytes` (the encoding of a [`v1::Report`]) from end to end:
+    /// structure, UTF-8 of every name, and that every map is in key order,
+    /// as prost writes them.
+    ///
+    /// # Errors
+    ///
+    /// [`RawReportError::Malformed`] where prost would fail to decode it too;
+    /// [`RawReportError::Unordered`] where prost would decode it but this
+    /// reader might not read it the same way.
+    pub fn parse(bytes: Bytes) -> Result<Self, RawReportError> {
+        let whole = &bytes[..];
+        let mut node_id = 0..0;
+        let mut slot_number = 0;
+        let mut usages = Vec::new();
+        let mut prev_service: [Option<&str>; 2] = [None, None];
+        let mut f = Fields::new(whole);
+        while let Some((n, field)) = f.next_field()? {
+            match (n, field) {
+                (1, Field::Bytes(b)) => {
+                    utf8(b)?;
+                    node_id = range_in(whole, b);
+                }
+                (2, Field::Varint(v)) => slot_number = v as i64,
+                (3 | 4, Field::Bytes(b)) => {
+                    let rejection = n == 4;
+                    let (service, usage, _) = entry(b)?;
+                    in_order(&mut prev_service[usize::from(rejection)], service)?;
+                    let users = Self::check_usage(usage)?;
+                    usages.push(RawUsage {
+                        rejection,
+                        service: range_in(whole, service.as_bytes()),
+                        usage: range_in(whole, usage),
+                        users,
+                    });
+                }
+                (1..=4, _) => {
+                    return Err(RawReportError::Malformed("report field of the wrong type"));
+                }
+                _ => {}
+            }
+        }
+        Ok(Self {
+            node_id,
+            slot_number,
+            usages,
+            bytes,
+        })
+    }
+
+    /// Checks a `Usage` body; returns its number of users.
+    fn check_usage(usage: &[u8]) -> Result<usize, RawReportError> {
+        let mut users = 0;
+        let mut prev_user = None;
+        let mut f = Fields::new(usage);
+        while let Some((n, field)) = f.next_field()? {
+            let b = match (n, field) {
+                (1, Field::Bytes(b)) => b,
+                (1, _) => return Err(RawReportError::Malformed("usage field of the wrong type")),
+                _ => continue,
+            };
+            let (user, amounts, _) = entry(b)?;
+            in_order(&mut prev_user, user)?;
+            users += 1;
+            let mut prev_resource = None;
+            let mut a = Fields::new(amounts);
+            while let Some((n, field)) = a.next_field()? {
+                match (n, field) {
+                    (1, Field::Bytes(b)) => {
+                        let (resource, _, _) = entry(b)?;
+                        in_order(&mut prev_resource, resource)?;
+                    }
+                    (1, _) => {
+                        return Err(RawReportError::Malformed("amounts field of the wrong type"));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(users)
+    }
+
+    /// The node's id as it wrote it (may be empty).
+    pub fn node_id(&self) -> &str {
+        std::str::from_utf8(&self.bytes[self.node_id.clone()]).unwrap_or_default()
+    }
+
+    /// The slot the report was sent in.
+    pub fn slot_number(&self) -> i64 {
+        self.slot_number
+    }
+
+    /// Users over all services, consumption and rejection.
+    pub fn user_count(&self) -> usize {
+        self.usages.iter().map(|u| u.users).sum()
+    }
+
+    /// Every (service, consumption or rejection) usage, in the order sent.
+    pub fn usages(&self) -> impl Iterator<Item = (&str, bool, RawUsers<'_>)> {
+        self.usages.iter().map(|u| {
+            let service = std::str::from_utf8(&self.bytes[u.service.clone()]).unwrap_or_default();
+            let users = RawUsers {
+                fields: Fields::new(&self.bytes[u.usage.clone()]),
+            };
+            (service, u.rejection, users)
+        })
+    }
+}
+
+/// The users of one usage of a [`RawReport`], with their amounts.
+pub struct RawUsers<'a> {
+    fields: Fields<'a>,
+}
+
+impl std::fmt::Debug for RawUsers<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawUsers")
+            .field("bytes", &self.fields.buf.len())
+            .finish()
+    }
+}
+
+impl<'a> Iterator for RawUsers<'a> {
+    type Item = (&'a str, RawAmounts<'a>);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        // Checked by `RawReport::parse`: an error here cannot happen, and
+        // would end the iteration rather than panic.
+        loop {
+            let (n, field) = self.fields.next_field().ok()??;
+            if let (1, Field::Bytes(b)) = (n, field) {
+                let (user, amounts, _) = entry(b).ok()?;
+                return Some((
+                    user,
+                    RawAmounts {
+                        fields: Fields::new(amounts),
+                    },
+                ));
+            }
+        }
+    }
+}
+
+/// One user's amounts per resource in a [`RawReport`].
+pub struct RawAmounts<'a> {
+    fields: Fields<'a>,
+}
+
+impl std::fmt::Debug for RawAmounts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawAmounts")
+            .field("bytes", &self.fields.buf.len())
+            .finish()
+    }
+}
+
+impl<'a> Iterator for RawAmounts<'a> {
+    type Item = (&'a str, i64);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let (n, field) = self.fields.next_field().ok()??;
+            if let (1, Field::Bytes(b)) = (n, field) {
+                let (resource, _, amount) = entry(b).ok()?;
+                return Some((resource, amount as i64));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -325,6 +729,181 @@ mod tests {
             v1::CentralMessage::decode(&encoded.encode_to_vec()[..]),
             Ok(message)
         );
+    }
+
+    type Content = BTreeMap<(String, bool), BTreeMap<String, BTreeMap<String, i64>>>;
+
+    /// Everything a report says, from prost's decoding.
+    fn content_of(r: &v1::Report) -> Content {
+        let mut out = Content::new();
+        for (rejection, usages) in [(false, &r.consumption), (true, &r.rejection)] {
+            for (service, usage) in usages {
+                let users = usage
+                    .users
+                    .iter()
+                    .map(|(u, a)| (u.clone(), a.resources.clone()))
+                    .collect();
+                out.insert((service.clone(), rejection), users);
+            }
+        }
+        out
+    }
+
+    /// Everything a report says, read in place.
+    fn raw_content(r: &RawReport) -> Content {
+        let mut out = Content::new();
+        for (service, rejection, users) in r.usages() {
+            let users = users
+                .map(|(u, amounts)| {
+                    (
+                        u.to_owned(),
+                        amounts.map(|(k, v)| (k.to_owned(), v)).collect(),
+                    )
+                })
+                .collect();
+            out.insert((service.to_owned(), rejection), users);
+        }
+        out
+    }
+
+    fn usage() -> impl Strategy<Value = v1::Usage> {
+        proptest::collection::btree_map(
+            name(),
+            proptest::collection::btree_map(name(), any::<i64>(), 0..4),
+            0..5,
+        )
+        .prop_map(|users| v1::Usage {
+            users: users
+                .into_iter()
+                .map(|(u, resources)| (u, v1::Amounts { resources }))
+                .collect(),
+        })
+    }
+
+    proptest! {
+        /// A report prost wrote reads in place as prost decodes it.
+        #[test]
+        fn raw_reports_read_as_prost_decodes_them(
+            node_id in name(),
+            slot_number in any::<i64>(),
+            consumption in proptest::collection::btree_map(name(), usage(), 0..3),
+            rejection in proptest::collection::btree_map(name(), usage(), 0..3),
+        ) {
+            let report = v1::Report { node_id, slot_number, consumption, rejection };
+            let raw = RawReport::parse(report.encode_to_vec().into());
+            prop_assert!(raw.is_ok(), "{:?}", raw);
+            let raw = raw.unwrap_or_else(|_| unreachable!());
+            prop_assert_eq!(raw.node_id(), report.node_id.as_str());
+            prop_assert_eq!(raw.slot_number(), report.slot_number);
+            let users: usize = report.consumption.values().chain(report.rejection.values()).map(|u| u.users.len()).sum();
+            prop_assert_eq!(raw.user_count(), users);
+            prop_assert_eq!(raw_content(&raw), content_of(&report));
+        }
+
+        /// Whatever the bytes: no panic, and what reads in place is what
+        /// prost decodes.
+        #[test]
+        fn any_bytes_read_in_place_only_as_prost_reads_them(
+            bytes in proptest::collection::vec(any::<u8>(), 0..200)
+        ) {
+            if let Ok(raw) = RawReport::parse(bytes.clone().into()) {
+                let decoded = v1::Report::decode(&bytes[..]);
+                prop_assert!(decoded.is_ok());
+                let decoded = decoded.unwrap_or_default();
+                prop_assert_eq!(raw.node_id(), decoded.node_id.as_str());
+                prop_assert_eq!(raw.slot_number(), decoded.slot_number);
+                prop_assert_eq!(raw_content(&raw), content_of(&decoded));
+            }
+        }
+    }
+
+    proptest! {
+        /// A valid report with one byte changed: still no panic, and still
+        /// nothing read in place that prost reads otherwise.
+        #[test]
+        fn damaged_reports_read_in_place_only_as_prost_reads_them(
+            consumption in proptest::collection::btree_map(name(), usage(), 1..3),
+            at in any::<proptest::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let report = v1::Report { node_id: "n".into(), slot_number: 5, consumption, ..v1::Report::default() };
+            let mut bytes = report.encode_to_vec();
+            let i = at.index(bytes.len());
+            bytes[i] = byte;
+            if let Ok(raw) = RawReport::parse(bytes.clone().into()) {
+                let decoded = v1::Report::decode(&bytes[..]);
+                prop_assert!(decoded.is_ok());
+                let decoded = decoded.unwrap_or_default();
+                prop_assert_eq!(raw_content(&raw), content_of(&decoded));
+            }
+        }
+    }
+
+    #[test]
+    fn keys_out_of_order_are_left_to_prost() {
+        // Two entries for one user, in the order another encoder may write
+        // them: prost keeps the last.
+        let mut bytes = Vec::new();
+        for amount in [1, 2] {
+            let report = v1::Report {
+                consumption: [(
+                    "front".to_string(),
+                    v1::Usage {
+                        users: [(
+                            "alice".to_string(),
+                            v1::Amounts {
+                                resources: [("requests".to_string(), amount)].into(),
+                            },
+                        )]
+                        .into(),
+                    },
+                )]
+                .into(),
+                ..v1::Report::default()
+            };
+            bytes.extend(report.encode_to_vec());
+        }
+        assert_eq!(
+            RawReport::parse(bytes.clone().into()).err(),
+            Some(RawReportError::Unordered)
+        );
+        let decoded = v1::Report::decode(&bytes[..]).unwrap();
+        assert_eq!(
+            decoded.consumption["front"].users["alice"].resources["requests"],
+            2
+        );
+        assert!(matches!(
+            RawReport::parse(Bytes::from_static(&[0x0a, 0x05, b'a'])),
+            Err(RawReportError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn inbound_keeps_the_report_as_sent() {
+        let report = v1::Report {
+            node_id: "n1".into(),
+            slot_number: 7,
+            ..v1::Report::default()
+        };
+        let msg = v1::NodeMessage {
+            kind: Some(v1::node_message::Kind::Report(report.clone())),
+        };
+        let inbound = Inbound::decode(&msg.encode_to_vec()[..]).unwrap();
+        assert_eq!(inbound, Inbound::Report(report.encode_to_vec().into()));
+        assert_eq!(inbound.encode_to_vec(), msg.encode_to_vec());
+        let hello = v1::Hello {
+            node_id: "n1".into(),
+            slot_ms: 1000,
+            services: vec!["front".into()],
+            version: "x".into(),
+        };
+        let msg = v1::NodeMessage {
+            kind: Some(v1::node_message::Kind::Hello(hello.clone())),
+        };
+        let inbound = Inbound::decode(&msg.encode_to_vec()[..]).unwrap();
+        assert_eq!(inbound, Inbound::Hello(hello));
+        assert_eq!(inbound.encode_to_vec(), msg.encode_to_vec());
+        assert_eq!(Inbound::decode(&[][..]).unwrap(), Inbound::Empty);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! - Memory: the process's resident memory before and after building that
 //!   ledger, per (user, resource, node) entry, printed once.
 //! - `wire`: the protobuf work of one round trip of a node with 1,000 users
-//!   x 4 resources, step by step: decoding its report and freeing it,
+//!   x 4 resources, step by step: decoding its report and freeing it (and,
+//!   as the server does instead, reading it in place),
 //!   building its answer (a grant per key), encoding and freeing it, against
 //!   encoding the answer straight from the grants, as the server does.
 //!   (Filing the report is the `ingest` bench.)
@@ -24,6 +25,7 @@ use throttle_central::ledger::{Ledger, LedgerConfig, PolicyFactory};
 use throttle_central::limits::Limit;
 use throttle_central::policy::{Classic, Projected, StaticSplit};
 use throttle_proto::v1;
+use throttle_proto::wire::RawReport;
 
 const RESOURCES: [&str; 4] = ["requests", "traffic_up", "traffic_down", "database_read"];
 const SLOT: i64 = 1_800_000_000;
@@ -175,6 +177,20 @@ fn wire(c: &mut Criterion) {
     let bytes = report(0, SLOT + 1, 0..1000).encode_to_vec();
     g.bench_function("decode report (1000 users x 4)", |b| {
         b.iter(|| v1::Report::decode(black_box(&bytes[..])).unwrap())
+    });
+    // What the server does instead: check the bytes, then read them in place.
+    let shared = bytes::Bytes::from(bytes.clone());
+    g.bench_function("read report in place (1000 users x 4)", |b| {
+        b.iter(|| {
+            let raw = RawReport::parse(shared.clone()).unwrap();
+            let mut total = 0i64;
+            for (_, _, users) in raw.usages() {
+                for (_, amounts) in users {
+                    total += amounts.map(|(_, a)| a).sum::<i64>();
+                }
+            }
+            black_box(total)
+        })
     });
     let decoded = v1::Report::decode(&bytes[..]).unwrap();
     g.bench_function("drop report", |b| {

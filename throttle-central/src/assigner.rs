@@ -26,7 +26,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use throttle_proto::{MAX_NAME_LEN, v1};
 
-use crate::ledger::{Ingested, Ledger, NodeId, ReportError};
+use crate::ledger::{Ingested, Ledger, NodeId, ReportError, ReportSource};
 use crate::limits::LimitSource;
 
 /// A quota to send to one node.
@@ -219,43 +219,42 @@ impl<F: QuotaFormat> Assigner<F> {
     /// # Errors
     ///
     /// The ledger's [`ReportError`]: nothing was filed.
-    pub fn report(
+    pub fn report<R: ReportSource>(
         &mut self,
         node: NodeId,
-        report: &v1::Report,
+        report: &R,
         now_ms: i64,
     ) -> Result<Answer<F::Quota>, ReportError> {
-        let ingested = self.ledger.ingest(report, now_ms)?;
-        let reported: BTreeSet<&String> = report
-            .consumption
-            .keys()
-            .chain(report.rejection.keys())
+        let ingested = self.ledger.ingest_from(report, now_ms)?;
+        let reported: BTreeSet<&str> = report
+            .usages()
+            .map(|(s, ..)| s)
             .filter(|s| valid(s))
             .collect();
         if let Some((_, known)) = self.nodes.get_mut(&node) {
             for s in &reported {
                 if !known.contains(*s) {
-                    known.insert((*s).clone());
+                    known.insert((*s).to_owned());
                 }
             }
         }
         let current = self.ledger.config().slot.slot_at(now_ms);
         let mut complete = Vec::new();
-        if report.slot_number == current {
+        if report.slot_number() == current {
             for service in &reported {
-                if self.reassigned.get(service.as_str()) != Some(&current)
+                if self.reassigned.get(*service) != Some(&current)
                     && self.ledger.all_reported(service, current)
                 {
-                    self.reassigned.insert((*service).clone(), current);
-                    complete.push((*service).clone());
+                    self.reassigned.insert((*service).to_owned(), current);
+                    complete.push((*service).to_owned());
                 }
             }
         }
-        let next = report.slot_number + 1;
+        let next = report.slot_number() + 1;
         // A connected node is answered for every service it declared or
         // reported; one that is not (a replay racing a disconnect) for
         // those it reports.
-        let answering = Some(report.slot_number);
+        let answering = Some(report.slot_number());
         let quota = match self.nodes.get(&node) {
             Some((_, known)) => F::render(
                 &self.ledger,
@@ -266,7 +265,7 @@ impl<F: QuotaFormat> Assigner<F> {
             None => F::render(
                 &self.ledger,
                 node,
-                reported.iter().map(|s| (s.as_str(), next)),
+                reported.iter().map(|s| (*s, next)),
                 answering,
             ),
         };

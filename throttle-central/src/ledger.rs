@@ -36,7 +36,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use throttle_proto::slot::SlotLength;
-use throttle_proto::wire::QuotaEncoder;
+use throttle_proto::wire::{QuotaEncoder, RawAmounts, RawReport, RawUsers};
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use smallvec::SmallVec;
@@ -242,6 +242,127 @@ impl fmt::Debug for Service {
             .field("policy", &self.policy.name())
             .field("book_slots", &self.book.len())
             .finish()
+    }
+}
+
+/// A report the ledger can file: a decoded [`v1::Report`], or a
+/// [`RawReport`] whose names and amounts are read in place.
+pub trait ReportSource {
+    /// One usage's users, each with its amounts.
+    type Users<'a>: Iterator<Item = (&'a str, Self::Amounts<'a>)>
+    where
+        Self: 'a;
+    /// One user's amount per resource.
+    type Amounts<'a>: Iterator<Item = (&'a str, i64)>
+    where
+        Self: 'a;
+
+    /// The reporting node.
+    fn node_id(&self) -> &str;
+    /// The slot the report was sent in (its data is of the slot before).
+    fn slot_number(&self) -> i64;
+    /// Users over every usage.
+    fn user_count(&self) -> usize;
+    /// Every (service, rejection or consumption, users).
+    fn usages(&self) -> impl Iterator<Item = (&str, bool, Self::Users<'_>)>;
+}
+
+type ReportUsers<'a> = std::iter::Map<
+    std::collections::btree_map::Iter<'a, String, v1::Amounts>,
+    fn((&'a String, &'a v1::Amounts)) -> (&'a str, ReportAmounts<'a>),
+>;
+type ReportAmounts<'a> = std::iter::Map<
+    std::collections::btree_map::Iter<'a, String, i64>,
+    fn((&'a String, &'a i64)) -> (&'a str, i64),
+>;
+
+fn report_users(usage: &v1::Usage) -> ReportUsers<'_> {
+    usage.users.iter().map(|(user, amounts)| {
+        let amounts: ReportAmounts<'_> = amounts.resources.iter().map(|(r, a)| (r.as_str(), *a));
+        (user.as_str(), amounts)
+    })
+}
+
+impl ReportSource for v1::Report {
+    type Users<'a> = ReportUsers<'a>;
+    type Amounts<'a> = ReportAmounts<'a>;
+
+    fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    fn slot_number(&self) -> i64 {
+        self.slot_number
+    }
+
+    fn user_count(&self) -> usize {
+        let usages = self.consumption.values().chain(self.rejection.values());
+        usages.map(|u| u.users.len()).sum()
+    }
+
+    fn usages(&self) -> impl Iterator<Item = (&str, bool, ReportUsers<'_>)> {
+        let consumption = self
+            .consumption
+            .iter()
+            .map(|(s, u)| (s.as_str(), false, report_users(u)));
+        let rejection = self
+            .rejection
+            .iter()
+            .map(|(s, u)| (s.as_str(), true, report_users(u)));
+        consumption.chain(rejection)
+    }
+}
+
+impl ReportSource for RawReport {
+    type Users<'a> = RawUsers<'a>;
+    type Amounts<'a> = RawAmounts<'a>;
+
+    fn node_id(&self) -> &str {
+        RawReport::node_id(self)
+    }
+
+    fn slot_number(&self) -> i64 {
+        RawReport::slot_number(self)
+    }
+
+    fn user_count(&self) -> usize {
+        RawReport::user_count(self)
+    }
+
+    fn usages(&self) -> impl Iterator<Item = (&str, bool, RawUsers<'_>)> {
+        RawReport::usages(self)
+    }
+}
+
+/// A report filed under the name of the stream it came on, whatever node id
+/// it carries (the server checks that the two agree, or that it has none).
+#[derive(Debug)]
+pub struct FromNode<'a, R>(pub &'a str, pub &'a R);
+
+impl<R: ReportSource> ReportSource for FromNode<'_, R> {
+    type Users<'a>
+        = R::Users<'a>
+    where
+        Self: 'a;
+    type Amounts<'a>
+        = R::Amounts<'a>
+    where
+        Self: 'a;
+
+    fn node_id(&self) -> &str {
+        self.0
+    }
+
+    fn slot_number(&self) -> i64 {
+        self.1.slot_number()
+    }
+
+    fn user_count(&self) -> usize {
+        self.1.user_count()
+    }
+
+    fn usages(&self) -> impl Iterator<Item = (&str, bool, R::Users<'_>)> {
+        self.1.usages()
     }
 }
 
@@ -462,32 +583,41 @@ impl Ledger {
     /// [`ReportError`] when the report as a whole is unusable; bad entries
     /// are only left out and listed in [`Ingested::dropped`].
     pub fn ingest(&mut self, report: &v1::Report, now_ms: i64) -> Result<Ingested, ReportError> {
-        if !valid_name(&report.node_id) {
+        self.ingest_from(report, now_ms)
+    }
+
+    /// [`Ledger::ingest`] for any [`ReportSource`], such as a
+    /// [`RawReport`] read in place.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::ingest`].
+    pub fn ingest_from<R: ReportSource>(
+        &mut self,
+        report: &R,
+        now_ms: i64,
+    ) -> Result<Ingested, ReportError> {
+        if !valid_name(report.node_id()) {
             return Err(ReportError::BadNodeId);
         }
         let current = self.config.slot.slot_at(now_ms);
         let nr_slot = self.config.nr_slot;
-        if report.slot_number.abs_diff(current) > u64::from(nr_slot) {
+        if report.slot_number().abs_diff(current) > u64::from(nr_slot) {
             return Err(ReportError::SlotOutOfRange {
-                slot: report.slot_number,
+                slot: report.slot_number(),
                 current,
                 nr_slot,
             });
         }
-        let users: usize = report
-            .consumption
-            .values()
-            .chain(report.rejection.values())
-            .map(|u| u.users.len())
-            .sum();
+        let users = report.user_count();
         if users > self.config.max_users_per_report {
             return Err(ReportError::TooManyUsers {
                 users,
                 max: self.config.max_users_per_report,
             });
         }
-        let node = self.node_id(&report.node_id);
-        let slot = report.slot_number - 1;
+        let node = self.node_id(report.node_id());
+        let slot = report.slot_number() - 1;
         if !self.reported.entry(slot).or_default().insert(node) {
             return Ok(Ingested {
                 duplicate: true,
@@ -495,40 +625,41 @@ impl Ledger {
             });
         }
         let mut out = Ingested::default();
-        let services: BTreeSet<&String> = report
-            .consumption
-            .keys()
-            .chain(report.rejection.keys())
-            .collect();
-        for name in services {
-            if !valid_name(name) {
-                out.dropped.push((DropReason::BadName, name.clone()));
+        // Services filed (or refused), each once, in the order first seen.
+        let mut seen: Vec<(&str, bool)> = Vec::new();
+        for (name, is_rejection, users) in report.usages() {
+            let valid = valid_name(name);
+            if !seen.iter().any(|(s, _)| *s == name) {
+                seen.push((name, valid));
+                if !valid {
+                    out.dropped.push((DropReason::BadName, name.to_owned()));
+                }
+            }
+            if !valid {
                 continue;
             }
             let svc = self.service_mut(name);
-            for (usage, is_rejection) in [
-                (report.consumption.get(name), false),
-                (report.rejection.get(name), true),
-            ] {
-                for (user, amounts) in usage.iter().flat_map(|u| &u.users) {
-                    for (resource, &amount) in &amounts.resources {
-                        if !valid_name(user) || !valid_name(resource) {
-                            out.dropped
-                                .push((DropReason::BadName, format!("{name}/{user}/{resource}")));
-                        } else if amount < 0 {
-                            out.dropped.push((
-                                DropReason::NegativeAmount,
-                                format!("{name}/{user}/{resource}"),
-                            ));
-                        } else {
-                            let id = svc.state.find_or_insert(user, resource);
-                            let key = svc.state.key_mut(id);
-                            key.file(node, slot, amount, is_rejection, now_ms);
-                            out.entries += 1;
-                        }
+            for (user, amounts) in users {
+                for (resource, amount) in amounts {
+                    if !valid_name(user) || !valid_name(resource) {
+                        out.dropped
+                            .push((DropReason::BadName, format!("{name}/{user}/{resource}")));
+                    } else if amount < 0 {
+                        out.dropped.push((
+                            DropReason::NegativeAmount,
+                            format!("{name}/{user}/{resource}"),
+                        ));
+                    } else {
+                        let id = svc.state.find_or_insert(user, resource);
+                        let key = svc.state.key_mut(id);
+                        key.file(node, slot, amount, is_rejection, now_ms);
+                        out.entries += 1;
                     }
                 }
             }
+        }
+        for (name, _) in seen.into_iter().filter(|(_, valid)| *valid) {
+            let svc = self.service_mut(name);
             let last = svc.state.last_report.entry(node).or_insert(slot);
             *last = (*last).max(slot);
             svc.policy.consume(&svc.state, node, slot, now_ms);

@@ -26,12 +26,13 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use metrics::{counter, gauge};
+use prost::Message as _;
 use serde_json::{Value, json};
 use throttle_proto::MAX_NAME_LEN;
 use throttle_proto::slot::{Clock, SlotLength, SystemClock};
-use throttle_proto::v1::{self, central_message, node_message};
-use throttle_proto::wire::Outbound;
+use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::server::central_server::{Central as CentralRpc, CentralServer};
+use throttle_proto::wire::{Inbound, Outbound, RawReport, RawReportError};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -41,7 +42,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::assigner::{Assigner, Encoded, Push};
 use crate::leadership::{AlwaysLeader, Leadership};
-use crate::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory, SlotRange};
+use crate::ledger::{FromNode, Ledger, LedgerConfig, NodeId, PolicyFactory, SlotRange};
 use crate::limits::{FileLimits, LimitSet, LimitSource};
 
 /// How long a new stream may take to send its Hello.
@@ -378,10 +379,10 @@ pub(crate) enum Command {
     },
     Report {
         conn: u64,
-        report: v1::Report,
+        report: Received,
         /// `Ok` once the answer is queued on the stream; the report comes
         /// back, to be freed on the stream's task rather than the ledger's.
-        reply: oneshot::Sender<(Result<(), Status>, v1::Report)>,
+        reply: oneshot::Sender<(Result<(), Status>, Received)>,
     },
     Tick,
     Reassign {
@@ -416,6 +417,53 @@ struct Actor {
     conns: BTreeMap<u64, Conn>,
     next_conn: u64,
     started: Instant,
+}
+
+/// A report as it reaches the ledger task.
+#[derive(Debug)]
+pub(crate) enum Received {
+    /// Read in place (the reports of throttle's own nodes).
+    Raw(RawReport),
+    /// Decoded by prost: encoded otherwise than prost encodes (see
+    /// [`RawReportError::Unordered`]).
+    Decoded(v1::Report),
+}
+
+impl Received {
+    /// Reads a report's bytes in place, or decodes them with prost where
+    /// reading in place would not say the same; on the stream's task.
+    fn read(bytes: bytes::Bytes) -> Result<Self, Status> {
+        match RawReport::parse(bytes.clone()) {
+            Ok(raw) => Ok(Self::Raw(raw)),
+            Err(why) => match v1::Report::decode(bytes) {
+                Ok(report) => {
+                    if why == RawReportError::Unordered {
+                        counter!("throttle_central_reports_decoded_total").increment(1);
+                    }
+                    Ok(Self::Decoded(report))
+                }
+                Err(e) => {
+                    counter!("throttle_central_invalid_messages_total", "reason" => "decode")
+                        .increment(1);
+                    Err(Status::invalid_argument(format!("unreadable report: {e}")))
+                }
+            },
+        }
+    }
+
+    fn node_id(&self) -> &str {
+        match self {
+            Self::Raw(r) => r.node_id(),
+            Self::Decoded(r) => &r.node_id,
+        }
+    }
+
+    fn slot_number(&self) -> i64 {
+        match self {
+            Self::Raw(r) => r.slot_number(),
+            Self::Decoded(r) => r.slot_number,
+        }
+    }
 }
 
 impl Actor {
@@ -482,14 +530,14 @@ impl Actor {
             }
             Command::Report {
                 conn,
-                mut report,
+                report,
                 reply,
             } => {
                 // The answer is queued here, by the ledger's own task, so it
                 // precedes anything the ledger sends this stream later (such
                 // as the close on shutdown): a node that saw no answer knows
                 // its report was not filed, and sends it again.
-                let result = self.report(conn, &mut report).and_then(|quota| {
+                let result = self.report(conn, &report).and_then(|quota| {
                     let tx = self.conns.get(&conn).map(|c| &c.tx);
                     let msg = Ok(Outbound::Encoded(quota));
                     match tx.map(|tx| tx.try_send(msg)) {
@@ -528,29 +576,34 @@ impl Actor {
         }
     }
 
-    fn report(&mut self, conn: u64, report: &mut v1::Report) -> Result<bytes::Bytes, Status> {
+    fn report(&mut self, conn: u64, report: &Received) -> Result<bytes::Bytes, Status> {
         let now = self.clock.now_ms();
         let Some(c) = self.conns.get_mut(&conn) else {
             return Err(Status::failed_precondition("stream is not registered"));
         };
-        if report.node_id.is_empty() {
-            report.node_id.clone_from(&c.node_id);
-        } else if report.node_id != c.node_id {
+        // A report may leave out its node id: it is the stream's.
+        let claimed = report.node_id();
+        if !claimed.is_empty() && claimed != c.node_id {
             counter!("throttle_central_invalid_messages_total", "reason" => "node_id_mismatch")
                 .increment(1);
             return Err(Status::invalid_argument(format!(
                 "report node_id {:?} differs from the stream's {:?}",
-                report.node_id, c.node_id
+                claimed, c.node_id
             )));
         }
         c.reports += 1;
         let node = c.node;
-        let answer = match self.assigner.report(node, report, now) {
+        let node_id = c.node_id.clone();
+        let filed = match report {
+            Received::Raw(r) => self.assigner.report(node, &FromNode(&node_id, r), now),
+            Received::Decoded(r) => self.assigner.report(node, &FromNode(&node_id, r), now),
+        };
+        let answer = match filed {
             Ok(a) => a,
             Err(e) => {
                 counter!("throttle_central_invalid_messages_total", "reason" => "report")
                     .increment(1);
-                tracing::warn!(node_id = %report.node_id, error = %e, "report refused");
+                tracing::warn!(%node_id, error = %e, "report refused");
                 return Err(Status::invalid_argument(e.to_string()));
             }
         };
@@ -559,12 +612,12 @@ impl Actor {
         counter!("throttle_central_report_entries_total").increment(out.entries as u64);
         if out.duplicate {
             counter!("throttle_central_duplicate_reports_total").increment(1);
-            tracing::debug!(node_id = %report.node_id, slot = report.slot_number, "duplicate report ignored");
+            tracing::debug!(%node_id, slot = report.slot_number(), "duplicate report ignored");
         }
         for (reason, key) in &out.dropped {
             counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str())
                 .increment(1);
-            tracing::warn!(node_id = %report.node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
+            tracing::warn!(%node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
         }
         // Re-assign after the answers already queued: the ledger task takes
         // its commands in order.
@@ -710,14 +763,9 @@ fn invalid(reason: &'static str, msg: String) -> Status {
 }
 
 impl CentralService {
-    fn check_hello(
-        &self,
-        first: Option<Result<v1::NodeMessage, Status>>,
-    ) -> Result<v1::Hello, Status> {
+    fn check_hello(&self, first: Option<Result<Inbound, Status>>) -> Result<v1::Hello, Status> {
         let hello = match first {
-            Some(Ok(v1::NodeMessage {
-                kind: Some(node_message::Kind::Hello(h)),
-            })) => h,
+            Some(Ok(Inbound::Hello(h))) => h,
             Some(Ok(_)) => {
                 return Err(invalid(
                     "no_hello",
@@ -766,7 +814,7 @@ impl CentralService {
 
     async fn run_stream(
         self,
-        mut inbound: Streaming<v1::NodeMessage>,
+        mut inbound: Streaming<Inbound>,
         addr: Option<SocketAddr>,
         tx: Outgoing,
     ) {
@@ -820,9 +868,7 @@ impl CentralService {
                     // Tell the node why (e.g. a message over the size limit).
                     Status::new(s.code(), s.message().to_owned())
                 }
-                Some(Ok(v1::NodeMessage {
-                    kind: Some(node_message::Kind::Report(report)),
-                })) => {
+                Some(Ok(Inbound::Report(bytes))) => {
                     if !leadership.is_leader() {
                         let leader = leadership.leader().unwrap_or_default();
                         let _ = tx
@@ -832,6 +878,13 @@ impl CentralService {
                             .await;
                         break;
                     }
+                    let report = match Received::read(bytes) {
+                        Ok(r) => r,
+                        Err(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            break;
+                        }
+                    };
                     let (reply, rx) = oneshot::channel();
                     if commands
                         .send(Command::Report {
@@ -865,7 +918,7 @@ impl CentralRpc for CentralService {
 
     async fn exchange(
         &self,
-        request: Request<Streaming<v1::NodeMessage>>,
+        request: Request<Streaming<Inbound>>,
     ) -> Result<Response<Self::ExchangeStream>, Status> {
         let addr = request.remote_addr();
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
@@ -884,5 +937,51 @@ impl CentralRpc for CentralService {
         };
         tokio::spawn(this.run_stream(request.into_inner(), addr, tx));
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(amount: i64) -> v1::Report {
+        v1::Report {
+            node_id: "n1".into(),
+            slot_number: 9,
+            consumption: [(
+                "front".to_string(),
+                v1::Usage {
+                    users: [(
+                        "alice".to_string(),
+                        v1::Amounts {
+                            resources: [("requests".to_string(), amount)].into(),
+                        },
+                    )]
+                    .into(),
+                },
+            )]
+            .into(),
+            ..v1::Report::default()
+        }
+    }
+
+    #[test]
+    fn reports_are_read_in_place_or_by_prost_or_refused() {
+        let ordered = report(1).encode_to_vec();
+        assert!(matches!(
+            Received::read(ordered.into()),
+            Ok(Received::Raw(r)) if r.node_id() == "n1" && r.slot_number() == 9
+        ));
+        // Two entries for one user, as another encoder may send them:
+        // prost's reading (the last one counts) is used.
+        let mut repeated = report(1).encode_to_vec();
+        repeated.extend(report(2).encode_to_vec());
+        match Received::read(repeated.into()) {
+            Ok(Received::Decoded(r)) => assert_eq!(r, report(2)),
+            other => panic!("{other:?}"),
+        }
+        let garbage = bytes::Bytes::from_static(&[0x0a, 0x05, b'a']);
+        let refused = Received::read(garbage).err().map(|s| s.code());
+        assert_eq!(refused, Some(tonic::Code::InvalidArgument));
     }
 }
