@@ -3,7 +3,7 @@
 //! Each service has one [`Policy`], as each service of the original central
 //! node was a module with `consume`, `get_quota` and `assign`. The ledger
 //! calls [`Policy::consume`] after filing each report, [`Policy::assign`]
-//! once per slot, and [`Policy::quota_for`] to answer a report.
+//! once per slot, and [`Policy::grants_for`] to answer a report.
 //!
 //! - [`Projected`]: the default; see its docs.
 //! - [`Classic`]: the original algorithm, kept exactly.
@@ -38,7 +38,8 @@ pub struct Grant {
 }
 
 /// Quotas of one slot, per node. Compact: the protobuf message for a node is
-/// built only when it is sent ([`to_user_quotas`]).
+/// encoded only when it is sent ([`encode_grants`], or [`to_user_quotas`]
+/// for a message).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Assignment {
     /// Indexed by node id; a node without grants has an empty vector.
