@@ -3,11 +3,14 @@
 //! `GovernorLayer` keyed per user, under the same closed-loop load.
 //!
 //! Run with: `cargo run --release -p throttle-tests --bin http-bench`
-//! (`-- --seconds 3 --rounds 3 --connections 32` are the defaults).
+//! (`-- --seconds 3 --rounds 3 --connections 32 --warmup 2` are the
+//! defaults).
 //!
 //! The server and the load generator each get one core (two single-worker
-//! runtimes on a 2-core machine). Variants alternate within each round, and
-//! the table shows medians over rounds.
+//! runtimes on a 2-core machine). The throttled app's reporter runs on the
+//! server's runtime, as in production; its central node runs on a third
+//! runtime (in production it is another machine). Variants alternate within
+//! each round, and the table shows medians over rounds.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -100,8 +103,13 @@ async fn limits(attack_limit: u32) -> LimitSet {
     set
 }
 
-/// Starts `variant` on the server runtime.
-async fn start(server_rt: &tokio::runtime::Handle, variant: Variant) -> Server {
+/// Starts `variant` on the server runtime; a central node, if the variant
+/// needs one, on its own (in production it is on another machine).
+async fn start(
+    server_rt: &tokio::runtime::Handle,
+    central_rt: &tokio::runtime::Handle,
+    variant: Variant,
+) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -110,18 +118,31 @@ async fn start(server_rt: &tokio::runtime::Handle, variant: Variant) -> Server {
     let router = match variant {
         Variant::Bare => app(),
         Variant::Throttle => {
-            let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+            let limits = Arc::new(StaticLimits::new(limits(ATTACK_LIMIT).await));
+            let central = central_rt
+                .spawn(async move {
+                    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .expect("bind");
+                    Central::builder()
+                        .limits(limits)
+                        .spawn(grpc, None)
+                        .expect("central")
+                })
                 .await
-                .expect("bind");
-            let central = Central::builder()
-                .limits(Arc::new(StaticLimits::new(limits(ATTACK_LIMIT).await)))
-                .spawn(grpc, None)
-                .expect("central");
+                .expect("central task");
             let store = SlotStore::default();
-            let reporter = Reporter::builder(&store, "bench-node")
-                .central(format!("http://{}", central.grpc_addr()))
-                .spawn()
-                .expect("reporter");
+            // The reporter runs where the app runs, as in production.
+            let (node_store, url) = (store.clone(), format!("http://{}", central.grpc_addr()));
+            let reporter = server_rt
+                .spawn(async move {
+                    Reporter::builder(&node_store, "bench-node")
+                        .central(url)
+                        .spawn()
+                        .expect("reporter")
+                })
+                .await
+                .expect("reporter task");
             reporter.wait_for(|s| s.connected).await;
             let layer = ThrottleLayer::builder(&store, "front")
                 .user(UserKey::header("x-user"))
@@ -266,9 +287,18 @@ fn main() {
     let seconds = throttle_tests::arg("--seconds", 3.0);
     let rounds = throttle_tests::arg("--rounds", 3.0) as usize;
     let connections = throttle_tests::arg("--connections", 32.0) as usize;
+    // Long enough for a node that has just connected to hold quotas for
+    // every slot (see docs/performance.md: the first second may fail open).
+    let warmup = throttle_tests::arg("--warmup", 2.0);
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("server")
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let central_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("central")
         .enable_all()
         .build()
         .expect("runtime");
@@ -298,9 +328,9 @@ fn main() {
         for _ in 0..rounds {
             for (variant, runs) in &mut results {
                 let run = load_rt.block_on(async {
-                    let server = start(server_rt.handle(), *variant).await;
+                    let server = start(server_rt.handle(), central_rt.handle(), *variant).await;
                     // Warm up, then measure.
-                    load(server.addr, connections, 0.5, user).await;
+                    load(server.addr, connections, warmup, user).await;
                     let run = load(server.addr, connections, seconds, user).await;
                     server.task.abort();
                     run
