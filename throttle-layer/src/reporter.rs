@@ -116,6 +116,12 @@ impl Drop for ReporterHandle {
 
 impl Reporter {
     /// A reporter for `store`, identifying itself as `node_id`.
+    ///
+    /// Build the layers (or call [`SlotStore::service`]) before spawning it:
+    /// its Hello names the store's services, and the central node pushes a
+    /// new node the current slot's quotas for those at once. A service
+    /// registered later gets its quotas from the answer to the next report,
+    /// and fails open (or as its fallback says) until then.
     pub fn builder(store: &SlotStore, node_id: &str) -> ReporterBuilder {
         ReporterBuilder {
             store: store.clone(),

@@ -3,7 +3,7 @@
 //! `GovernorLayer` keyed per user, under the same closed-loop load.
 //!
 //! Run with: `cargo run --release -p throttle-tests --bin http-bench`
-//! (`-- --seconds 3 --rounds 3 --connections 32 --warmup 2` are the
+//! (`-- --seconds 3 --rounds 3 --connections 32 --warmup 0.5` are the
 //! defaults).
 //!
 //! The server and the load generator each get one core (two single-worker
@@ -132,6 +132,12 @@ async fn start(
                 .await
                 .expect("central task");
             let store = SlotStore::default();
+            // The layer first, as an app builds its router before it
+            // serves: the reporter's Hello then names the service.
+            let layer = ThrottleLayer::builder(&store, "front")
+                .user(UserKey::header("x-user"))
+                .build()
+                .expect("layer");
             // The reporter runs where the app runs, as in production.
             let (node_store, url) = (store.clone(), format!("http://{}", central.grpc_addr()));
             let reporter = server_rt
@@ -144,10 +150,6 @@ async fn start(
                 .await
                 .expect("reporter task");
             reporter.wait_for(|s| s.connected).await;
-            let layer = ThrottleLayer::builder(&store, "front")
-                .user(UserKey::header("x-user"))
-                .build()
-                .expect("layer");
             keep = Some((reporter, central));
             app().layer(layer)
         }
@@ -287,9 +289,7 @@ fn main() {
     let seconds = throttle_tests::arg("--seconds", 3.0);
     let rounds = throttle_tests::arg("--rounds", 3.0) as usize;
     let connections = throttle_tests::arg("--connections", 32.0) as usize;
-    // Long enough for a node that has just connected to hold quotas for
-    // every slot (see docs/performance.md: the first second may fail open).
-    let warmup = throttle_tests::arg("--warmup", 2.0);
+    let warmup = throttle_tests::arg("--warmup", 0.5);
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("server")
