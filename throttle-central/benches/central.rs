@@ -59,6 +59,7 @@ fn limits(users: usize) -> Vec<Limit> {
 }
 
 fn ingest(c: &mut Criterion) {
+    use prost::Message;
     let mut g = c.benchmark_group("ingest");
     let reports: Vec<v1::Report> = (0..100)
         .map(|n| report(n, SLOT, n * 1000..n * 1000 + 1000))
@@ -69,22 +70,39 @@ fn ingest(c: &mut Criterion) {
         .sum();
     g.throughput(Throughput::Elements(entries));
     g.sample_size(20);
+    // Warm: the keys exist, as they do after the first slot.
+    let warm = || {
+        let mut l = Ledger::new(LedgerConfig::default());
+        l.apply_limits("front", &limits(100_000), SLOT * 1000);
+        for r in &reports {
+            let mut r = r.clone();
+            r.slot_number -= 1;
+            l.ingest(&r, SLOT * 1000).unwrap();
+        }
+        l
+    };
     g.bench_function("100 nodes x 1000 users x 4 resources", |b| {
         b.iter_batched(
-            || {
-                let mut l = Ledger::new(LedgerConfig::default());
-                l.apply_limits("front", &limits(100_000), SLOT * 1000);
-                // Warm: the keys exist, as they do after the first slot.
-                for r in &reports {
-                    let mut r = r.clone();
-                    r.slot_number -= 1;
-                    l.ingest(&r, SLOT * 1000).unwrap();
-                }
-                l
-            },
+            warm,
             |mut l| {
                 for r in &reports {
                     black_box(l.ingest(r, SLOT * 1000 + 50).unwrap());
+                }
+                l
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    // As the server files them: read in place from the received bytes
+    // (checking them included).
+    let raw: Vec<bytes::Bytes> = reports.iter().map(|r| r.encode_to_vec().into()).collect();
+    g.bench_function("100 nodes x 1000 users x 4 resources, read in place", |b| {
+        b.iter_batched(
+            warm,
+            |mut l| {
+                for bytes in &raw {
+                    let r = RawReport::parse(bytes.clone()).unwrap();
+                    black_box(l.ingest_from(&r, SLOT * 1000 + 50).unwrap());
                 }
                 l
             },

@@ -639,7 +639,11 @@ impl Ledger {
                 continue;
             }
             let svc = self.service_mut(name);
+            let mut entries: SmallVec<[(&str, i64); 8]> = SmallVec::new();
+            let mut resources: SmallVec<[&str; 8]> = SmallVec::new();
+            let mut ids: SmallVec<[KeyId; 8]> = SmallVec::new();
             for (user, amounts) in users {
+                entries.clear();
                 for (resource, amount) in amounts {
                     if !valid_name(user) || !valid_name(resource) {
                         out.dropped
@@ -650,11 +654,17 @@ impl Ledger {
                             format!("{name}/{user}/{resource}"),
                         ));
                     } else {
-                        let id = svc.state.find_or_insert(user, resource);
-                        let key = svc.state.key_mut(id);
-                        key.file(node, slot, amount, is_rejection, now_ms);
-                        out.entries += 1;
+                        entries.push((resource, amount));
                     }
+                }
+                resources.clear();
+                resources.extend(entries.iter().map(|(r, _)| *r));
+                svc.state.keys_for(user, &resources, &mut ids);
+                for (&id, &(_, amount)) in ids.iter().zip(&entries) {
+                    svc.state
+                        .key_mut(id)
+                        .file(node, slot, amount, is_rejection, now_ms);
+                    out.entries += 1;
                 }
             }
         }
@@ -961,6 +971,32 @@ impl ServiceState {
 
     fn key_mut(&mut self, id: KeyId) -> &mut Key {
         &mut self.keys[id.index()]
+    }
+
+    /// The keys of `user` for each of `resources` (created where new), in
+    /// order: one lookup of the user for all its entries of a report.
+    fn keys_for(&mut self, user: &str, resources: &[&str], out: &mut SmallVec<[KeyId; 8]>) {
+        out.clear();
+        if resources.is_empty() {
+            return;
+        }
+        if let Some(keys) = self.users.get(user) {
+            for r in resources {
+                match keys.iter().find(|(name, _)| **name == **r) {
+                    Some((_, id)) => out.push(*id),
+                    None => break,
+                }
+            }
+            if out.len() == resources.len() {
+                return;
+            }
+        }
+        // Some key is new: the general path.
+        out.clear();
+        for r in resources {
+            let id = self.find_or_insert(user, r);
+            out.push(id);
+        }
     }
 
     /// The key of (`user`, `resource`), created if new.
