@@ -117,11 +117,12 @@ impl Drop for ReporterHandle {
 impl Reporter {
     /// A reporter for `store`, identifying itself as `node_id`.
     ///
-    /// Build the layers (or call [`SlotStore::service`]) before spawning it:
-    /// its Hello names the store's services, and the central node pushes a
+    /// Its Hello names the store's services, and the central node pushes a
     /// new node the current slot's quotas for those at once. A service
-    /// registered later gets its quotas from the answer to the next report,
-    /// and fails open (or as its fallback says) until then.
+    /// registered later (a layer built after the reporter was spawned) is
+    /// announced by opening a new stream within about 20 ms; until its
+    /// quotas arrive it fails open, or as its fallback says. Building the
+    /// layers first avoids that moment.
     pub fn builder(store: &SlotStore, node_id: &str) -> ReporterBuilder {
         ReporterBuilder {
             store: store.clone(),
@@ -196,6 +197,7 @@ impl ReporterBuilder {
             current: 0,
             pending: VecDeque::new(),
             last_collected,
+            announced: 0,
             status: status_tx,
         };
         let mut run = run;
@@ -218,7 +220,22 @@ struct Run {
     pending: VecDeque<Pending>,
     last_collected: i64,
     next_tick: Instant,
+    /// Services named in the last Hello.
+    announced: usize,
     status: watch::Sender<ReporterStatus>,
+}
+
+/// How often a connected reporter looks for services registered since its
+/// Hello.
+const NEW_SERVICE_CHECK: Duration = Duration::from_millis(20);
+
+/// Why a stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Closed, refused, redirected or stuck: reconnect after a backoff.
+    Lost,
+    /// A service was registered since the Hello: reconnect at once.
+    Announce,
 }
 
 enum Opened {
@@ -325,14 +342,19 @@ impl Run {
     }
 
     /// Opens a stream; owns its inputs so ticks can run while it connects.
-    fn open(&self, endpoint: String) -> impl Future<Output = Result<Opened, OpenError>> + use<> {
+    fn open(
+        &mut self,
+        endpoint: String,
+    ) -> impl Future<Output = Result<Opened, OpenError>> + use<> {
         let timeout = self.cfg.connect_timeout;
         let queue = self.cfg.max_buffered + 8;
+        let services = self.cfg.store.service_names();
+        self.announced = services.len();
         let hello = v1::NodeMessage {
             kind: Some(node_message::Kind::Hello(v1::Hello {
                 node_id: self.cfg.node_id.clone(),
                 slot_ms: self.cfg.store.slot_length().as_ms(),
-                services: self.cfg.store.service_names(),
+                services,
                 version: throttle_proto::VERSION.to_owned(),
             })),
         };
@@ -379,7 +401,11 @@ impl Run {
             match opened {
                 Ok(Opened::Stream(tx, inbound)) => {
                     backoff = self.cfg.backoff_min;
-                    self.connected(&endpoint, tx, inbound).await;
+                    if self.connected(&endpoint, tx, inbound).await == Ended::Announce {
+                        // A new stream at once: its Hello names the new
+                        // service, and the central pushes its quotas.
+                        continue;
+                    }
                 }
                 Ok(Opened::Redirect(leader)) => self.follow(leader),
                 Err(e) => {
@@ -395,12 +421,13 @@ impl Run {
         }
     }
 
+    /// Serves one stream until it ends; says why it ended.
     async fn connected(
         &mut self,
         endpoint: &str,
         tx: mpsc::Sender<v1::NodeMessage>,
         mut inbound: Box<tonic::Streaming<v1::CentralMessage>>,
-    ) {
+    ) -> Ended {
         tracing::info!(
             endpoint,
             buffered = self.pending.len(),
@@ -421,6 +448,9 @@ impl Run {
             s.connections += 1;
             s.reports_sent += replayed;
         });
+        let mut check = tokio::time::interval(NEW_SERVICE_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ended = Ended::Lost;
         loop {
             tokio::select! {
                 msg = inbound.message() => match msg {
@@ -445,10 +475,21 @@ impl Run {
                         break;
                     }
                 }
+                _ = check.tick() => {
+                    // A layer built after the Hello: only a new Hello tells
+                    // the central node, which then sends its quotas at once
+                    // instead of after the next report.
+                    if self.cfg.store.service_count() > self.announced {
+                        tracing::info!(endpoint, "service registered; reconnecting to announce it");
+                        ended = Ended::Announce;
+                        break;
+                    }
+                }
             }
         }
         gauge!("throttle_reporter_connected").set(0.0);
         self.publish(|s| s.connected = false);
+        ended
     }
 
     fn quota(&mut self, quota: v1::Quota) {

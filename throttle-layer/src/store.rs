@@ -994,6 +994,11 @@ impl SlotStore {
         s
     }
 
+    /// How many services are registered (they are never removed).
+    pub fn service_count(&self) -> usize {
+        self.shared.services.lock().len()
+    }
+
     /// Names of the services in the store.
     pub fn service_names(&self) -> Vec<String> {
         self.shared

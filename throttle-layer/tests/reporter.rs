@@ -399,3 +399,32 @@ async fn builder_refuses_bad_settings() {
             .is_err()
     );
 }
+
+#[tokio::test]
+async fn a_service_registered_after_connecting_is_announced_at_once() {
+    let (f, mut events) = fake(None);
+    let server = FakeServer::start("127.0.0.1:0".parse().unwrap(), f).await;
+    let store = store();
+    store.service("front");
+    let _reporter = reporter(&store, &[server.url()]);
+    match next(&mut events).await {
+        Event::Hello(h) => assert_eq!(h.services, vec!["front".to_string()]),
+        e => panic!("expected Hello, got {e:?}"),
+    }
+    // A layer built after the reporter was spawned.
+    store.service("back");
+    let hello = tokio::time::timeout(Duration::from_millis(500), async {
+        loop {
+            if let Event::Hello(h) = next(&mut events).await {
+                return h;
+            }
+        }
+    })
+    .await
+    .expect("no new Hello within 500 ms");
+    assert_eq!(
+        hello.services,
+        vec!["front".to_string(), "back".to_string()]
+    );
+    server.stop().await;
+}
