@@ -90,17 +90,11 @@ pub(crate) fn grants_or_previous(
     }
 }
 
-/// Writes one node's grants into `out` as the users of the (service, slot)
-/// begun there. A user's grants are gathered first (protobuf map entries
-/// must not repeat a user); `order` is scratch space.
-pub fn encode_grants(
-    out: &mut QuotaEncoder,
-    state: &ServiceState,
-    grants: &[Grant],
-    order: &mut Vec<(usize, u32)>,
-) {
-    // A user's keys share its name's allocation: sorting by its address
-    // gathers them without comparing names.
+/// Sorts `order` so that each user's grants form one run: (the user's name
+/// address, index in `grants`). A user's keys share its name's allocation,
+/// so this gathers them without comparing names. Protobuf map entries must
+/// not repeat a user.
+fn gather_by_user(state: &ServiceState, grants: &[Grant], order: &mut Vec<(usize, u32)>) {
     order.clear();
     order.extend(
         grants
@@ -109,39 +103,53 @@ pub fn encode_grants(
             .map(|(i, g)| (state.key(g.key).user().as_ptr() as usize, i as u32)),
     );
     order.sort_unstable();
+}
+
+/// One user's run of `order`: its name and its (resource, amount) pairs.
+fn user_run<'a>(
+    state: &'a ServiceState,
+    grants: &'a [Grant],
+    run: &'a [(usize, u32)],
+) -> (&'a str, impl Iterator<Item = (&'a str, f64)> + Clone) {
+    let user = state.key(grants[run[0].1 as usize].key).user();
+    let resources = run.iter().map(move |&(_, i)| {
+        let g = grants[i as usize];
+        (state.key(g.key).resource(), g.amount)
+    });
+    (user, resources)
+}
+
+/// Writes one node's grants into `out` as the users of the (service, slot)
+/// begun there; `order` is scratch space.
+pub fn encode_grants(
+    out: &mut QuotaEncoder,
+    state: &ServiceState,
+    grants: &[Grant],
+    order: &mut Vec<(usize, u32)>,
+) {
+    gather_by_user(state, grants, order);
     for run in order.chunk_by(|a, b| a.0 == b.0) {
-        let user = state.key(grants[run[0].1 as usize].key).user();
-        out.user(
-            user,
-            run.iter().map(|&(_, i)| {
-                let g = grants[i as usize];
-                (state.key(g.key).resource(), g.amount)
-            }),
-        );
+        let (user, resources) = user_run(state, grants, run);
+        out.user(user, resources);
     }
 }
 
-/// The protobuf form of one node's grants.
+/// The protobuf form of one node's grants. The users' map is built from
+/// one sorted list rather than one insertion per grant.
 pub fn to_user_quotas(state: &ServiceState, grants: &[Grant]) -> v1::UserQuotas {
-    let mut out = v1::UserQuotas::default();
-    let mut last: Option<(&str, &mut v1::ResourceQuotas)> = None;
-    for g in grants {
-        let key = state.key(g.key);
-        // A user's keys are mostly next to each other: look the user up
-        // once per run of them.
-        let rq = match last {
-            Some((u, rq)) if u == key.user() => rq,
-            _ => {
-                if !out.users.contains_key(key.user()) {
-                    out.users.insert(key.user().to_owned(), Default::default());
-                }
-                out.users.get_mut(key.user()).expect("inserted above")
-            }
-        };
-        rq.resources.insert(key.resource().to_owned(), g.amount);
-        last = Some((key.user(), rq));
+    let mut order = Vec::with_capacity(grants.len());
+    gather_by_user(state, grants, &mut order);
+    let users: Vec<(String, v1::ResourceQuotas)> = order
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|run| {
+            let (user, resources) = user_run(state, grants, run);
+            let resources = resources.map(|(r, a)| (r.to_owned(), a)).collect();
+            (user.to_owned(), v1::ResourceQuotas { resources })
+        })
+        .collect();
+    v1::UserQuotas {
+        users: users.into_iter().collect(),
     }
-    out
 }
 
 /// A quota strategy for one service; see the [module docs](self).
