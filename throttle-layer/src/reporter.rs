@@ -120,9 +120,9 @@ impl Reporter {
     /// Its Hello names the store's services, and the central node pushes a
     /// new node the current slot's quotas for those at once. A service
     /// registered later (a layer built after the reporter was spawned) is
-    /// announced by opening a new stream within about 20 ms; until its
-    /// quotas arrive it fails open, or as its fallback says. Building the
-    /// layers first avoids that moment.
+    /// announced by opening a new stream, at least 200 ms after the last
+    /// one opened; until its quotas arrive it fails open, or as its fallback
+    /// says. Building the layers first avoids that moment.
     pub fn builder(store: &SlotStore, node_id: &str) -> ReporterBuilder {
         ReporterBuilder {
             store: store.clone(),
@@ -228,6 +228,11 @@ struct Run {
 /// How often a connected reporter looks for services registered since its
 /// Hello.
 const NEW_SERVICE_CHECK: Duration = Duration::from_millis(20);
+
+/// The shortest life of a stream closed to announce a new service: an app
+/// that registers services one after another reconnects at most five times
+/// a second.
+const ANNOUNCE_AFTER: Duration = Duration::from_millis(200);
 
 /// Why a stream ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -448,6 +453,7 @@ impl Run {
             s.connections += 1;
             s.reports_sent += replayed;
         });
+        let opened = Instant::now();
         let mut check = tokio::time::interval(NEW_SERVICE_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ended = Ended::Lost;
@@ -479,7 +485,9 @@ impl Run {
                     // A layer built after the Hello: only a new Hello tells
                     // the central node, which then sends its quotas at once
                     // instead of after the next report.
-                    if self.cfg.store.service_count() > self.announced {
+                    if self.cfg.store.service_count() > self.announced
+                        && opened.elapsed() >= ANNOUNCE_AFTER
+                    {
                         tracing::info!(endpoint, "service registered; reconnecting to announce it");
                         ended = Ended::Announce;
                         break;
