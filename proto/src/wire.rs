@@ -437,8 +437,38 @@ fn in_order<'a>(prev: &mut Option<&'a str>, key: &'a str) -> Result<(), RawRepor
 struct RawUsage {
     rejection: bool,
     service: Range<usize>,
-    usage: Range<usize>,
-    users: usize,
+    /// Its users in [`RawReport::users`].
+    users: Range<usize>,
+}
+
+/// One user of a usage: its name and its entries in [`RawReport::entries`].
+#[derive(Debug, Clone)]
+struct RawUser {
+    name: (u32, u32),
+    entries: Range<u32>,
+}
+
+/// One (resource, amount) of a user.
+#[derive(Debug, Clone, Copy)]
+struct RawEntry {
+    resource: (u32, u32),
+    amount: i64,
+}
+
+/// A name checked by [`RawReport::parse`], as (start, length) in the bytes.
+fn name_in(whole: &[u8], part: &str) -> (u32, u32) {
+    let r = range_in(whole, part.as_bytes());
+    // `parse` refuses messages of 4 GiB or more, so both fit.
+    (r.start as u32, r.len() as u32)
+}
+
+/// The name at `at`, checked by [`RawReport::parse`] ("" if it were not).
+fn name_at(bytes: &[u8], at: (u32, u32)) -> &str {
+    let (start, len) = (at.0 as usize, at.1 as usize);
+    bytes
+        .get(start..start + len)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .unwrap_or_default()
 }
 
 /// A [`v1::Report`] read in place: checked once by [`RawReport::parse`],
@@ -449,6 +479,10 @@ pub struct RawReport {
     node_id: Range<usize>,
     slot_number: i64,
     usages: Vec<RawUsage>,
+    /// Every usage's users, then every user's entries, found while
+    /// checking: filing reads these flat lists, not the framing again.
+    users: Vec<RawUser>,
+    entries: Vec<RawEntry>,
 }
 
 /// The byte range of `part` within `whole`; an empty range for an empty
@@ -473,9 +507,15 @@ impl RawReport {
     /// reader might not read it the same way.
     pub fn parse(bytes: Bytes) -> Result<Self, RawReportError> {
         let whole = &bytes[..];
+        if u32::try_from(whole.len()).is_err() {
+            return Err(RawReportError::Unordered);
+        }
         let mut node_id = 0..0;
         let mut slot_number = 0;
         let mut usages = Vec::new();
+        let mut users = Vec::new();
+        // About 20 bytes per entry in reports of short names.
+        let mut entries = Vec::with_capacity(whole.len() / 20);
         let mut prev_service: [Option<&str>; 2] = [None, None];
         let mut f = Fields::new(whole);
         while let Some((n, field)) = f.next_field()? {
@@ -489,12 +529,12 @@ impl RawReport {
                     let rejection = n == 4;
                     let (service, usage, _) = entry(b)?;
                     in_order(&mut prev_service[usize::from(rejection)], service)?;
-                    let users = Self::check_usage(usage)?;
+                    let first = users.len();
+                    Self::check_usage(whole, usage, &mut users, &mut entries)?;
                     usages.push(RawUsage {
                         rejection,
                         service: range_in(whole, service.as_bytes()),
-                        usage: range_in(whole, usage),
-                        users,
+                        users: first..users.len(),
                     });
                 }
                 (1..=4, _) => {
@@ -507,13 +547,19 @@ impl RawReport {
             node_id,
             slot_number,
             usages,
+            users,
+            entries,
             bytes,
         })
     }
 
-    /// Checks a `Usage` body; returns its number of users.
-    fn check_usage(usage: &[u8]) -> Result<usize, RawReportError> {
-        let mut users = 0;
+    /// Checks a `Usage` body, listing its users and their entries.
+    fn check_usage(
+        whole: &[u8],
+        usage: &[u8],
+        users: &mut Vec<RawUser>,
+        entries: &mut Vec<RawEntry>,
+    ) -> Result<(), RawReportError> {
         let mut prev_user = None;
         let mut f = Fields::new(usage);
         while let Some((n, field)) = f.next_field()? {
@@ -524,14 +570,18 @@ impl RawReport {
             };
             let (user, amounts, _) = entry(b)?;
             in_order(&mut prev_user, user)?;
-            users += 1;
+            let first = entries.len() as u32;
             let mut prev_resource = None;
             let mut a = Fields::new(amounts);
             while let Some((n, field)) = a.next_field()? {
                 match (n, field) {
                     (1, Field::Bytes(b)) => {
-                        let (resource, _, _) = entry(b)?;
+                        let (resource, _, amount) = entry(b)?;
                         in_order(&mut prev_resource, resource)?;
+                        entries.push(RawEntry {
+                            resource: name_in(whole, resource),
+                            amount: amount as i64,
+                        });
                     }
                     (1, _) => {
                         return Err(RawReportError::Malformed("amounts field of the wrong type"));
@@ -539,8 +589,12 @@ impl RawReport {
                     _ => {}
                 }
             }
+            users.push(RawUser {
+                name: name_in(whole, user),
+                entries: first..entries.len() as u32,
+            });
         }
-        Ok(users)
+        Ok(())
     }
 
     /// The node's id as it wrote it (may be empty).
@@ -555,7 +609,7 @@ impl RawReport {
 
     /// Users over all services, consumption and rejection.
     pub fn user_count(&self) -> usize {
-        self.usages.iter().map(|u| u.users).sum()
+        self.users.len()
     }
 
     /// Every (service, consumption or rejection) usage, in the order sent.
@@ -563,7 +617,9 @@ impl RawReport {
         self.usages.iter().map(|u| {
             let service = std::str::from_utf8(&self.bytes[u.service.clone()]).unwrap_or_default();
             let users = RawUsers {
-                fields: Fields::new(&self.bytes[u.usage.clone()]),
+                bytes: &self.bytes,
+                users: self.users[u.users.clone()].iter(),
+                entries: &self.entries,
             };
             (service, u.rejection, users)
         })
@@ -572,13 +628,15 @@ impl RawReport {
 
 /// The users of one usage of a [`RawReport`], with their amounts.
 pub struct RawUsers<'a> {
-    fields: Fields<'a>,
+    bytes: &'a [u8],
+    users: std::slice::Iter<'a, RawUser>,
+    entries: &'a [RawEntry],
 }
 
 impl std::fmt::Debug for RawUsers<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RawUsers")
-            .field("bytes", &self.fields.buf.len())
+            .field("users", &self.users.len())
             .finish()
     }
 }
@@ -588,32 +646,26 @@ impl<'a> Iterator for RawUsers<'a> {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        // Checked by `RawReport::parse`: an error here cannot happen, and
-        // would end the iteration rather than panic.
-        loop {
-            let (n, field) = self.fields.next_field().ok()??;
-            if let (1, Field::Bytes(b)) = (n, field) {
-                let (user, amounts, _) = entry(b).ok()?;
-                return Some((
-                    user,
-                    RawAmounts {
-                        fields: Fields::new(amounts),
-                    },
-                ));
-            }
-        }
+        let user = self.users.next()?;
+        let (start, end) = (user.entries.start as usize, user.entries.end as usize);
+        let amounts = RawAmounts {
+            bytes: self.bytes,
+            entries: self.entries.get(start..end).unwrap_or_default().iter(),
+        };
+        Some((name_at(self.bytes, user.name), amounts))
     }
 }
 
 /// One user's amounts per resource in a [`RawReport`].
 pub struct RawAmounts<'a> {
-    fields: Fields<'a>,
+    bytes: &'a [u8],
+    entries: std::slice::Iter<'a, RawEntry>,
 }
 
 impl std::fmt::Debug for RawAmounts<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RawAmounts")
-            .field("bytes", &self.fields.buf.len())
+            .field("entries", &self.entries.len())
             .finish()
     }
 }
@@ -623,13 +675,8 @@ impl<'a> Iterator for RawAmounts<'a> {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let (n, field) = self.fields.next_field().ok()??;
-            if let (1, Field::Bytes(b)) = (n, field) {
-                let (resource, _, amount) = entry(b).ok()?;
-                return Some((resource, amount as i64));
-            }
-        }
+        let e = self.entries.next()?;
+        Some((name_at(self.bytes, e.resource), e.amount))
     }
 }
 
