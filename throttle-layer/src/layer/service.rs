@@ -177,6 +177,8 @@ fn reject(
     let wait_ms = wait.as_millis() as u64;
     let reset_secs = wait_ms.div_ceil(1000).max(1);
     let mut res = Response::new(()).into_parts().0;
+    // Sized for every header below at once: no regrowth.
+    res.headers = http::HeaderMap::with_capacity(8);
     let resource = decision
         .tightest
         .and_then(|t| Some((cfg.service.resource_name(t.resource)?, t)));
@@ -207,7 +209,8 @@ fn reject(
     }
     res.status = cfg.reject_status;
     let h = &mut res.headers;
-    h.insert(RETRY_AFTER, HeaderValue::from(reset_secs));
+    let reset = number(reset_secs);
+    h.insert(RETRY_AFTER, reset.clone());
     h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -218,23 +221,37 @@ fn reject(
         let limit = t.quota.max(0.0).floor() as u64;
         let remaining = (t.quota - t.used as f64).max(0.0).floor() as u64;
         let window = u64::from(slot.as_ms()).div_ceil(1000).max(1);
-        let key = sf_string(name);
-        if let Ok(v) = HeaderValue::from_str(&format!("{key};q={limit};w={window}")) {
-            h.insert(RATELIMIT_POLICY, v);
+        // Each value is written once and handed over without a copy.
+        let mut policy = sf_string(name);
+        let mut ratelimit = policy.clone();
+        let _ = write!(policy, ";q={limit};w={window}");
+        let _ = write!(ratelimit, ";r={remaining};t={reset_secs}");
+        for (header, value) in [(RATELIMIT_POLICY, policy), (RATELIMIT, ratelimit)] {
+            if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+                h.insert(header, v);
+            }
         }
-        if let Ok(v) = HeaderValue::from_str(&format!("{key};r={remaining};t={reset_secs}")) {
-            h.insert(RATELIMIT, v);
-        }
-        h.insert(X_LIMIT, HeaderValue::from(limit));
-        h.insert(X_REMAINING, HeaderValue::from(remaining));
-        h.insert(X_RESET, HeaderValue::from(reset_secs));
+        h.insert(X_LIMIT, number(limit));
+        h.insert(X_REMAINING, number(remaining));
+        h.insert(X_RESET, reset);
     }
     (res, b"Too Many Requests\n")
 }
 
 /// A structured-field string (RFC 8941): quoted, `"` and `\` escaped.
+/// A number as a header value; the usual small ones (a reset in 1 s, none
+/// remaining) without an allocation.
+fn number(n: u64) -> HeaderValue {
+    const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match DIGITS.get(n as usize) {
+        Some(d) => HeaderValue::from_static(d),
+        None => HeaderValue::from(n),
+    }
+}
+
 fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
+    // Room for the parameters appended to it.
+    let mut out = String::with_capacity(s.len() + 32);
     out.push('"');
     for c in s.chars().filter(|c| (' '..='~').contains(c)) {
         if c == '"' || c == '\\' {
@@ -267,5 +284,8 @@ mod tests {
     fn encodings() {
         assert_eq!(percent_encode("a%b é"), "a%25b %C3%A9");
         assert_eq!(sf_string("db \"read\"\n"), r#""db \"read\"""#);
+        for n in [0, 1, 9, 10, 1234, u64::MAX] {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string());
+        }
     }
 }
