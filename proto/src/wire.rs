@@ -436,7 +436,7 @@ fn in_order<'a>(prev: &mut Option<&'a str>, key: &'a str) -> Result<(), RawRepor
 #[derive(Debug, Clone)]
 struct RawUsage {
     rejection: bool,
-    service: Range<usize>,
+    service: (u32, u32),
     /// Its users in [`RawReport::users`].
     users: Range<usize>,
 }
@@ -455,11 +455,16 @@ struct RawEntry {
     amount: i64,
 }
 
-/// A name checked by [`RawReport::parse`], as (start, length) in the bytes.
+/// A name checked by [`RawReport::parse`], as (start, length) within
+/// `whole`: (0, 0) for an empty name (a default, which may point anywhere)
+/// or one that is not inside.
 fn name_in(whole: &[u8], part: &str) -> (u32, u32) {
-    let r = range_in(whole, part.as_bytes());
-    // `parse` refuses messages of 4 GiB or more, so both fit.
-    (r.start as u32, r.len() as u32)
+    let start = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
+    match start.checked_add(part.len()) {
+        // `parse` refuses messages of 4 GiB or more, so both fit.
+        Some(end) if !part.is_empty() && end <= whole.len() => (start as u32, part.len() as u32),
+        _ => (0, 0),
+    }
 }
 
 /// The name at `at`, checked by [`RawReport::parse`] ("" if it were not).
@@ -476,23 +481,13 @@ fn name_at(bytes: &[u8], at: (u32, u32)) -> &str {
 #[derive(Debug, Clone)]
 pub struct RawReport {
     bytes: Bytes,
-    node_id: Range<usize>,
+    node_id: (u32, u32),
     slot_number: i64,
     usages: Vec<RawUsage>,
     /// Every usage's users, then every user's entries, found while
     /// checking: filing reads these flat lists, not the framing again.
     users: Vec<RawUser>,
     entries: Vec<RawEntry>,
-}
-
-/// The byte range of `part` within `whole`; an empty range for an empty
-/// part (a default, which may point anywhere) or one that is not inside.
-fn range_in(whole: &[u8], part: &[u8]) -> Range<usize> {
-    let start = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
-    match start.checked_add(part.len()) {
-        Some(end) if !part.is_empty() && end <= whole.len() => start..end,
-        _ => 0..0,
-    }
 }
 
 impl RawReport {
@@ -510,7 +505,7 @@ impl RawReport {
         if u32::try_from(whole.len()).is_err() {
             return Err(RawReportError::Unordered);
         }
-        let mut node_id = 0..0;
+        let mut node_id = (0, 0);
         let mut slot_number = 0;
         let mut usages = Vec::new();
         let mut users = Vec::new();
@@ -520,10 +515,7 @@ impl RawReport {
         let mut f = Fields::new(whole);
         while let Some((n, field)) = f.next_field()? {
             match (n, field) {
-                (1, Field::Bytes(b)) => {
-                    utf8(b)?;
-                    node_id = range_in(whole, b);
-                }
+                (1, Field::Bytes(b)) => node_id = name_in(whole, utf8(b)?),
                 (2, Field::Varint(v)) => slot_number = v as i64,
                 (3 | 4, Field::Bytes(b)) => {
                     let rejection = n == 4;
@@ -533,7 +525,7 @@ impl RawReport {
                     Self::check_usage(whole, usage, &mut users, &mut entries)?;
                     usages.push(RawUsage {
                         rejection,
-                        service: range_in(whole, service.as_bytes()),
+                        service: name_in(whole, service),
                         users: first..users.len(),
                     });
                 }
@@ -599,7 +591,7 @@ impl RawReport {
 
     /// The node's id as it wrote it (may be empty).
     pub fn node_id(&self) -> &str {
-        std::str::from_utf8(&self.bytes[self.node_id.clone()]).unwrap_or_default()
+        name_at(&self.bytes, self.node_id)
     }
 
     /// The slot the report was sent in.
@@ -615,7 +607,7 @@ impl RawReport {
     /// Every (service, consumption or rejection) usage, in the order sent.
     pub fn usages(&self) -> impl Iterator<Item = (&str, bool, RawUsers<'_>)> {
         self.usages.iter().map(|u| {
-            let service = std::str::from_utf8(&self.bytes[u.service.clone()]).unwrap_or_default();
+            let service = name_at(&self.bytes, u.service);
             let users = RawUsers {
                 bytes: &self.bytes,
                 users: self.users[u.users.clone()].iter(),

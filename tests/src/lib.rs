@@ -195,6 +195,21 @@ impl Cluster {
     }
 }
 
+/// A tokio runtime of one worker thread named `name`: the benchmark
+/// programs give each side (server, load, central, nodes) its own, so each
+/// has about one core and its CPU can be read from its thread.
+///
+/// # Errors
+///
+/// When the runtime cannot be built.
+pub fn one_worker(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
+        .enable_all()
+        .build()
+}
+
 /// The number after `--name` on the command line, or `default`; for the
 /// benchmark programs.
 pub fn arg(name: &str, default: f64) -> f64 {

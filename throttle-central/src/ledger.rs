@@ -640,7 +640,6 @@ impl Ledger {
             }
             let svc = self.service_mut(name);
             let mut entries: SmallVec<[(&str, i64); 8]> = SmallVec::new();
-            let mut resources: SmallVec<[&str; 8]> = SmallVec::new();
             let mut ids: SmallVec<[KeyId; 8]> = SmallVec::new();
             for (user, amounts) in users {
                 entries.clear();
@@ -657,9 +656,8 @@ impl Ledger {
                         entries.push((resource, amount));
                     }
                 }
-                resources.clear();
-                resources.extend(entries.iter().map(|(r, _)| *r));
-                svc.state.keys_for(user, &resources, &mut ids);
+                svc.state
+                    .keys_for(user, entries.iter().map(|(r, _)| *r), &mut ids);
                 for (&id, &(_, amount)) in ids.iter().zip(&entries) {
                     svc.state
                         .key_mut(id)
@@ -975,19 +973,23 @@ impl ServiceState {
 
     /// The keys of `user` for each of `resources` (created where new), in
     /// order: one lookup of the user for all its entries of a report.
-    fn keys_for(&mut self, user: &str, resources: &[&str], out: &mut SmallVec<[KeyId; 8]>) {
+    fn keys_for<'r>(
+        &mut self,
+        user: &str,
+        resources: impl Iterator<Item = &'r str> + Clone,
+        out: &mut SmallVec<[KeyId; 8]>,
+    ) {
         out.clear();
-        if resources.is_empty() {
-            return;
-        }
         if let Some(keys) = self.users.get(user) {
-            for r in resources {
-                match keys.iter().find(|(name, _)| **name == **r) {
-                    Some((_, id)) => out.push(*id),
-                    None => break,
-                }
-            }
-            if out.len() == resources.len() {
+            let found = resources.clone().all(|r| {
+                let id = keys
+                    .iter()
+                    .find(|(name, _)| **name == *r)
+                    .map(|(_, id)| *id);
+                out.extend(id);
+                id.is_some()
+            });
+            if found {
                 return;
             }
         }

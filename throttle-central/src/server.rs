@@ -578,7 +578,10 @@ impl Actor {
 
     fn report(&mut self, conn: u64, report: &Received) -> Result<bytes::Bytes, Status> {
         let now = self.clock.now_ms();
-        let Some(c) = self.conns.get_mut(&conn) else {
+        let Self {
+            conns, assigner, ..
+        } = self;
+        let Some(c) = conns.get_mut(&conn) else {
             return Err(Status::failed_precondition("stream is not registered"));
         };
         // A report may leave out its node id: it is the stream's.
@@ -592,11 +595,10 @@ impl Actor {
             )));
         }
         c.reports += 1;
-        let node = c.node;
-        let node_id = c.node_id.clone();
+        let (node, node_id) = (c.node, c.node_id.as_str());
         let filed = match report {
-            Received::Raw(r) => self.assigner.report(node, &FromNode(&node_id, r), now),
-            Received::Decoded(r) => self.assigner.report(node, &FromNode(&node_id, r), now),
+            Received::Raw(r) => assigner.report(node, &FromNode(node_id, r), now),
+            Received::Decoded(r) => assigner.report(node, &FromNode(node_id, r), now),
         };
         let answer = match filed {
             Ok(a) => a,

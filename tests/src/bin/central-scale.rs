@@ -83,15 +83,8 @@ fn main() -> anyhow::Result<()> {
     let users = throttle_tests::arg("--users", 100.0) as u64;
     let seconds = throttle_tests::arg("--seconds", 10.0) as u64;
     let total_users = (nodes * users / 3).max(users);
-    let one_worker = |name: &str| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name(name)
-            .enable_all()
-            .build()
-    };
-    let central_rt = one_worker("central")?;
-    let rt = one_worker("nodes")?;
+    let central_rt = throttle_tests::one_worker("central")?;
+    let rt = throttle_tests::one_worker("nodes")?;
     let on_central = central_rt.handle().clone();
     rt.block_on(async {
         let mut limits = LimitSet::new();

@@ -290,24 +290,9 @@ fn main() {
     let rounds = throttle_tests::arg("--rounds", 3.0) as usize;
     let connections = throttle_tests::arg("--connections", 32.0) as usize;
     let warmup = throttle_tests::arg("--warmup", 0.5);
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("server")
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let central_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("central")
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let load_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("load")
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let server_rt = throttle_tests::one_worker("server").expect("runtime");
+    let central_rt = throttle_tests::one_worker("central").expect("runtime");
+    let load_rt = throttle_tests::one_worker("load").expect("runtime");
     println!(
         "{rounds} rounds x {seconds} s, {connections} keep-alive connections, {USERS} users, server and load on one core each\n"
     );

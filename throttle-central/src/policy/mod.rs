@@ -74,22 +74,6 @@ impl Assignment {
     }
 }
 
-/// [`Policy::grants_for`] for policies that assign one slot ahead at
-/// mid-slot: a report is answered before the next slot is assigned, so
-/// until then the node's grants of the slot before stand in, a safety net
-/// should the coming push be lost. Answering never runs an assign, so
-/// reports arriving together do not queue behind one.
-pub(crate) fn grants_or_previous(
-    book: &BTreeMap<i64, Assignment>,
-    node: NodeId,
-    slot: i64,
-) -> Option<&[Grant]> {
-    match book.get(&slot) {
-        Some(a) => a.get(node),
-        None => book.get(&(slot - 1))?.get(node),
-    }
-}
-
 /// Sorts `order` so that each user's grants form one run: (the user's name
 /// address, index in `grants`). A user's keys share its name's allocation,
 /// so this gathers them without comparing names. Protobuf map entries must
@@ -185,17 +169,26 @@ pub trait Policy: Send + fmt::Debug {
         now_ms: i64,
     ) -> Assignment;
 
-    /// The grants of `node` for `slot`, to answer a report or push; by
-    /// default what [`Policy::assign`] computed, found in `book` (slot ->
-    /// assignment), and none if it has not run for that slot (as the
-    /// original).
+    /// The grants of `node` for `slot`, to answer a report or push: what
+    /// [`Policy::assign`] computed, found in `book` (slot -> assignment).
+    ///
+    /// A slot not assigned yet has none (as the original), except for a
+    /// policy that assigns one slot ahead ([`Policy::lead`] 1): a report is
+    /// answered before its next slot is assigned, so until then the node's
+    /// grants of the slot before stand in, a safety net should the coming
+    /// push be lost. Answering never runs an assign, so reports arriving
+    /// together do not queue behind one.
     fn grants_for<'a>(
         &self,
         book: &'a BTreeMap<i64, Assignment>,
         node: NodeId,
         slot: i64,
     ) -> Option<&'a [Grant]> {
-        book.get(&slot)?.get(node)
+        match book.get(&slot) {
+            Some(a) => a.get(node),
+            None if self.lead() <= 1 => book.get(&(slot - 1))?.get(node),
+            None => None,
+        }
     }
 
     /// Drops whatever the policy keeps about slots before `slot`.

@@ -271,15 +271,6 @@ impl Policy for Projected {
         out
     }
 
-    fn grants_for<'a>(
-        &self,
-        book: &'a BTreeMap<i64, Assignment>,
-        node: NodeId,
-        slot: i64,
-    ) -> Option<&'a [Grant]> {
-        super::grants_or_previous(book, node, slot)
-    }
-
     fn forget_before(&mut self, slot: i64) {
         for key in &mut self.grants {
             key.nodes

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{Assignment, Grant, Policy};
-use crate::ledger::{NodeId, ServiceState};
+use crate::ledger::ServiceState;
 
 /// Each node that used a limited (user, resource) lately gets
 /// `rate x slot / nodes`, where `nodes` counts those nodes; no bucket, no
@@ -57,14 +57,5 @@ impl Policy for StaticSplit {
             }
         }
         out
-    }
-
-    fn grants_for<'a>(
-        &self,
-        book: &'a BTreeMap<i64, Assignment>,
-        node: NodeId,
-        slot: i64,
-    ) -> Option<&'a [Grant]> {
-        super::grants_or_previous(book, node, slot)
     }
 }
