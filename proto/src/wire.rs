@@ -367,9 +367,11 @@ impl<'a> Fields<'a> {
         if self.buf.is_empty() {
             return Ok(None);
         }
-        let key = self.varint()?;
-        let number = u32::try_from(key >> 3)
-            .ok()
+        // A key is a `u32` on the wire: prost refuses a wider one rather
+        // than dropping its high bits, and so do we.
+        let key = u32::try_from(self.varint()?)
+            .map_err(|_| RawReportError::Malformed("field key too large"))?;
+        let number = Some(key >> 3)
             .filter(|n| *n != 0)
             .ok_or(RawReportError::Malformed("bad field number"))?;
         let field = match key & 7 {
@@ -398,10 +400,17 @@ fn utf8(b: &[u8]) -> Result<&str, RawReportError> {
     std::str::from_utf8(b).map_err(|_| RawReportError::Malformed("string is not UTF-8"))
 }
 
+/// What a map's values are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Value {
+    Message,
+    Integer,
+}
+
 /// A map entry: its key (a string) and its value (a message body or an
-/// integer), defaults where absent.
+/// integer, as `value` says), defaults where absent.
 #[inline]
-fn entry(body: &[u8]) -> Result<(&str, &[u8], u64), RawReportError> {
+fn entry(body: &[u8], value: Value) -> Result<(&str, &[u8], u64), RawReportError> {
     let (mut key, mut message, mut number) = ("", &[][..], 0);
     let mut f = Fields::new(body);
     while let Some((n, field)) = f.next_field()? {
@@ -409,11 +418,11 @@ fn entry(body: &[u8]) -> Result<(&str, &[u8], u64), RawReportError> {
             (ENTRY_KEY, Field::Bytes(b)) => key = utf8(b)?,
             // A message value given twice is merged by prost, field by
             // field: leave such an entry to prost.
-            (ENTRY_VALUE, Field::Bytes(_)) if !message.is_empty() => {
+            (ENTRY_VALUE, Field::Bytes(_)) if value == Value::Message && !message.is_empty() => {
                 return Err(RawReportError::Unordered);
             }
-            (ENTRY_VALUE, Field::Bytes(b)) => message = b,
-            (ENTRY_VALUE, Field::Varint(v)) => number = v,
+            (ENTRY_VALUE, Field::Bytes(b)) if value == Value::Message => message = b,
+            (ENTRY_VALUE, Field::Varint(v)) if value == Value::Integer => number = v,
             (ENTRY_KEY | ENTRY_VALUE, _) => {
                 return Err(RawReportError::Malformed("map entry of the wrong type"));
             }
@@ -519,7 +528,7 @@ impl RawReport {
                 (2, Field::Varint(v)) => slot_number = v as i64,
                 (3 | 4, Field::Bytes(b)) => {
                     let rejection = n == 4;
-                    let (service, usage, _) = entry(b)?;
+                    let (service, usage, _) = entry(b, Value::Message)?;
                     in_order(&mut prev_service[usize::from(rejection)], service)?;
                     let first = users.len();
                     Self::check_usage(whole, usage, &mut users, &mut entries)?;
@@ -560,7 +569,7 @@ impl RawReport {
                 (1, _) => return Err(RawReportError::Malformed("usage field of the wrong type")),
                 _ => continue,
             };
-            let (user, amounts, _) = entry(b)?;
+            let (user, amounts, _) = entry(b, Value::Message)?;
             in_order(&mut prev_user, user)?;
             let first = entries.len() as u32;
             let mut prev_resource = None;
@@ -568,7 +577,7 @@ impl RawReport {
             while let Some((n, field)) = a.next_field()? {
                 match (n, field) {
                     (1, Field::Bytes(b)) => {
-                        let (resource, _, amount) = entry(b)?;
+                        let (resource, _, amount) = entry(b, Value::Integer)?;
                         in_order(&mut prev_resource, resource)?;
                         entries.push(RawEntry {
                             resource: name_in(whole, resource),
@@ -915,6 +924,53 @@ mod tests {
             RawReport::parse(Bytes::from_static(&[0x0a, 0x05, b'a'])),
             Err(RawReportError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn a_key_wider_than_32_bits_is_refused_as_prost_refuses_it() {
+        // Found by `any_bytes_read_in_place_only_as_prost_reads_them` in CI:
+        // the key 0x1_0000_002A would name field 5 once cut to 32 bits.
+        let mut bytes = vec![0xaa, 0x80, 0x80, 0x80, 0x10, 0x02, 0x00, 0x00];
+        assert!(v1::Report::decode(&bytes[..]).is_err());
+        assert_eq!(
+            RawReport::parse(bytes.clone().into()).err(),
+            Some(RawReportError::Malformed("field key too large"))
+        );
+        // The same field with a 32-bit key reads in both.
+        bytes.splice(0..5, [0x2a]);
+        assert!(v1::Report::decode(&bytes[..]).is_ok());
+        assert!(RawReport::parse(bytes.into()).is_ok());
+    }
+
+    #[test]
+    fn a_map_value_of_the_wrong_type_is_refused_as_prost_refuses_it() {
+        /// Field `field`, length-delimited.
+        fn len(field: u8, body: &[u8]) -> Vec<u8> {
+            [&[field << 3 | 2, body.len() as u8][..], body].concat()
+        }
+        /// A report with one consumption entry, service "s", whose usage has
+        /// one user, "alice", whose entry's value is `value` (a field).
+        fn report(value: &[u8]) -> Vec<u8> {
+            let usage = len(1, &[&len(1, b"alice")[..], value].concat());
+            len(3, &[len(1, b"s"), len(2, &usage)].concat())
+        }
+        // Written right, it reads in both.
+        let amounts = len(1, &[&len(1, b"requests")[..], &[0x10, 0x07]].concat());
+        let right = report(&len(2, &amounts));
+        assert!(v1::Report::decode(&right[..]).is_ok());
+        assert!(RawReport::parse(right.into()).is_ok());
+        // An amount written as bytes, where prost wants a varint.
+        let amounts = len(1, &[len(1, b"requests"), len(2, &[0x07])].concat());
+        let wrong = report(&len(2, &amounts));
+        // A user's amounts written as a varint, where prost wants a message.
+        let also_wrong = report(&[0x10, 0x07]);
+        for bytes in [wrong, also_wrong] {
+            assert!(v1::Report::decode(&bytes[..]).is_err());
+            assert!(matches!(
+                RawReport::parse(bytes.into()),
+                Err(RawReportError::Malformed(_))
+            ));
+        }
     }
 
     #[test]
