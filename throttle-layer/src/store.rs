@@ -216,9 +216,26 @@ struct Cell {
     prev_used: i64,
     rejected: u32,
     prev_rejected: u32,
-    /// Quota in row `k`; NaN where row `k` has no quota for this resource
-    /// (a NaN from the wire is stored as 0: no quota left).
-    quota: [f64; ROWS_PER_USER],
+    /// Quota in row `k`, in whole units (see [`whole_units`]); NaN where
+    /// row `k` has no quota for this resource.
+    quota: [f32; ROWS_PER_USER],
+}
+
+/// A quota as a cell keeps it: `floor(q)` as an `f32`, rounded down where
+/// it has no exact `f32` (above 2^24), and 0 for a NaN (no quota left).
+///
+/// Counts are whole, so `used > q` exactly when `used > floor(q)`, and
+/// `q < 1` exactly when `floor(q) < 1`: the decision is the one the full
+/// `f64` gives up to 2^24 units per slot, and above that it errs by at
+/// most 1 part in 16 million, towards refusing. Half the bytes of an `f64`
+/// for the four rows every (user, resource) holds.
+fn whole_units(q: f64) -> f32 {
+    if q.is_nan() {
+        return 0.0;
+    }
+    let q = q.floor();
+    let f = q as f32;
+    if f64::from(f) > q { f.next_down() } else { f }
 }
 
 const EMPTY_CELL: Cell = Cell {
@@ -226,7 +243,7 @@ const EMPTY_CELL: Cell = Cell {
     prev_used: 0,
     rejected: 0,
     prev_rejected: 0,
-    quota: [f64::NAN; ROWS_PER_USER],
+    quota: [f32::NAN; ROWS_PER_USER],
 };
 
 #[derive(Debug)]
@@ -467,7 +484,7 @@ impl UserState {
     /// none), replacing any row for that slot. Keeps the newest past row (for
     /// [`Fallback::LastKnownThenAllow`]) and the rows nearest to now: the
     /// current one is never pushed out by quotas for slots further ahead.
-    fn insert_row(&mut self, slot: i64, version: u32, quotas: &[f64], now_slot: i64) {
+    fn insert_row(&mut self, slot: i64, version: u32, quotas: &[f32], now_slot: i64) {
         // Sources of the new rows, in slot order: an old row or the new one.
         let mut order: [(i64, Option<usize>); ROWS_PER_USER + 1] =
             [(i64::MAX, None); ROWS_PER_USER + 1];
@@ -489,11 +506,11 @@ impl UserState {
         }
         for (i, cell) in self.cells.iter_mut().enumerate() {
             let old = cell.quota;
-            cell.quota = [f64::NAN; ROWS_PER_USER];
+            cell.quota = [f32::NAN; ROWS_PER_USER];
             for (k, &(_, src)) in kept.iter().enumerate() {
                 cell.quota[k] = match src {
                     Some(j) => old[j],
-                    None => quotas.get(i).copied().unwrap_or(f64::NAN),
+                    None => quotas.get(i).copied().unwrap_or(f32::NAN),
                 };
             }
         }
@@ -518,7 +535,7 @@ impl UserState {
         let mut refused: Option<Tightest> = None;
         let mut tightest: Option<Tightest> = None;
         for (i, cell) in self.cells.iter_mut().enumerate() {
-            let quota = cell.quota[row];
+            let quota = f64::from(cell.quota[row]);
             if quota.is_nan() {
                 continue;
             }
@@ -773,19 +790,18 @@ impl ServiceStore {
             1
         };
         let map = self.users.pin();
-        let mut quotas = [f64::NAN; MAX_RESOURCES];
+        let mut quotas = [f32::NAN; MAX_RESOURCES];
         for (user, rq) in &users.users {
             if user.is_empty() || user.len() > MAX_NAME_LEN {
                 continue;
             }
-            quotas.fill(f64::NAN);
+            quotas.fill(f32::NAN);
             let mut len = 0;
             for (resource, &q) in &rq.resources {
                 let Some(id) = self.resource_locked(resource) else {
                     continue;
                 };
-                // NaN would compare as "allow"; treat it as no quota left.
-                quotas[id.index()] = if q.is_nan() { 0.0 } else { q };
+                quotas[id.index()] = whole_units(q);
                 len = len.max(id.index() + 1);
             }
             let Some(entry) = self.lookup(&map, user, now_slot) else {
@@ -1435,6 +1451,26 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A quota kept in whole `f32` units decides as the `f64` does up to
+        /// 2^24 units, and never more permissively above.
+        #[test]
+        fn whole_units_decide_as_the_full_quota(
+            q in proptest::prop_oneof![-4.0f64..20.0, -1e9f64..1e9, 0.0f64..1e18],
+            used in proptest::prop_oneof![-4i64..40, 0i64..(1 << 40)],
+        ) {
+            let w = f64::from(whole_units(q));
+            let refuses = |quota: f64| quota < 1.0 || used as f64 > quota;
+            if q.abs() <= f64::from(1u32 << 24) {
+                proptest::prop_assert_eq!(refuses(w), refuses(q), "q {} kept as {}", q, w);
+            } else {
+                proptest::prop_assert!(w <= q.floor());
+                proptest::prop_assert!(q.floor() - w <= q.abs() / f64::from(1u32 << 23));
+                proptest::prop_assert!(refuses(w) || !refuses(q));
+            }
+        }
+    }
+
+    proptest::proptest! {
         /// The fixed rows keep what a sorted list of rows would: the newest
         /// past row, then the nearest slots, each with its own quotas and
         /// version, for any order of arrival.
@@ -1445,10 +1481,10 @@ mod tests {
         ) {
             let mut st = UserState::new(now, 1);
             // Model: (slot, version, quota per resource), sorted by slot.
-            let mut model: Vec<(i64, u32, Vec<f64>)> = Vec::new();
+            let mut model: Vec<(i64, u32, Vec<f32>)> = Vec::new();
             for (v, &(slot, resources, q)) in inserts.iter().enumerate() {
                 let version = v as u32 + 1;
-                let quotas: Vec<f64> = (0..=resources).map(|i| q + i as f64).collect();
+                let quotas: Vec<f32> = (0..=resources).map(|i| whole_units(q + i as f64)).collect();
                 st.insert_row(slot, version, &quotas, now);
                 model.retain(|r| r.0 != slot);
                 model.push((slot, version, quotas));
