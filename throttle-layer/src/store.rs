@@ -20,13 +20,13 @@
 //! # Concurrency and memory
 //!
 //! Each service keeps a lock-free map (`papaya`) of its users. A user is one
-//! entry holding its name (inline up to 24 bytes) and a small spin lock over
-//! its state: two requests contend only when they are for the same user, and
-//! a known user costs one hash lookup and one uncontended lock, with no
-//! allocation. The state holds, per resource the service counts, this slot's
-//! and the last slot's counts and the quota of each of up to four rows (the
-//! newest past slot, the current one, the next two), in one allocation sized
-//! to the service's resources. A per-service ring of `(slot, version)` says
+//! node of the map holding its name (inline up to 24 bytes) and a small spin
+//! lock over its state: two requests contend only when they are for the same
+//! user, and a known user costs one hash lookup and one uncontended lock,
+//! with no allocation. The state holds, per resource the service counts,
+//! this slot's and the last slot's counts and the quota of each of up to
+//! four rows (the newest past slot, the current one, the next two; in whole
+//! units, as `f32`), in one allocation sized to the service's resources. A per-service ring of `(slot, version)` says
 //! which rows are current, so replacing a slot's table never blocks a
 //! reader.
 //!
@@ -261,12 +261,12 @@ struct UserState {
     cells: Box<[Cell]>,
 }
 
-/// A tracked user: its name and its lock-protected state, in one
-/// allocation. Names up to 24 bytes are stored inline, so the key compare of
-/// a lookup reads the line the lock is on.
+/// A tracked user's lock-protected state: the map's value, stored with the
+/// user's name (the key, inline up to 24 bytes) in the map's own node, so a
+/// lookup reads one allocation and the key compare reads the line the lock
+/// is on.
 #[derive(Debug)]
 struct UserEntry {
-    user: CompactString,
     state: UserLock<UserState>,
 }
 
@@ -278,33 +278,15 @@ struct UserEntry {
 /// is not starved.
 type UserLock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
 
-/// The map's key is the entry itself, hashed and compared by the user's
-/// name: one allocation per user, and the name is stored once.
-#[derive(Debug, Clone)]
-struct EntryKey(Arc<UserEntry>);
-
-impl std::hash::Hash for EntryKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        // Must hash as the `str` it borrows as.
-        self.0.user.as_str().hash(state);
-    }
-}
-
-impl PartialEq for EntryKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.user == other.0.user
-    }
-}
-
-impl Eq for EntryKey {}
-
-impl std::borrow::Borrow<str> for EntryKey {
-    fn borrow(&self) -> &str {
-        &self.0.user
-    }
-}
-
-type UserMap = papaya::HashMap<EntryKey, (), foldhash::fast::RandomState>;
+/// One allocation per user: papaya's node holds the name and the entry.
+type UserMap = papaya::HashMap<CompactString, UserEntry, foldhash::fast::RandomState>;
+type Pinned<'m> = papaya::HashMapRef<
+    'm,
+    CompactString,
+    UserEntry,
+    foldhash::fast::RandomState,
+    papaya::LocalGuard<'m>,
+>;
 
 /// Counters and quotas of one service; get it from [`SlotStore::service`].
 pub struct ServiceStore {
@@ -337,17 +319,21 @@ impl fmt::Debug for ServiceStore {
 }
 
 /// A tracked user of one service, to add amounts after the decision.
+///
+/// It names the user rather than pointing at its entry: entries live in the
+/// map's nodes, and a user forgotten while a handle is held is counted under
+/// a fresh entry.
 #[derive(Clone)]
 pub struct UserHandle {
     service: Arc<ServiceStore>,
-    entry: Arc<UserEntry>,
+    user: CompactString,
 }
 
 impl fmt::Debug for UserHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UserHandle")
             .field("service", &self.service.name)
-            .field("user", &self.entry.user)
+            .field("user", &self.user)
             .finish()
     }
 }
@@ -355,18 +341,7 @@ impl fmt::Debug for UserHandle {
 impl UserHandle {
     /// Adds `amount` of `resource` to the current slot.
     pub fn consume(&self, resource: ResourceId, amount: i64) {
-        let slot = self.service.current_slot();
-        let collected = self.service.collected_through.load(Ordering::Acquire);
-        {
-            let mut st = self.entry.state.lock();
-            if !st.evicted {
-                st.roll(slot, collected, &self.entry.user, &self.service.overflow);
-                st.add(resource, amount, slot);
-                return;
-            }
-        }
-        // Forgotten while this handle was held: count under a live entry.
-        self.service.consume(&self.entry.user, resource, amount);
+        self.service.consume(&self.user, resource, amount);
     }
 
     /// The service this user belongs to.
@@ -376,7 +351,7 @@ impl UserHandle {
 
     /// The user's name.
     pub fn user(&self) -> &str {
-        &self.entry.user
+        &self.user
     }
 }
 
@@ -610,36 +585,25 @@ impl ServiceStore {
         (v != 0 && v >> (64 - SLOT_BITS) == slot as u64 & SLOT_MASK).then_some(v & VERSION_MASK)
     }
 
-    fn lookup<'g>(
-        &self,
-        users: &'g papaya::HashMapRef<
-            '_,
-            EntryKey,
-            (),
-            foldhash::fast::RandomState,
-            papaya::LocalGuard<'_>,
-        >,
-        user: &str,
-        slot: i64,
-    ) -> Option<&'g Arc<UserEntry>> {
-        if let Some((k, ())) = users.get_key_value(user) {
-            return Some(&k.0);
+    fn lookup<'g>(&self, users: &'g Pinned<'_>, user: &str, slot: i64) -> Option<&'g UserEntry> {
+        if let Some(entry) = users.get(user) {
+            return Some(entry);
         }
         if self.keys.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
             self.keys.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        let entry = Arc::new(UserEntry {
-            user: user.into(),
+        let entry = UserEntry {
             state: UserLock::new(UserState::new(slot, self.resources.load().len())),
-        });
-        if users.try_insert(EntryKey(entry), ()).is_err() {
-            // Another thread added it first.
-            self.keys.fetch_sub(1, Ordering::Relaxed);
+        };
+        match users.try_insert(user.into(), entry) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                // Another thread added it first.
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+                Some(e.current)
+            }
         }
-        // Removed again at once only by a collect evicting it, which the
-        // caller sees as `evicted` and retries.
-        users.get_key_value(user).map(|(k, ())| &k.0)
     }
 
     /// Decides whether `user` may make a request now, with the original
@@ -676,11 +640,11 @@ impl ServiceStore {
         want_handle: bool,
     ) -> Admission {
         let slot = self.current_slot();
-        let admission = self.with_entry(user, slot, |entry, st| {
+        let admission = self.with_entry(user, slot, |st| {
             let decision = self.decide(st, slot, costs, fallback, record);
             let handle = want_handle.then(|| UserHandle {
                 service: self.clone(),
-                entry: entry.clone(),
+                user: user.into(),
             });
             Admission { decision, handle }
         });
@@ -696,7 +660,7 @@ impl ServiceStore {
         &self,
         user: &str,
         slot: i64,
-        f: impl FnOnce(&Arc<UserEntry>, &mut UserState) -> T,
+        f: impl FnOnce(&mut UserState) -> T,
     ) -> Option<T> {
         let collected = self.collected_through.load(Ordering::Acquire);
         let users = self.users.pin();
@@ -710,11 +674,11 @@ impl ServiceStore {
                 // Forgotten by a collect after we found it: drop it from the
                 // map if it is still there, and start over with a fresh one.
                 drop(st);
-                let _ = users.remove_if(user, |k, ()| Arc::ptr_eq(&k.0, entry));
+                let _ = users.remove_if(user, |_, e| std::ptr::eq(e, entry));
                 continue;
             }
             st.roll(slot, collected, user, &self.overflow);
-            return Some(f(entry, &mut st));
+            return Some(f(&mut st));
         }
     }
 
@@ -776,7 +740,7 @@ impl ServiceStore {
     /// decision. At the key cap the amount is not counted.
     pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
         let slot = self.current_slot();
-        self.with_entry(user, slot, |_, st| st.add(resource, amount, slot));
+        self.with_entry(user, slot, |st| st.add(resource, amount, slot));
     }
 
     fn apply(&self, slot: i64, users: &v1::UserQuotas, now_slot: i64) {
@@ -864,8 +828,7 @@ impl ServiceStore {
         };
         let users = self.users.pin();
         let mut evict = Vec::new();
-        for (key, ()) in users.iter() {
-            let entry = &key.0;
+        for (user, entry) in users.iter() {
             let mut st = entry.state.lock();
             let mut taken = Counters::default();
             if st.slot <= slot {
@@ -876,23 +839,25 @@ impl ServiceStore {
                 st.prev_slot = i64::MIN;
             }
             if !taken.is_zero() {
-                add(&entry.user, &taken);
+                add(user, &taken);
             }
             let idle = st.last_seen < slot - 1
                 && st.is_idle()
                 && (0..ROWS_PER_USER).all(|k| st.row_version[k] == 0 || st.row_slot[k] <= slot);
             if idle {
                 st.evicted = true;
-                evict.push(entry.clone());
+                // The address names this entry, not a later one: the map
+                // frees no node while `users` is pinned.
+                evict.push((user, std::ptr::from_ref(entry)));
             }
         }
         self.collected_through.fetch_max(slot, Ordering::AcqRel);
         for (user, c) in std::mem::take(&mut *self.overflow.lock()) {
             add(&user, &c);
         }
-        for entry in evict {
+        for (user, entry) in evict {
             if users
-                .remove_if(entry.user.as_str(), |k, ()| Arc::ptr_eq(&k.0, &entry))
+                .remove_if(user.as_str(), |_, e| std::ptr::eq(e, entry))
                 .ok()
                 .flatten()
                 .is_some()
