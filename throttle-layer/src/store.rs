@@ -248,17 +248,40 @@ const EMPTY_CELL: Cell = Cell {
 
 #[derive(Debug)]
 struct UserState {
-    /// Slot of the `used` counts.
+    /// Slot of the `used` counts, which is also the last slot the user was
+    /// seen in: every admit and consume rolls the counts on to its slot.
     slot: i64,
-    /// Slot of the `prev_used` counts, not yet collected; `i64::MIN`: none.
-    prev_slot: i64,
-    last_seen: i64,
-    /// Slot of each quota row.
-    row_slot: [i64; ROWS_PER_USER],
+    /// Slot of each quota row, as a [`RowTag`].
+    row_slot: [RowTag; ROWS_PER_USER],
     /// Version of each quota row; 0: the row is empty.
     row_version: [u32; ROWS_PER_USER],
+    /// The `prev_used` counts are slot `slot - 1`'s, not yet collected.
+    has_prev: bool,
     evicted: bool,
     cells: Box<[Cell]>,
+}
+
+/// A quota row's slot, kept as its low 32 bits: half the bytes of an `i64`
+/// for each of a user's rows. Read back relative to a nearby slot
+/// ([`RowTag::near`]): quotas are installed only within 16 slots of now, and
+/// rows older than [`RowTag::MAX_AGE`] are dropped as users roll on, so the
+/// nearest slot with these bits is the row's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RowTag(u32);
+
+impl RowTag {
+    /// Rows older than this many slots are dropped (2^30: 34 years of 1 s
+    /// slots, 12 days of 1 ms ones).
+    const MAX_AGE: i64 = 1 << 30;
+
+    fn of(slot: i64) -> Self {
+        Self(slot as u32)
+    }
+
+    /// The slot within 2^31 of `now` whose low bits these are.
+    fn near(self, now: i64) -> i64 {
+        now.wrapping_add(i64::from(self.0.wrapping_sub(now as u32) as i32))
+    }
 }
 
 /// A tracked user's lock-protected state: the map's value, stored with the
@@ -359,10 +382,9 @@ impl UserState {
     fn new(slot: i64, resources: usize) -> Self {
         Self {
             slot,
-            prev_slot: i64::MIN,
-            last_seen: slot,
-            row_slot: [i64::MIN; ROWS_PER_USER],
+            row_slot: [RowTag(0); ROWS_PER_USER],
             row_version: [0; ROWS_PER_USER],
+            has_prev: false,
             evicted: false,
             cells: vec![EMPTY_CELL; resources.min(MAX_RESOURCES)].into_boxed_slice(),
         }
@@ -411,7 +433,15 @@ impl UserState {
         if self.slot >= slot {
             return;
         }
-        if self.prev_slot > collected {
+        // Forget rows too old to be read back from their tags.
+        for k in 0..ROWS_PER_USER {
+            if self.row_version[k] != 0
+                && slot - self.row_slot[k].near(self.slot) >= RowTag::MAX_AGE
+            {
+                self.row_version[k] = 0;
+            }
+        }
+        if self.has_prev && self.slot - 1 > collected {
             // The reporter is more than a slot behind: keep the counts aside
             // rather than lose them.
             let previous = self.take(true);
@@ -424,7 +454,7 @@ impl UserState {
                 c.prev_used = std::mem::take(&mut c.used);
                 c.prev_rejected = std::mem::take(&mut c.rejected);
             }
-            self.prev_slot = self.slot;
+            self.has_prev = true;
         } else {
             let current = self.take(false);
             if self.slot > collected && !current.is_zero() {
@@ -434,22 +464,21 @@ impl UserState {
                 c.prev_used = 0;
                 c.prev_rejected = 0;
             }
-            self.prev_slot = i64::MIN;
+            self.has_prev = false;
         }
         self.slot = slot;
     }
 
-    fn add(&mut self, resource: ResourceId, amount: i64, slot: i64) {
+    fn add(&mut self, resource: ResourceId, amount: i64) {
         let c = &mut self.cell(resource.index()).used;
         *c = c.saturating_add(amount);
-        self.last_seen = slot;
     }
 
     fn row(&self, slot: i64, version: u64) -> Option<usize> {
         // A row at least as new as the published version is current: rows
         // are written before their version is published.
         (0..ROWS_PER_USER).find(|&k| {
-            self.row_slot[k] == slot
+            self.row_slot[k] == RowTag::of(slot)
                 && self.row_version[k] != 0
                 && u64::from(self.row_version[k]) >= version
         })
@@ -465,8 +494,9 @@ impl UserState {
             [(i64::MAX, None); ROWS_PER_USER + 1];
         let mut n = 0;
         for k in 0..ROWS_PER_USER {
-            if self.row_version[k] != 0 && self.row_slot[k] != slot {
-                order[n] = (self.row_slot[k], Some(k));
+            let row = self.row_slot[k].near(now_slot);
+            if self.row_version[k] != 0 && row != slot {
+                order[n] = (row, Some(k));
                 n += 1;
             }
         }
@@ -490,10 +520,10 @@ impl UserState {
             }
         }
         let old_version = self.row_version;
-        self.row_slot = [i64::MIN; ROWS_PER_USER];
+        self.row_slot = [RowTag(0); ROWS_PER_USER];
         self.row_version = [0; ROWS_PER_USER];
         for (k, &(s, src)) in kept.iter().enumerate() {
-            self.row_slot[k] = s;
+            self.row_slot[k] = RowTag::of(s);
             self.row_version[k] = src.map_or(version, |j| old_version[j]);
         }
     }
@@ -505,7 +535,6 @@ impl UserState {
         row: usize,
         costs: &[(ResourceId, i64)],
         record: bool,
-        slot: i64,
     ) -> (bool, Option<Tightest>) {
         let mut refused: Option<Tightest> = None;
         let mut tightest: Option<Tightest> = None;
@@ -529,12 +558,11 @@ impl UserState {
                 tightest = Some(t);
             }
         }
-        self.last_seen = slot;
         // Shadow mode lets a refused request through, so it consumes.
         let allowed = refused.is_none();
         if allowed || !record {
             for &(r, amount) in costs {
-                self.add(r, amount, slot);
+                self.add(r, amount);
             }
         }
         if allowed {
@@ -704,7 +732,7 @@ impl ServiceStore {
             let d = Decision::fallback(fallback, Basis::Fallback);
             if d.allowed {
                 for &(r, amount) in costs {
-                    st.add(r, amount, slot);
+                    st.add(r, amount);
                 }
             }
             return d;
@@ -716,7 +744,7 @@ impl ServiceStore {
         };
         match st.row(quota_slot, version) {
             Some(row) => {
-                let (allowed, tightest) = st.decide(row, costs, record, slot);
+                let (allowed, tightest) = st.decide(row, costs, record);
                 Decision {
                     allowed,
                     basis,
@@ -725,7 +753,7 @@ impl ServiceStore {
             }
             None => {
                 for &(r, amount) in costs {
-                    st.add(r, amount, slot);
+                    st.add(r, amount);
                 }
                 Decision {
                     allowed: true,
@@ -740,7 +768,7 @@ impl ServiceStore {
     /// decision. At the key cap the amount is not counted.
     pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
         let slot = self.current_slot();
-        self.with_entry(user, slot, |st| st.add(resource, amount, slot));
+        self.with_entry(user, slot, |st| st.add(resource, amount));
     }
 
     fn apply(&self, slot: i64, users: &v1::UserQuotas, now_slot: i64) {
@@ -834,16 +862,17 @@ impl ServiceStore {
             if st.slot <= slot {
                 taken = st.take(false);
             }
-            if st.prev_slot <= slot {
+            if !st.has_prev || st.slot - 1 <= slot {
                 taken.merge(&st.take(true));
-                st.prev_slot = i64::MIN;
+                st.has_prev = false;
             }
             if !taken.is_zero() {
                 add(user, &taken);
             }
-            let idle = st.last_seen < slot - 1
+            let idle = st.slot < slot - 1
                 && st.is_idle()
-                && (0..ROWS_PER_USER).all(|k| st.row_version[k] == 0 || st.row_slot[k] <= slot);
+                && (0..ROWS_PER_USER)
+                    .all(|k| st.row_version[k] == 0 || st.row_slot[k].near(slot) <= slot);
             if idle {
                 st.evicted = true;
                 // The address names this entry, not a later one: the map
@@ -1415,7 +1444,36 @@ mod tests {
         assert_eq!(amount(&r.rejection, "alice", "requests"), 0);
     }
 
+    #[test]
+    fn rows_too_old_for_their_tags_are_forgotten() {
+        let overflow = Mutex::new(Vec::new());
+        let mut st = UserState::new(0, 1);
+        st.insert_row(0, 1, &[5.0], 0);
+        st.roll(RowTag::MAX_AGE - 1, 0, "alice", &overflow);
+        assert_eq!(st.row(0, 1), Some(0), "still readable");
+        st.roll(RowTag::MAX_AGE, 0, "alice", &overflow);
+        assert_eq!(st.row(0, 1), None);
+        // Without that, slot 2^32 would read slot 0's row: same low bits.
+        st.roll(1 << 32, 0, "alice", &overflow);
+        assert_eq!(st.row(1 << 32, 1), None);
+    }
+
     proptest::proptest! {
+        /// A row's 32-bit tag reads back as its slot from any slot within
+        /// 2^31 of it, across the sign and the 32-bit boundaries.
+        #[test]
+        fn row_tags_read_back_near_their_slot(
+            slot in proptest::prop_oneof![
+                -1_000i64..1_000,
+                proptest::strategy::Strategy::prop_map(proptest::prelude::any::<i64>(), |s| s / 4),
+                (1i64 << 32) - 3..(1i64 << 32) + 3,
+            ],
+            off in -(1i64 << 31) + 1..(1i64 << 31),
+        ) {
+            let now = slot - off;
+            proptest::prop_assert_eq!(RowTag::of(slot).near(now), slot);
+        }
+
         /// A quota kept in whole `f32` units decides as the `f64` does up to
         /// 2^24 units, and never more permissively above.
         #[test]
