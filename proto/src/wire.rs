@@ -345,6 +345,14 @@ impl<'a> Fields<'a> {
 
     #[inline]
     fn varint(&mut self) -> Result<u64, RawReportError> {
+        // Keys, lengths and most amounts are one byte: read those here,
+        // without prost's general loop.
+        if let Some((&first, rest)) = self.buf.split_first()
+            && first < 0x80
+        {
+            self.buf = rest;
+            return Ok(u64::from(first));
+        }
         let mut b = self.buf;
         let v = decode_varint(&mut b).map_err(|_| RawReportError::Malformed("bad varint"))?;
         self.buf = b;
@@ -395,9 +403,17 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Checks that a `string` field is UTF-8, as prost does, and keeps it as
+/// bytes: names are ordered and located as bytes (the order of `str` is
+/// their bytes' order) and read back as `str` by [`name_at`]. Most names are
+/// ASCII, which is checked a word at a time.
 #[inline]
-fn utf8(b: &[u8]) -> Result<&str, RawReportError> {
-    std::str::from_utf8(b).map_err(|_| RawReportError::Malformed("string is not UTF-8"))
+fn utf8(b: &[u8]) -> Result<&[u8], RawReportError> {
+    if b.is_ascii() || std::str::from_utf8(b).is_ok() {
+        Ok(b)
+    } else {
+        Err(RawReportError::Malformed("string is not UTF-8"))
+    }
 }
 
 /// What a map's values are.
@@ -410,8 +426,8 @@ enum Value {
 /// A map entry: its key (a string) and its value (a message body or an
 /// integer, as `value` says), defaults where absent.
 #[inline]
-fn entry(body: &[u8], value: Value) -> Result<(&str, &[u8], u64), RawReportError> {
-    let (mut key, mut message, mut number) = ("", &[][..], 0);
+fn entry(body: &[u8], value: Value) -> Result<(&[u8], &[u8], u64), RawReportError> {
+    let (mut key, mut message, mut number) = (&[][..], &[][..], 0);
     let mut f = Fields::new(body);
     while let Some((n, field)) = f.next_field()? {
         match (n, field) {
@@ -433,7 +449,7 @@ fn entry(body: &[u8], value: Value) -> Result<(&str, &[u8], u64), RawReportError
 }
 
 /// Checks that `prev < key`, remembering `key`.
-fn in_order<'a>(prev: &mut Option<&'a str>, key: &'a str) -> Result<(), RawReportError> {
+fn in_order<'a>(prev: &mut Option<&'a [u8]>, key: &'a [u8]) -> Result<(), RawReportError> {
     if prev.is_some_and(|p| p >= key) {
         return Err(RawReportError::Unordered);
     }
@@ -467,7 +483,7 @@ struct RawEntry {
 /// A name checked by [`RawReport::parse`], as (start, length) within
 /// `whole`: (0, 0) for an empty name (a default, which may point anywhere)
 /// or one that is not inside.
-fn name_in(whole: &[u8], part: &str) -> (u32, u32) {
+fn name_in(whole: &[u8], part: &[u8]) -> (u32, u32) {
     let start = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
     match start.checked_add(part.len()) {
         // `parse` refuses messages of 4 GiB or more, so both fit.
@@ -520,7 +536,7 @@ impl RawReport {
         let mut users = Vec::new();
         // About 20 bytes per entry in reports of short names.
         let mut entries = Vec::with_capacity(whole.len() / 20);
-        let mut prev_service: [Option<&str>; 2] = [None, None];
+        let mut prev_service: [Option<&[u8]>; 2] = [None, None];
         let mut f = Fields::new(whole);
         while let Some((n, field)) = f.next_field()? {
             match (n, field) {
