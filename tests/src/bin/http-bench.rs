@@ -10,7 +10,9 @@
 //! runtimes on a 2-core machine). The throttled app's reporter runs on the
 //! server's runtime, as in production; its central node runs on a third
 //! runtime (in production it is another machine). Variants alternate within
-//! each round, and the table shows medians over rounds.
+//! each round, each round starting with the next variant (with 3 rounds and
+//! 3 variants, each runs once first, once second, once last), and the table
+//! shows medians over rounds.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -310,8 +312,12 @@ fn main() {
     ] {
         let mut results: Vec<(Variant, Vec<Run>)> =
             variants.iter().map(|v| (*v, Vec::new())).collect();
-        for _ in 0..rounds {
-            for (variant, runs) in &mut results {
+        let n = results.len();
+        for round in 0..rounds {
+            // Each round starts with the next variant, so over n rounds each
+            // runs once in every position (first after a warm-up, last).
+            for i in 0..n {
+                let (variant, runs) = &mut results[(round + i) % n];
                 let run = load_rt.block_on(async {
                     let server = start(server_rt.handle(), central_rt.handle(), *variant).await;
                     // Warm up, then measure.
