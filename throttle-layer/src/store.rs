@@ -26,9 +26,9 @@
 //! with no allocation. The state holds, per resource the service counts,
 //! this slot's and the last slot's counts and the quota of each of up to
 //! four rows (the newest past slot, the current one, the next two; in whole
-//! units, as `f32`), in one allocation sized to the service's resources. A per-service ring of `(slot, version)` says
-//! which rows are current, so replacing a slot's table never blocks a
-//! reader.
+//! units, as `f32`), in one allocation sized to the service's resources. A
+//! per-service ring of `(slot, version)` says which rows are current, so
+//! replacing a slot's table never blocks a reader.
 //!
 //! The number of tracked users is capped ([`StoreBuilder::max_keys`], default
 //! 1,000,000 over all services). At the cap a *new* user is neither tracked nor
@@ -474,6 +474,13 @@ impl UserState {
         *c = c.saturating_add(amount);
     }
 
+    /// Adds an admitted request's fixed costs.
+    fn charge(&mut self, costs: &[(ResourceId, i64)]) {
+        for &(r, amount) in costs {
+            self.add(r, amount);
+        }
+    }
+
     fn row(&self, slot: i64, version: u64) -> Option<usize> {
         // A row at least as new as the published version is current: rows
         // are written before their version is published.
@@ -561,9 +568,7 @@ impl UserState {
         // Shadow mode lets a refused request through, so it consumes.
         let allowed = refused.is_none();
         if allowed || !record {
-            for &(r, amount) in costs {
-                self.add(r, amount);
-            }
+            self.charge(costs);
         }
         if allowed {
             (true, tightest)
@@ -731,9 +736,7 @@ impl ServiceStore {
         let Some((quota_slot, version)) = found else {
             let d = Decision::fallback(fallback, Basis::Fallback);
             if d.allowed {
-                for &(r, amount) in costs {
-                    st.add(r, amount);
-                }
+                st.charge(costs);
             }
             return d;
         };
@@ -752,9 +755,7 @@ impl ServiceStore {
                 }
             }
             None => {
-                for &(r, amount) in costs {
-                    st.add(r, amount);
-                }
+                st.charge(costs);
                 Decision {
                     allowed: true,
                     basis: Basis::Unlimited,
