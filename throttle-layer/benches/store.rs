@@ -402,7 +402,7 @@ fn memory(_: &mut Criterion) {
     if let (Some(b), Some(a)) = (before, rss_bytes()) {
         let bytes = (a - b) as f64;
         println!(
-            "memory: {:.1} MiB for {} users x {} resources with 4 quota rows: {:.0} bytes per user, {:.0} bytes per (user, resource) key",
+            "memory: {:.1} MiB for {} users x {} resources with quotas for 4 slots: {:.0} bytes per user, {:.0} bytes per (user, resource) key",
             bytes / (1 << 20) as f64,
             store.keys(),
             ids.len(),

@@ -24,11 +24,13 @@
 //! lock over its state: two requests contend only when they are for the same
 //! user, and a known user costs one hash lookup and one uncontended lock,
 //! with no allocation. The state holds, per resource the service counts,
-//! this slot's and the last slot's counts and the quota of each of up to
-//! four rows (the newest past slot, the current one, the next two; in whole
-//! units, as `f32`), in one allocation sized to the service's resources. A
-//! per-service ring of `(slot, version)` says which rows are current, so
-//! replacing a slot's table never blocks a reader.
+//! this slot's and the last slot's counts and the quota of each of three
+//! rows (the current slot, or without it the newest past one, and the next
+//! two; in whole units, as `f32`), inline in the map's node: the map is made
+//! at the service's first user with room for the resources registered by
+//! then, and a user of a resource registered later moves its cells to a
+//! separate allocation. A per-service ring of `(slot, version)` says which
+//! rows are current, so replacing a slot's table never blocks a reader.
 //!
 //! The number of tracked users is capped ([`StoreBuilder::max_keys`], default
 //! 1,000,000 over all services). At the cap a *new* user is neither tracked nor
@@ -67,8 +69,8 @@
 //! ```
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use compact_str::CompactString;
@@ -81,9 +83,9 @@ use throttle_proto::{MAX_NAME_LEN, v1};
 pub const MAX_RESOURCES: usize = 16;
 /// Slots of quota history a user keeps besides the current and coming ones.
 const QUOTA_RING: usize = 16;
-/// Quota rows kept per user: past (for [`Fallback::LastKnown`]), current,
-/// next two.
-const ROWS_PER_USER: usize = 4;
+/// Quota rows kept per user: the current one (or without it the newest
+/// past one, for [`Fallback::LastKnownThenAllow`]) and the next two.
+const ROWS_PER_USER: usize = 3;
 const SLOT_BITS: u32 = 40;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 const VERSION_MASK: u64 = (1 << (64 - SLOT_BITS)) - 1;
@@ -207,10 +209,12 @@ impl Counters {
 /// One resource of one user: this slot's and the last slot's counts, and
 /// the quota of each of the user's rows.
 ///
-/// All of a user's cells are one allocation, sized to the resources its
-/// service counts, so a decision on the first resources reads one or two
-/// cache lines.
+/// Packed to 4-byte alignment (36 bytes, where natural alignment pads it to
+/// 40): a user's cells sit inline in its map node, and the unaligned `i64`
+/// loads cost nothing measurable on x86-64. Fields are only read and written
+/// by value.
 #[derive(Debug, Clone, Copy)]
+#[repr(C, packed(4))]
 struct Cell {
     used: i64,
     prev_used: i64,
@@ -228,7 +232,7 @@ struct Cell {
 /// `q < 1` exactly when `floor(q) < 1`: the decision is the one the full
 /// `f64` gives up to 2^24 units per slot, and above that it errs by at
 /// most 1 part in 16 million, towards refusing. Half the bytes of an `f64`
-/// for the four rows every (user, resource) holds.
+/// for the rows every (user, resource) holds.
 fn whole_units(q: f64) -> f32 {
     if q.is_nan() {
         return 0.0;
@@ -246,18 +250,34 @@ const EMPTY_CELL: Cell = Cell {
     quota: [f32::NAN; ROWS_PER_USER],
 };
 
+/// A user's state. Stored as `UserState<[Cell; N]>`, with `N` the cell
+/// class of its service's map (see [`Users`]), and used through the
+/// unsized `UserState<[Cell]>` it coerces to, so the logic is written once
+/// for every class.
 #[derive(Debug)]
-struct UserState {
+struct UserState<C: ?Sized = [Cell]> {
     /// Slot of the `used` counts, which is also the last slot the user was
     /// seen in: every admit and consume rolls the counts on to its slot.
     slot: i64,
     /// Slot of each quota row, as a [`RowTag`].
     row_slot: [RowTag; ROWS_PER_USER],
     /// Version of each quota row; 0: the row is empty.
-    row_version: [u32; ROWS_PER_USER],
+    row_version: [u16; ROWS_PER_USER],
     /// The `prev_used` counts are slot `slot - 1`'s, not yet collected.
     has_prev: bool,
     evicted: bool,
+    /// The user's cells once its service counts more resources than the
+    /// inline ones hold (resources registered after the map was made); the
+    /// inline cells are then unused.
+    spill: Option<Box<Spill>>,
+    /// One cell per resource, inline in the map's node.
+    cells: C,
+}
+
+/// Cells that outgrew a user's inline ones; boxed once more so the pointer
+/// in every user's state is a thin one (8 bytes).
+#[derive(Debug)]
+struct Spill {
     cells: Box<[Cell]>,
 }
 
@@ -284,15 +304,6 @@ impl RowTag {
     }
 }
 
-/// A tracked user's lock-protected state: the map's value, stored with the
-/// user's name (the key, inline up to 24 bytes) in the map's own node, so a
-/// lookup reads one allocation and the key compare reads the line the lock
-/// is on.
-#[derive(Debug)]
-struct UserEntry {
-    state: UserLock<UserState>,
-}
-
 /// The per-user lock. A spin lock rather than `parking_lot`'s: its unlock is
 /// a plain release store where a parking mutex needs a compare-and-swap, one
 /// atomic read-modify-write less on every decision. Critical sections are a
@@ -300,16 +311,69 @@ struct UserEntry {
 /// a waiter yields its time slice rather than burn it, so a preempted holder
 /// is not starved.
 type UserLock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
+type UserGuard<'g> = spin::mutex::SpinMutexGuard<'g, UserState>;
 
-/// One allocation per user: papaya's node holds the name and the entry.
-type UserMap = papaya::HashMap<CompactString, UserEntry, foldhash::fast::RandomState>;
-type Pinned<'m> = papaya::HashMapRef<
-    'm,
-    CompactString,
-    UserEntry,
-    foldhash::fast::RandomState,
-    papaya::LocalGuard<'m>,
->;
+/// A tracked user: the map's value, stored with the user's name (the key,
+/// inline up to 24 bytes) in the map's own node. One allocation per user:
+/// the lookup, the key compare, the lock and the cells read adjacent lines.
+type Entry<const N: usize> = UserLock<UserState<[Cell; N]>>;
+type UserMap<const N: usize> =
+    papaya::HashMap<CompactString, Entry<N>, foldhash::fast::RandomState>;
+/// A guard of any class's map: the type does not depend on the class.
+type Guard<'m> = papaya::LocalGuard<'m>;
+
+/// A service's users, in a map whose nodes hold `N` cells each: the
+/// smallest class that holds the resources registered when the map is
+/// made, at the service's first user. A user of a service that later
+/// counts more resources moves its cells to a [`Spill`].
+enum Users {
+    C1(UserMap<1>),
+    C2(UserMap<2>),
+    C3(UserMap<3>),
+    C4(UserMap<4>),
+    C6(UserMap<6>),
+    C8(UserMap<8>),
+    C12(UserMap<12>),
+    C16(UserMap<MAX_RESOURCES>),
+}
+
+/// Runs `$body` with `$map` bound to the map of whichever class `$users` is.
+macro_rules! with_users {
+    ($users:expr, $map:ident => $body:expr) => {
+        match $users {
+            Users::C1($map) => $body,
+            Users::C2($map) => $body,
+            Users::C3($map) => $body,
+            Users::C4($map) => $body,
+            Users::C6($map) => $body,
+            Users::C8($map) => $body,
+            Users::C12($map) => $body,
+            Users::C16($map) => $body,
+        }
+    };
+}
+
+impl Users {
+    fn for_resources(n: usize) -> Self {
+        fn map<const N: usize>() -> UserMap<N> {
+            UserMap::with_hasher(foldhash::fast::RandomState::default())
+        }
+        match n {
+            0..=1 => Self::C1(map()),
+            2 => Self::C2(map()),
+            3 => Self::C3(map()),
+            4 => Self::C4(map()),
+            5..=6 => Self::C6(map()),
+            7..=8 => Self::C8(map()),
+            9..=12 => Self::C12(map()),
+            _ => Self::C16(map()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        with_users!(self, m => m.len())
+    }
+}
 
 /// Counters and quotas of one service; get it from [`SlotStore::service`].
 pub struct ServiceStore {
@@ -318,7 +382,8 @@ pub struct ServiceStore {
     slot: SlotLength,
     keys: Arc<AtomicUsize>,
     max_keys: usize,
-    users: UserMap,
+    /// Made at the first use, when the resources the layer counts are known.
+    users: OnceLock<Users>,
     resources: ArcSwap<Vec<Arc<str>>>,
     register: Mutex<()>,
     /// `slot & SLOT_MASK << 24 | version` of the quota tables received.
@@ -335,7 +400,7 @@ impl fmt::Debug for ServiceStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServiceStore")
             .field("name", &self.name)
-            .field("users", &self.users.len())
+            .field("users", &self.users())
             .field("resources", &self.resources.load())
             .finish_non_exhaustive()
     }
@@ -378,51 +443,89 @@ impl UserHandle {
     }
 }
 
-impl UserState {
-    fn new(slot: i64, resources: usize) -> Self {
+impl<const N: usize> UserState<[Cell; N]> {
+    fn new(slot: i64) -> Self {
         Self {
             slot,
             row_slot: [RowTag(0); ROWS_PER_USER],
             row_version: [0; ROWS_PER_USER],
             has_prev: false,
             evicted: false,
-            cells: vec![EMPTY_CELL; resources.min(MAX_RESOURCES)].into_boxed_slice(),
+            spill: None,
+            cells: [EMPTY_CELL; N],
+        }
+    }
+}
+
+impl UserState {
+    /// The user's cells: the inline ones, or the spill once they outgrew
+    /// them.
+    fn cells(&self) -> &[Cell] {
+        match &self.spill {
+            Some(spill) => &spill.cells,
+            None => &self.cells,
         }
     }
 
-    /// The cell of resource `i`, growing the cells if the service gained
-    /// resources since this user was first seen.
-    fn cell(&mut self, i: usize) -> &mut Cell {
-        if i >= self.cells.len() {
-            let mut cells = std::mem::take(&mut self.cells).into_vec();
-            cells.resize(i + 1, EMPTY_CELL);
-            self.cells = cells.into_boxed_slice();
+    fn cells_mut(&mut self) -> &mut [Cell] {
+        match &mut self.spill {
+            Some(spill) => &mut spill.cells,
+            None => &mut self.cells,
         }
-        &mut self.cells[i]
+    }
+
+    /// The cell of resource `i`, moving the cells to a larger spill if the
+    /// service gained resources since this user's map was made.
+    #[inline]
+    fn cell(&mut self, i: usize) -> &mut Cell {
+        if i >= self.cells().len() {
+            self.spill_to(i + 1);
+        }
+        &mut self.cells_mut()[i]
+    }
+
+    /// Moves the cells to a spill of `len` cells.
+    #[cold]
+    fn spill_to(&mut self, len: usize) {
+        let mut cells = self.cells().to_vec();
+        cells.resize(len, EMPTY_CELL);
+        self.spill = Some(Box::new(Spill {
+            cells: cells.into_boxed_slice(),
+        }));
     }
 
     /// This slot's counts (`previous` false) or the last slot's, zeroed.
     fn take(&mut self, previous: bool) -> Counters {
         let mut c = Counters::default();
-        for (i, cell) in self.cells.iter_mut().enumerate() {
-            let (used, rejected) = if previous {
-                (&mut cell.prev_used, &mut cell.prev_rejected)
+        for (i, cell) in self.cells_mut().iter_mut().enumerate() {
+            if previous {
+                c.consumption[i] = cell.prev_used;
+                c.rejection[i] = cell.prev_rejected;
+                (cell.prev_used, cell.prev_rejected) = (0, 0);
             } else {
-                (&mut cell.used, &mut cell.rejected)
-            };
-            c.consumption[i] = std::mem::take(used);
-            c.rejection[i] = std::mem::take(rejected);
+                c.consumption[i] = cell.used;
+                c.rejection[i] = cell.rejected;
+                (cell.used, cell.rejected) = (0, 0);
+            }
         }
         c
     }
 
     fn is_idle(&self) -> bool {
-        self.cells
-            .iter()
-            .all(|c| c.used == 0 && c.rejected == 0 && c.prev_used == 0 && c.prev_rejected == 0)
+        self.cells().iter().all(|c| {
+            let Cell {
+                used,
+                prev_used,
+                rejected,
+                prev_rejected,
+                ..
+            } = *c;
+            used == 0 && rejected == 0 && prev_used == 0 && prev_rejected == 0
+        })
     }
 
     /// Moves the counters on to `slot`, keeping the last uncollected slot.
+    #[inline]
     fn roll(
         &mut self,
         slot: i64,
@@ -430,9 +533,20 @@ impl UserState {
         user: &str,
         overflow: &Mutex<Vec<(CompactString, Counters)>>,
     ) {
-        if self.slot >= slot {
-            return;
+        if self.slot < slot {
+            self.roll_on(slot, collected, user, overflow);
         }
+    }
+
+    /// [`UserState::roll`] for a user first seen in this slot.
+    #[inline(never)]
+    fn roll_on(
+        &mut self,
+        slot: i64,
+        collected: i64,
+        user: &str,
+        overflow: &Mutex<Vec<(CompactString, Counters)>>,
+    ) {
         // Forget rows too old to be read back from their tags.
         for k in 0..ROWS_PER_USER {
             if self.row_version[k] != 0
@@ -450,9 +564,9 @@ impl UserState {
             }
         }
         if self.slot > collected && self.slot == slot - 1 {
-            for c in &mut *self.cells {
-                c.prev_used = std::mem::take(&mut c.used);
-                c.prev_rejected = std::mem::take(&mut c.rejected);
+            for c in self.cells_mut() {
+                (c.prev_used, c.prev_rejected) = (c.used, c.rejected);
+                (c.used, c.rejected) = (0, 0);
             }
             self.has_prev = true;
         } else {
@@ -460,9 +574,8 @@ impl UserState {
             if self.slot > collected && !current.is_zero() {
                 overflow.lock().push((user.into(), current));
             }
-            for c in &mut *self.cells {
-                c.prev_used = 0;
-                c.prev_rejected = 0;
+            for c in self.cells_mut() {
+                (c.prev_used, c.prev_rejected) = (0, 0);
             }
             self.has_prev = false;
         }
@@ -470,8 +583,8 @@ impl UserState {
     }
 
     fn add(&mut self, resource: ResourceId, amount: i64) {
-        let c = &mut self.cell(resource.index()).used;
-        *c = c.saturating_add(amount);
+        let c = self.cell(resource.index());
+        c.used = c.used.saturating_add(amount);
     }
 
     /// Adds an admitted request's fixed costs.
@@ -481,21 +594,23 @@ impl UserState {
         }
     }
 
-    fn row(&self, slot: i64, version: u64) -> Option<usize> {
+    fn row(&self, slot: i64, version: u16) -> Option<usize> {
         // A row at least as new as the published version is current: rows
         // are written before their version is published.
         (0..ROWS_PER_USER).find(|&k| {
             self.row_slot[k] == RowTag::of(slot)
                 && self.row_version[k] != 0
-                && u64::from(self.row_version[k]) >= version
+                && self.row_version[k] >= version
         })
     }
 
     /// Installs the row for `slot` with `quotas` (by resource index; NaN:
-    /// none), replacing any row for that slot. Keeps the newest past row (for
-    /// [`Fallback::LastKnownThenAllow`]) and the rows nearest to now: the
-    /// current one is never pushed out by quotas for slots further ahead.
-    fn insert_row(&mut self, slot: i64, version: u32, quotas: &[f32], now_slot: i64) {
+    /// none), replacing any row for that slot. Keeps the current row, or
+    /// without one the newest past row (for [`Fallback::LastKnownThenAllow`]),
+    /// and the coming rows nearest to now: the current one is never pushed
+    /// out by quotas for slots further ahead, and three rows hold what the
+    /// central sends (the quotas of the next slot and the one after).
+    fn insert_row(&mut self, slot: i64, version: u16, quotas: &[f32], now_slot: i64) {
         // Sources of the new rows, in slot order: an old row or the new one.
         let mut order: [(i64, Option<usize>); ROWS_PER_USER + 1] =
             [(i64::MAX, None); ROWS_PER_USER + 1];
@@ -510,21 +625,24 @@ impl UserState {
         order[n] = (slot, None);
         n += 1;
         order[..n].sort_unstable_by_key(|&(s, _)| s);
-        let past = order[..n].iter().filter(|(s, _)| *s < now_slot).count();
-        let first = past.saturating_sub(1);
+        // The current row, or the newest past one when there is no current
+        // one, then the coming ones.
+        let due = order[..n].iter().filter(|(s, _)| *s <= now_slot).count();
+        let first = due.saturating_sub(1);
         let kept = &order[first..n.min(first + ROWS_PER_USER)];
-        if quotas.len() > self.cells.len() {
+        if quotas.len() > self.cells().len() {
             self.cell(quotas.len() - 1);
         }
-        for (i, cell) in self.cells.iter_mut().enumerate() {
+        for (i, cell) in self.cells_mut().iter_mut().enumerate() {
             let old = cell.quota;
-            cell.quota = [f32::NAN; ROWS_PER_USER];
+            let mut quota = [f32::NAN; ROWS_PER_USER];
             for (k, &(_, src)) in kept.iter().enumerate() {
-                cell.quota[k] = match src {
+                quota[k] = match src {
                     Some(j) => old[j],
                     None => quotas.get(i).copied().unwrap_or(f32::NAN),
                 };
             }
+            cell.quota = quota;
         }
         let old_version = self.row_version;
         self.row_slot = [RowTag(0); ROWS_PER_USER];
@@ -545,7 +663,7 @@ impl UserState {
     ) -> (bool, Option<Tightest>) {
         let mut refused: Option<Tightest> = None;
         let mut tightest: Option<Tightest> = None;
-        for (i, cell) in self.cells.iter_mut().enumerate() {
+        for (i, cell) in self.cells_mut().iter_mut().enumerate() {
             let quota = f64::from(cell.quota[row]);
             if quota.is_nan() {
                 continue;
@@ -613,23 +731,51 @@ impl ServiceStore {
     }
 
     /// The version of the quota table for `slot`, if one was received.
-    fn quota_version(&self, slot: i64) -> Option<u64> {
+    fn quota_version(&self, slot: i64) -> Option<u16> {
         let v = self.ring[slot.rem_euclid(QUOTA_RING as i64) as usize].load(Ordering::Acquire);
-        (v != 0 && v >> (64 - SLOT_BITS) == slot as u64 & SLOT_MASK).then_some(v & VERSION_MASK)
+        // `apply` publishes versions up to `u16::MAX` only.
+        (v != 0 && v >> (64 - SLOT_BITS) == slot as u64 & SLOT_MASK)
+            .then_some((v & VERSION_MASK) as u16)
     }
 
-    fn lookup<'g>(&self, users: &'g Pinned<'_>, user: &str, slot: i64) -> Option<&'g UserEntry> {
-        if let Some(entry) = users.get(user) {
-            return Some(entry);
+    /// The service's users, in a map made at the first use of the store.
+    fn user_map(&self) -> &Users {
+        self.users
+            .get_or_init(|| Users::for_resources(self.resources.load().len()))
+    }
+
+    /// `user`'s entry, added if new; `None` when the store is at its key
+    /// cap and the user is new.
+    #[inline]
+    fn lookup<'g, const N: usize>(
+        &self,
+        users: &'g UserMap<N>,
+        guard: &'g Guard<'_>,
+        user: &str,
+        slot: i64,
+    ) -> Option<&'g Entry<N>> {
+        match users.get(user, guard) {
+            Some(entry) => Some(entry),
+            None => self.add_user(users, guard, user, slot),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn add_user<'g, const N: usize>(
+        &self,
+        users: &'g UserMap<N>,
+        guard: &'g Guard<'_>,
+        user: &str,
+        slot: i64,
+    ) -> Option<&'g Entry<N>> {
         if self.keys.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
             self.keys.fetch_sub(1, Ordering::Relaxed);
+            self.at_cap.increment(1);
             return None;
         }
-        let entry = UserEntry {
-            state: UserLock::new(UserState::new(slot, self.resources.load().len())),
-        };
-        match users.try_insert(user.into(), entry) {
+        let entry = UserLock::new(UserState::new(slot));
+        match users.try_insert(user.into(), entry, guard) {
             Ok(entry) => Some(entry),
             Err(e) => {
                 // Another thread added it first.
@@ -696,22 +842,35 @@ impl ServiceStore {
         f: impl FnOnce(&mut UserState) -> T,
     ) -> Option<T> {
         let collected = self.collected_through.load(Ordering::Acquire);
-        let users = self.users.pin();
+        // Only the lookup depends on the map's class: the rest is one copy.
+        let users = self.user_map();
+        let guard = with_users!(users, map => map.guard());
+        let mut st = with_users!(users, map => self.locked(map, &guard, user, slot))?;
+        st.roll(slot, collected, user, &self.overflow);
+        Some(f(&mut st))
+    }
+
+    /// `user`'s state (created if new), locked; `None` when the store is at
+    /// its key cap and the user is new.
+    #[inline]
+    fn locked<'g, const N: usize>(
+        &self,
+        users: &'g UserMap<N>,
+        guard: &'g Guard<'_>,
+        user: &str,
+        slot: i64,
+    ) -> Option<UserGuard<'g>> {
         loop {
-            let Some(entry) = self.lookup(&users, user, slot) else {
-                self.at_cap.increment(1);
-                return None;
-            };
-            let mut st = entry.state.lock();
-            if st.evicted {
-                // Forgotten by a collect after we found it: drop it from the
-                // map if it is still there, and start over with a fresh one.
-                drop(st);
-                let _ = users.remove_if(user, |_, e| std::ptr::eq(e, entry));
-                continue;
+            let entry = self.lookup(users, guard, user, slot)?;
+            let state: &UserLock<UserState> = entry;
+            let st = state.lock();
+            if !st.evicted {
+                return Some(st);
             }
-            st.roll(slot, collected, user, &self.overflow);
-            return Some(f(&mut st));
+            // Forgotten by a collect after we found it: drop it from the map
+            // if it is still there, and start over with a fresh one.
+            drop(st);
+            let _ = users.remove_if(user, |_, e| std::ptr::eq(e, entry), guard);
         }
     }
 
@@ -778,32 +937,47 @@ impl ServiceStore {
         let old = self.ring[idx].load(Ordering::Acquire);
         let tag = (slot as u64 & SLOT_MASK) << (64 - SLOT_BITS);
         let version = if old >> (64 - SLOT_BITS) == tag >> (64 - SLOT_BITS) {
-            ((old & VERSION_MASK) + 1).min(VERSION_MASK)
+            old & VERSION_MASK
         } else {
-            1
+            0
+        } + 1;
+        let Ok(row_version) = u16::try_from(version) else {
+            // Rows keep 16-bit versions; no central sends 65,535 tables for
+            // one slot, and counting on would make older rows read as newer.
+            counter!("throttle_quota_ignored_total").increment(1);
+            tracing::warn!(service = %self.name, slot, "too many quota tables for one slot; ignored");
+            return;
         };
-        let map = self.users.pin();
-        let mut quotas = [f32::NAN; MAX_RESOURCES];
-        for (user, rq) in &users.users {
-            if user.is_empty() || user.len() > MAX_NAME_LEN {
-                continue;
+        if self.users.get().is_none() {
+            // The map's cell class is fixed when it is made: count this
+            // table's resources first.
+            for rq in users.users.values() {
+                for resource in rq.resources.keys() {
+                    self.resource_locked(resource);
+                }
             }
-            quotas.fill(f32::NAN);
-            let mut len = 0;
-            for (resource, &q) in &rq.resources {
-                let Some(id) = self.resource_locked(resource) else {
-                    continue;
-                };
-                quotas[id.index()] = whole_units(q);
-                len = len.max(id.index() + 1);
-            }
-            let Some(entry) = self.lookup(&map, user, now_slot) else {
-                self.at_cap.increment(1);
-                continue;
-            };
-            let mut st = entry.state.lock();
-            st.insert_row(slot, version as u32, &quotas[..len], now_slot);
         }
+        let mut quotas = [f32::NAN; MAX_RESOURCES];
+        with_users!(self.user_map(), map => {
+            let guard = map.guard();
+            for (user, rq) in &users.users {
+                if user.is_empty() || user.len() > MAX_NAME_LEN {
+                    continue;
+                }
+                quotas.fill(f32::NAN);
+                let mut len = 0;
+                for (resource, &q) in &rq.resources {
+                    let Some(id) = self.resource_locked(resource) else {
+                        continue;
+                    };
+                    quotas[id.index()] = whole_units(q);
+                    len = len.max(id.index() + 1);
+                }
+                if let Some(mut st) = self.locked(map, &guard, user, now_slot) {
+                    st.insert_row(slot, row_version, &quotas[..len], now_slot);
+                }
+            }
+        });
         // Rows first, then the version: readers never see a version whose
         // rows are missing.
         self.ring[idx].store(tag | version, Ordering::Release);
@@ -837,7 +1011,7 @@ impl ServiceStore {
 
     /// Number of users tracked.
     pub fn users(&self) -> usize {
-        self.users.len()
+        self.users.get().map_or(0, Users::len)
     }
 
     fn collect(&self, slot: i64, consumption: &mut v1::Usage, rejection: &mut v1::Usage) {
@@ -855,46 +1029,49 @@ impl ServiceStore {
                 }
             }
         };
-        let users = self.users.pin();
-        let mut evict = Vec::new();
-        for (user, entry) in users.iter() {
-            let mut st = entry.state.lock();
-            let mut taken = Counters::default();
-            if st.slot <= slot {
-                taken = st.take(false);
+        with_users!(self.user_map(), map => {
+            let users = map.pin();
+            let mut evict = Vec::new();
+            for (user, entry) in users.iter() {
+                let state: &UserLock<UserState> = entry;
+                let mut st = state.lock();
+                let mut taken = Counters::default();
+                if st.slot <= slot {
+                    taken = st.take(false);
+                }
+                if !st.has_prev || st.slot - 1 <= slot {
+                    taken.merge(&st.take(true));
+                    st.has_prev = false;
+                }
+                if !taken.is_zero() {
+                    add(user, &taken);
+                }
+                let idle = st.slot < slot - 1
+                    && st.is_idle()
+                    && (0..ROWS_PER_USER)
+                        .all(|k| st.row_version[k] == 0 || st.row_slot[k].near(slot) <= slot);
+                if idle {
+                    st.evicted = true;
+                    // The address names this entry, not a later one: the map
+                    // frees no node while `users` is pinned.
+                    evict.push((user, std::ptr::from_ref(entry)));
+                }
             }
-            if !st.has_prev || st.slot - 1 <= slot {
-                taken.merge(&st.take(true));
-                st.has_prev = false;
+            self.collected_through.fetch_max(slot, Ordering::AcqRel);
+            for (user, c) in std::mem::take(&mut *self.overflow.lock()) {
+                add(&user, &c);
             }
-            if !taken.is_zero() {
-                add(user, &taken);
+            for (user, entry) in evict {
+                if users
+                    .remove_if(user.as_str(), |_, e| std::ptr::eq(e, entry))
+                    .ok()
+                    .flatten()
+                    .is_some()
+                {
+                    self.keys.fetch_sub(1, Ordering::Relaxed);
+                }
             }
-            let idle = st.slot < slot - 1
-                && st.is_idle()
-                && (0..ROWS_PER_USER)
-                    .all(|k| st.row_version[k] == 0 || st.row_slot[k].near(slot) <= slot);
-            if idle {
-                st.evicted = true;
-                // The address names this entry, not a later one: the map
-                // frees no node while `users` is pinned.
-                evict.push((user, std::ptr::from_ref(entry)));
-            }
-        }
-        self.collected_through.fetch_max(slot, Ordering::AcqRel);
-        for (user, c) in std::mem::take(&mut *self.overflow.lock()) {
-            add(&user, &c);
-        }
-        for (user, entry) in evict {
-            if users
-                .remove_if(user.as_str(), |_, e| std::ptr::eq(e, entry))
-                .ok()
-                .flatten()
-                .is_some()
-            {
-                self.keys.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
+        });
         let svc = self.name.to_string();
         for (usage, name) in [
             (&*consumption, "throttle_consumed_total"),
@@ -993,7 +1170,7 @@ impl SlotStore {
             slot: self.shared.slot,
             keys: self.shared.keys.clone(),
             max_keys: self.shared.max_keys,
-            users: UserMap::with_hasher(foldhash::fast::RandomState::default()),
+            users: OnceLock::new(),
             resources: ArcSwap::from_pointee(Vec::new()),
             register: Mutex::new(()),
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -1446,9 +1623,88 @@ mod tests {
     }
 
     #[test]
+    fn resources_registered_after_the_first_user_spill_and_count() {
+        let f = fixture();
+        // The map is made at the first user, for the two resources then known.
+        assert!(f.admit("alice", Fallback::Allow).is_allowed());
+        assert!(matches!(f.front.user_map(), Users::C2(_)));
+        let late: Vec<ResourceId> = (0..3)
+            .map(|i| f.front.resource(&format!("late{i}")).unwrap())
+            .collect();
+        let a = f
+            .front
+            .admit_with_handle("alice", &[(f.requests, 1)], Fallback::Allow, true);
+        let handle = a.handle.unwrap();
+        handle.consume(f.down, 7);
+        handle.consume(late[2], 5);
+        // A quota naming a late resource refuses by it.
+        f.quota(r#"{"front": {"100": {"alice": {"requests": 10.0, "late1": 0.0}}}}"#);
+        let d = f.admit("alice", Fallback::Allow);
+        assert_eq!(d.tightest.map(|t| t.resource), Some(late[1]), "{d:?}");
+        assert!(!d.is_allowed());
+        // A user first seen now starts with inline cells and spills too.
+        f.front.consume("bob", late[0], 3);
+        f.clock.set(T + 1_000);
+        let r = f.store.collect(100);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+        assert_eq!(amount(&r.consumption, "alice", "traffic_down"), 7);
+        assert_eq!(amount(&r.consumption, "alice", "late2"), 5);
+        assert_eq!(amount(&r.rejection, "alice", "late1"), 1);
+        assert_eq!(amount(&r.consumption, "bob", "late0"), 3);
+    }
+
+    #[test]
+    fn a_quota_table_first_sizes_the_map_to_its_resources() {
+        let clock = Arc::new(ManualClock::new(T));
+        let store = SlotStore::builder().clock(clock).build();
+        store.apply_quota(
+            &quota_from_json(r#"{"api": {"100": {"carol": {"a": 1.0, "b": 1.0, "c": 1.0}}}}"#)
+                .unwrap(),
+        );
+        let api = store.service("api");
+        assert!(matches!(api.user_map(), Users::C3(_)));
+        assert_eq!(api.users(), 1);
+    }
+
+    #[test]
+    fn a_slot_takes_at_most_65535_quota_tables() {
+        let f = fixture();
+        let q = |quota: f64| {
+            quota_from_json(&format!(
+                r#"{{"front": {{"100": {{"alice": {{"requests": {quota:.1}}}}}}}}}"#
+            ))
+            .unwrap()
+        };
+        let open = q(100.0);
+        for _ in 1..u16::MAX {
+            f.store.apply_quota(&open);
+        }
+        f.store.apply_quota(&q(0.0));
+        assert!(
+            !f.admit("alice", Fallback::Allow).is_allowed(),
+            "the 65,535th applies"
+        );
+        f.store.apply_quota(&open);
+        assert!(
+            !f.admit("alice", Fallback::Allow).is_allowed(),
+            "the 65,536th is ignored"
+        );
+    }
+
+    #[test]
+    fn a_user_of_four_resources_is_one_224_byte_allocation() {
+        // papaya's node is the key and the value; the allocator adds 8 bytes
+        // and rounds up to 16.
+        let node = std::mem::size_of::<(CompactString, Entry<4>)>();
+        assert!(node + 8 <= 224, "{node} bytes");
+        assert_eq!(std::mem::size_of::<Cell>(), 36);
+    }
+
+    #[test]
     fn rows_too_old_for_their_tags_are_forgotten() {
         let overflow = Mutex::new(Vec::new());
-        let mut st = UserState::new(0, 1);
+        let mut st = UserState::<[Cell; 1]>::new(0);
+        let st: &mut UserState = &mut st;
         st.insert_row(0, 1, &[5.0], 0);
         st.roll(RowTag::MAX_AGE - 1, 0, "alice", &overflow);
         assert_eq!(st.row(0, 1), Some(0), "still readable");
@@ -1495,38 +1751,41 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The fixed rows keep what a sorted list of rows would: the newest
-        /// past row, then the nearest slots, each with its own quotas and
-        /// version, for any order of arrival.
+        /// The fixed rows keep what a sorted list of rows would: the current
+        /// row or else the newest past one, then the nearest coming slots,
+        /// each with its own quotas and version, for any order of arrival;
+        /// the quotas of resources past the inline cell move to the spill.
         #[test]
-        fn rows_keep_the_newest_past_and_the_nearest_slots(
+        fn rows_keep_the_current_or_newest_past_and_the_nearest_slots(
             inserts in proptest::collection::vec((90i64..110, 0usize..3, 0.0f64..1e9), 1..40),
             now in 95i64..105,
         ) {
-            let mut st = UserState::new(now, 1);
+            let mut st = UserState::<[Cell; 1]>::new(now);
+            let st: &mut UserState = &mut st;
             // Model: (slot, version, quota per resource), sorted by slot.
-            let mut model: Vec<(i64, u32, Vec<f32>)> = Vec::new();
+            let mut model: Vec<(i64, u16, Vec<f32>)> = Vec::new();
             for (v, &(slot, resources, q)) in inserts.iter().enumerate() {
-                let version = v as u32 + 1;
+                let version = v as u16 + 1;
                 let quotas: Vec<f32> = (0..=resources).map(|i| whole_units(q + i as f64)).collect();
                 st.insert_row(slot, version, &quotas, now);
                 model.retain(|r| r.0 != slot);
                 model.push((slot, version, quotas));
                 model.sort_by_key(|r| r.0);
-                let past = model.iter().filter(|r| r.0 < now).count();
-                if past > 1 {
-                    model.drain(..past - 1);
+                let due = model.iter().filter(|r| r.0 <= now).count();
+                if due > 1 {
+                    model.drain(..due - 1);
                 }
                 model.truncate(ROWS_PER_USER);
             }
             for (slot, version, quotas) in &model {
-                let k = st.row(*slot, u64::from(*version));
+                let k = st.row(*slot, *version);
                 proptest::prop_assert!(k.is_some(), "row for slot {} lost", slot);
                 let k = k.unwrap_or_default();
-                for (i, cell) in st.cells.iter().enumerate() {
+                for (i, cell) in st.cells().iter().enumerate() {
+                    let quota = cell.quota[k];
                     match quotas.get(i) {
-                        Some(q) => proptest::prop_assert_eq!(cell.quota[k], *q),
-                        None => proptest::prop_assert!(cell.quota[k].is_nan()),
+                        Some(q) => proptest::prop_assert_eq!(quota, *q),
+                        None => proptest::prop_assert!(quota.is_nan()),
                     }
                 }
             }
