@@ -373,6 +373,14 @@ impl Users {
     fn len(&self) -> usize {
         with_users!(self, m => m.len())
     }
+
+    /// Cells inline in each user's node.
+    fn class(&self) -> usize {
+        fn of<const N: usize>(_: &UserMap<N>) -> usize {
+            N
+        }
+        with_users!(self, m => of(m))
+    }
 }
 
 /// Counters and quotas of one service; get it from [`SlotStore::service`].
@@ -1009,6 +1017,13 @@ impl ServiceStore {
         self.quota_version(slot).is_some()
     }
 
+    /// The resources a user's counters have room for in its map node, fixed
+    /// at the service's first user; a user counting more moves its counters
+    /// to a separate allocation.
+    pub fn cells_per_user(&self) -> usize {
+        self.user_map().class()
+    }
+
     /// Number of users tracked.
     pub fn users(&self) -> usize {
         self.users.get().map_or(0, Users::len)
@@ -1627,7 +1642,7 @@ mod tests {
         let f = fixture();
         // The map is made at the first user, for the two resources then known.
         assert!(f.admit("alice", Fallback::Allow).is_allowed());
-        assert!(matches!(f.front.user_map(), Users::C2(_)));
+        assert_eq!(f.front.cells_per_user(), 2);
         let late: Vec<ResourceId> = (0..3)
             .map(|i| f.front.resource(&format!("late{i}")).unwrap())
             .collect();
@@ -1662,7 +1677,7 @@ mod tests {
                 .unwrap(),
         );
         let api = store.service("api");
-        assert!(matches!(api.user_map(), Users::C3(_)));
+        assert_eq!(api.cells_per_user(), 3);
         assert_eq!(api.users(), 1);
     }
 

@@ -246,7 +246,11 @@ async fn streaming_bodies_are_counted_exactly() {
 #[tokio::test]
 async fn handler_amounts_and_route_costs() {
     let (clock, store) = store();
-    let db = builder(&store).handler_usage().build().unwrap();
+    let db = builder(&store)
+        .handler_usage()
+        .resource("database_write")
+        .build()
+        .unwrap();
     let search = builder(&store).cost("database_read", 3).build().unwrap();
     let app = Router::new()
         .route(
@@ -288,6 +292,8 @@ async fn handler_amounts_and_route_costs() {
         200
     );
     let r = store.collect(100);
+    // Registered when the layers were built: every user has room for all.
+    assert_eq!(store.service("front").cells_per_user(), 3);
     assert_eq!(amount(&r.consumption, "alice", "database_write"), 4);
     assert_eq!(
         amount(&r.consumption, "alice", "database_read"),

@@ -91,6 +91,7 @@ struct Settings {
     traffic_up: bool,
     traffic_down: bool,
     costs: Vec<(String, i64)>,
+    resources: Vec<String>,
     handler_usage: bool,
     fallback: Fallback,
     shadow: bool,
@@ -112,6 +113,7 @@ impl ThrottleLayer {
             traffic_up: false,
             traffic_down: false,
             costs: Vec::new(),
+            resources: Vec::new(),
             handler_usage: false,
             fallback: Fallback::Allow,
             shadow: false,
@@ -173,6 +175,17 @@ impl<M> ThrottleLayerBuilder<M> {
         self
     }
 
+    /// Registers a resource the handlers count through
+    /// [`Usage`](crate::Usage), e.g. `"database_read"`, when the layer is
+    /// built. Optional: a resource is registered when first counted. But a
+    /// user's counters are sized to the service's resources when the
+    /// service sees its first user, and a resource first named after that
+    /// costs each user that counts it a separate allocation.
+    pub fn resource(mut self, name: &str) -> Self {
+        self.settings.resources.push(name.to_owned());
+        self
+    }
+
     /// What to do while there is no quota for the current slot.
     pub fn fallback(mut self, fallback: Fallback) -> Self {
         self.settings.fallback = fallback;
@@ -227,6 +240,9 @@ impl<M> ThrottleLayerBuilder<M> {
                 Some((_, a)) => *a += amount,
                 None => costs.push((id, *amount)),
             }
+        }
+        for name in &settings.resources {
+            resource(name)?;
         }
         let traffic_up = settings
             .traffic_up
