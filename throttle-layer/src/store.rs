@@ -520,16 +520,9 @@ impl UserState {
     }
 
     fn is_idle(&self) -> bool {
-        self.cells().iter().all(|c| {
-            let Cell {
-                used,
-                prev_used,
-                rejected,
-                prev_rejected,
-                ..
-            } = *c;
-            used == 0 && rejected == 0 && prev_used == 0 && prev_rejected == 0
-        })
+        self.cells()
+            .iter()
+            .all(|c| c.used == 0 && c.rejected == 0 && c.prev_used == 0 && c.prev_rejected == 0)
     }
 
     /// Moves the counters on to `slot`, keeping the last uncollected slot.
@@ -1018,10 +1011,10 @@ impl ServiceStore {
     }
 
     /// The resources a user's counters have room for in its map node, fixed
-    /// at the service's first user; a user counting more moves its counters
-    /// to a separate allocation.
-    pub fn cells_per_user(&self) -> usize {
-        self.user_map().class()
+    /// at the service's first user (`None` before it); a user counting more
+    /// moves its counters to a separate allocation.
+    pub fn cells_per_user(&self) -> Option<usize> {
+        self.users.get().map(Users::class)
     }
 
     /// Number of users tracked.
@@ -1641,8 +1634,9 @@ mod tests {
     fn resources_registered_after_the_first_user_spill_and_count() {
         let f = fixture();
         // The map is made at the first user, for the two resources then known.
+        assert_eq!(f.front.cells_per_user(), None);
         assert!(f.admit("alice", Fallback::Allow).is_allowed());
-        assert_eq!(f.front.cells_per_user(), 2);
+        assert_eq!(f.front.cells_per_user(), Some(2));
         let late: Vec<ResourceId> = (0..3)
             .map(|i| f.front.resource(&format!("late{i}")).unwrap())
             .collect();
@@ -1677,7 +1671,7 @@ mod tests {
                 .unwrap(),
         );
         let api = store.service("api");
-        assert_eq!(api.cells_per_user(), 3);
+        assert_eq!(api.cells_per_user(), Some(3));
         assert_eq!(api.users(), 1);
     }
 

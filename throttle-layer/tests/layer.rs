@@ -293,7 +293,7 @@ async fn handler_amounts_and_route_costs() {
     );
     let r = store.collect(100);
     // Registered when the layers were built: every user has room for all.
-    assert_eq!(store.service("front").cells_per_user(), 3);
+    assert_eq!(store.service("front").cells_per_user(), Some(3));
     assert_eq!(amount(&r.consumption, "alice", "database_write"), 4);
     assert_eq!(
         amount(&r.consumption, "alice", "database_read"),
