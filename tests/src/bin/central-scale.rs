@@ -10,17 +10,29 @@
 //! thread and the simulated nodes on another, so each has about one of this
 //! machine's two cores, and the central's own CPU share is measured on its
 //! thread.
+//!
+//! A simulated node does on the wire what a real one does, and no more on
+//! its shared thread: it encodes its next report before the slot boundary
+//! (a real node encodes its own, on its own machine, in microseconds) and
+//! reads only the two numbers of each message it needs (the slot a quota
+//! answers, the first slot of a push) instead of decoding 1,000 nodes'
+//! quotas one after another. Otherwise the round trip of the last node of
+//! a burst would mostly be the other 999 nodes' encoding and decoding on
+//! the one thread they share, not the central node.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, Bytes};
 use parking_lot::Mutex;
+use prost::Message as _;
+use prost::encoding::{DecodeContext, WireType, decode_varint, skip_field};
 use throttle_central::Central;
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
-use throttle_proto::v1::central_client::CentralClient;
-use throttle_proto::v1::{self, central_message, node_message};
+use throttle_proto::v1;
+use throttle_proto::wire::Inbound;
 
 const RESOURCES: [&str; 4] = ["requests", "traffic_up", "traffic_down", "database_read"];
 
@@ -78,12 +90,139 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// What a simulated node reads of a `CentralMessage`: the slot a quota
+/// answers (`report_slot`) or, for a push, the first slot it holds. The
+/// rest of the message is skipped, not decoded.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Seen {
+    quota: bool,
+    report_slot: Option<i64>,
+    first_slot: Option<i64>,
+}
+
+// Field numbers of `throttle/v1/throttle.proto`.
+const CENTRAL_MESSAGE_QUOTA: u32 = 2;
+const QUOTA_SERVICES: u32 = 1;
+const QUOTA_REPORT_SLOT: u32 = 2;
+/// `ServiceQuota.slots`; a map entry's key is its field 1.
+const SLOTS: u32 = 1;
+const ENTRY_KEY: u32 = 1;
+
+/// Calls `f(tag, wire type, field)` for each field of the message in `buf`,
+/// with a length-delimited field's bytes as its own buffer.
+fn fields(
+    mut buf: Bytes,
+    mut f: impl FnMut(u32, WireType, &mut Bytes) -> Result<(), prost::DecodeError>,
+) -> Result<(), prost::DecodeError> {
+    while buf.has_remaining() {
+        let (tag, wire_type) = prost::encoding::decode_key(&mut buf)?;
+        if wire_type == WireType::LengthDelimited {
+            // Shares `buf`'s memory; an error if it runs past the message.
+            let mut field = Bytes::new();
+            prost::encoding::bytes::merge(
+                wire_type,
+                &mut field,
+                &mut buf,
+                DecodeContext::default(),
+            )?;
+            f(tag, wire_type, &mut field)?;
+        } else {
+            f(tag, wire_type, &mut buf)?;
+        }
+    }
+    Ok(())
+}
+
+impl Seen {
+    fn read_quota(&mut self, quota: Bytes) -> Result<(), prost::DecodeError> {
+        self.quota = true;
+        fields(quota, |tag, wt, buf| match tag {
+            QUOTA_REPORT_SLOT if wt == WireType::Varint => {
+                self.report_slot = Some(decode_varint(buf)? as i64);
+                Ok(())
+            }
+            // A service entry: its value's `slots` entries' keys.
+            QUOTA_SERVICES => fields(buf.clone(), |tag, _, entry| {
+                if tag != 2 {
+                    return Ok(());
+                }
+                fields(entry.clone(), |tag, _, slot_entry| {
+                    if tag != SLOTS {
+                        return Ok(());
+                    }
+                    fields(slot_entry.clone(), |tag, wt, key| {
+                        if tag == ENTRY_KEY && wt == WireType::Varint {
+                            let slot = decode_varint(key)? as i64;
+                            self.first_slot = Some(self.first_slot.map_or(slot, |s| s.min(slot)));
+                        } else if wt != WireType::LengthDelimited {
+                            skip_field(wt, tag, key, DecodeContext::default())?;
+                        }
+                        Ok(())
+                    })
+                })
+            }),
+            _ if wt == WireType::LengthDelimited => Ok(()),
+            _ => skip_field(wt, tag, buf, DecodeContext::default()),
+        })
+    }
+}
+
+impl prost::Message for Seen {
+    fn encode_raw(&self, _: &mut impl bytes::BufMut) {}
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        if tag == CENTRAL_MESSAGE_QUOTA {
+            let mut quota = Bytes::new();
+            prost::encoding::bytes::merge(wire_type, &mut quota, buf, ctx)?;
+            self.read_quota(quota)
+        } else {
+            skip_field(wire_type, tag, buf, ctx)
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        0
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// Opens the `Exchange` stream, sending [`Inbound`] (reports as encoded
+/// bytes) and reading [`Seen`].
+async fn exchange(
+    url: String,
+    outbound: tokio::sync::mpsc::Receiver<Inbound>,
+) -> anyhow::Result<tonic::Streaming<Seen>> {
+    let channel = tonic::transport::Endpoint::from_shared(url)?
+        .connect()
+        .await?;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await?;
+    let path = http::uri::PathAndQuery::from_static("/throttle.v1.Central/Exchange");
+    let request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outbound));
+    let codec = tonic_prost::ProstCodec::<Inbound, Seen>::default();
+    Ok(grpc.streaming(request, path, codec).await?.into_inner())
+}
+
 fn main() -> anyhow::Result<()> {
     let nodes = throttle_tests::arg("--nodes", 1000.0) as u64;
     let users = throttle_tests::arg("--users", 100.0) as u64;
     let seconds = throttle_tests::arg("--seconds", 10.0) as u64;
     let total_users = (nodes * users / 3).max(users);
-    let central_rt = throttle_tests::one_worker("central")?;
+    let central_threads = throttle_tests::arg("--central-threads", 1.0) as usize;
+    let central_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(central_threads.max(1))
+        .thread_name("central")
+        .enable_all()
+        .build()?;
     let rt = throttle_tests::one_worker("nodes")?;
     let on_central = central_rt.handle().clone();
     rt.block_on(async {
@@ -122,7 +261,6 @@ fn main() -> anyhow::Result<()> {
             let (url, rtts, sent, answered, late, pushes) =
                 (url.clone(), rtts.clone(), sent.clone(), answered.clone(), late_pushes.clone(), pushes.clone());
             tasks.push(tokio::spawn(async move {
-                let Ok(mut client) = CentralClient::connect(url).await else { return };
                 let client_usage = usage(n, users, total_users);
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
                 let hello = v1::Hello {
@@ -131,31 +269,30 @@ fn main() -> anyhow::Result<()> {
                     services: vec!["front".into()],
                     version: "scale".into(),
                 };
-                let _ = tx.send(v1::NodeMessage { kind: Some(node_message::Kind::Hello(hello)) }).await;
-                let Ok(resp) = client.exchange(tokio_stream::wrappers::ReceiverStream::new(rx)).await else { return };
-                let mut inbound = resp.into_inner();
+                let _ = tx.send(Inbound::Hello(hello)).await;
+                let Ok(mut inbound) = exchange(url, rx).await else { return };
                 let in_flight: Arc<Mutex<Option<(i64, Instant)>>> = Arc::default();
                 let reader = {
                     let in_flight = in_flight.clone();
                     tokio::spawn(async move {
                         while let Ok(Some(m)) = inbound.message().await {
-                            if let Some(central_message::Kind::Quota(q)) = m.kind {
-                                let now_slot = slot.slot_at(CoarseClock.now_ms());
-                                match q.report_slot {
-                                    Some(s) => {
-                                        if let Some((want, at)) = *in_flight.lock()
-                                            && want == s
-                                        {
-                                            rtts.lock().push(at.elapsed().as_micros() as u64);
-                                            answered.fetch_add(1, Ordering::Relaxed);
-                                        }
+                            if !m.quota {
+                                continue;
+                            }
+                            let now_slot = slot.slot_at(CoarseClock.now_ms());
+                            match m.report_slot {
+                                Some(s) => {
+                                    if let Some((want, at)) = *in_flight.lock()
+                                        && want == s
+                                    {
+                                        rtts.lock().push(at.elapsed().as_micros() as u64);
+                                        answered.fetch_add(1, Ordering::Relaxed);
                                     }
-                                    None => {
-                                        pushes.fetch_add(1, Ordering::Relaxed);
-                                        let first = q.services.values().flat_map(|s| s.slots.keys()).min().copied();
-                                        if first.is_some_and(|s| s < now_slot) {
-                                            late.fetch_add(1, Ordering::Relaxed);
-                                        }
+                                }
+                                None => {
+                                    pushes.fetch_add(1, Ordering::Relaxed);
+                                    if m.first_slot.is_some_and(|s| s < now_slot) {
+                                        late.fetch_add(1, Ordering::Relaxed);
                                     }
                                 }
                             }
@@ -164,17 +301,22 @@ fn main() -> anyhow::Result<()> {
                 };
                 while Instant::now() < end {
                     let now = CoarseClock.now_ms();
-                    tokio::time::sleep(slot.until_next(now) + Duration::from_millis(50)).await;
-                    let s = slot.slot_at(CoarseClock.now_ms());
+                    // The next slot's report, encoded before its time comes.
+                    let s = slot.slot_at(now) + 1;
                     let report = v1::Report {
                         node_id: String::new(),
                         slot_number: s,
                         consumption: [("front".to_string(), client_usage.clone())].into(),
                         rejection: [("front".to_string(), v1::Usage::default())].into(),
                     };
+                    let report = Inbound::Report(report.encode_to_vec().into());
+                    tokio::time::sleep(slot.until_next(now) + Duration::from_millis(50)).await;
+                    if slot.slot_at(CoarseClock.now_ms()) != s {
+                        continue;
+                    }
                     *in_flight.lock() = Some((s, Instant::now()));
                     sent.fetch_add(1, Ordering::Relaxed);
-                    if tx.send(v1::NodeMessage { kind: Some(node_message::Kind::Report(report)) }).await.is_err() {
+                    if tx.send(report).await.is_err() {
                         break;
                     }
                 }
