@@ -124,6 +124,15 @@ pub struct Answer<Q = v1::Quota> {
     pub ingested: Ingested,
 }
 
+/// A report filed without an answer ([`Assigner::file`]).
+#[derive(Debug)]
+pub struct Filed {
+    /// As [`Answer::complete`].
+    pub complete: Vec<String>,
+    /// What the ledger did with the report.
+    pub ingested: Ingested,
+}
+
 fn valid(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME_LEN
 }
@@ -225,6 +234,80 @@ impl<F: QuotaFormat> Assigner<F> {
         report: &R,
         now_ms: i64,
     ) -> Result<Answer<F::Quota>, ReportError> {
+        let (filed, reported) = self.file_inner(node, report, now_ms)?;
+        let next = report.slot_number() + 1;
+        // A connected node is answered for every service it declared or
+        // reported; one that is not (a replay racing a disconnect) for
+        // those it reports.
+        let answering = Some(report.slot_number());
+        let quota = match self.nodes.get(&node) {
+            Some((_, known)) => F::render(
+                &self.ledger,
+                node,
+                known.iter().map(|s| (s.as_str(), next)),
+                answering,
+            ),
+            None => F::render(
+                &self.ledger,
+                node,
+                reported.iter().map(|s| (*s, next)),
+                answering,
+            ),
+        };
+        Ok(Answer {
+            quota,
+            complete: filed.complete,
+            ingested: filed.ingested,
+        })
+    }
+
+    /// Files `report` from `node` as [`Assigner::report`] does, without
+    /// answering it: its answer went out ahead, from
+    /// [`Assigner::prepare`].
+    ///
+    /// # Errors
+    ///
+    /// The ledger's [`ReportError`]: nothing was filed.
+    pub fn file<R: ReportSource>(
+        &mut self,
+        node: NodeId,
+        report: &R,
+        now_ms: i64,
+    ) -> Result<Filed, ReportError> {
+        self.file_inner(node, report, now_ms)
+            .map(|(filed, _)| filed)
+    }
+
+    /// The answer [`Assigner::report`] would give a report of `node` for
+    /// `report_slot`, rendered ahead, with the services it covers: a report
+    /// naming no other service gets exactly this answer, since filing a
+    /// report changes no grant. `None` when `node` is not connected.
+    ///
+    /// Grants change on [`Assigner::tick`], [`Assigner::reassign`] and on a
+    /// [`Assigner::connect`] that pushes: an answer prepared before one of
+    /// those is stale.
+    pub fn prepare(&self, node: NodeId, report_slot: i64) -> Option<(F::Quota, Vec<String>)> {
+        let (_, known) = self.nodes.get(&node)?;
+        let quota = F::render(
+            &self.ledger,
+            node,
+            known.iter().map(|s| (s.as_str(), report_slot + 1)),
+            Some(report_slot),
+        );
+        Some((quota, known.iter().cloned().collect()))
+    }
+
+    /// The connected nodes.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes.keys().copied()
+    }
+
+    fn file_inner<'r, R: ReportSource>(
+        &mut self,
+        node: NodeId,
+        report: &'r R,
+        now_ms: i64,
+    ) -> Result<(Filed, BTreeSet<&'r str>), ReportError> {
         let ingested = self.ledger.ingest_from(report, now_ms)?;
         let reported: BTreeSet<&str> = report
             .usages()
@@ -250,30 +333,7 @@ impl<F: QuotaFormat> Assigner<F> {
                 }
             }
         }
-        let next = report.slot_number() + 1;
-        // A connected node is answered for every service it declared or
-        // reported; one that is not (a replay racing a disconnect) for
-        // those it reports.
-        let answering = Some(report.slot_number());
-        let quota = match self.nodes.get(&node) {
-            Some((_, known)) => F::render(
-                &self.ledger,
-                node,
-                known.iter().map(|s| (s.as_str(), next)),
-                answering,
-            ),
-            None => F::render(
-                &self.ledger,
-                node,
-                reported.iter().map(|s| (*s, next)),
-                answering,
-            ),
-        };
-        Ok(Answer {
-            quota,
-            complete,
-            ingested,
-        })
+        Ok((Filed { complete, ingested }, reported))
     }
 
     /// Re-assigns the current slot of `service` (after [`Answer::complete`]
@@ -399,6 +459,58 @@ mod tests {
             a.ledger_mut()
                 .bucket_level("front", "alice", "requests", 3_000),
             Some(20.0)
+        );
+    }
+
+    fn report(node: &str, slot: i64, requests: i64) -> v1::Report {
+        let users = [(
+            "alice".to_string(),
+            v1::Amounts {
+                resources: [("requests".to_string(), requests)].into(),
+            },
+        )];
+        v1::Report {
+            node_id: node.into(),
+            slot_number: slot,
+            consumption: [(
+                "front".to_string(),
+                v1::Usage {
+                    users: users.into(),
+                },
+            )]
+            .into(),
+            ..v1::Report::default()
+        }
+    }
+
+    #[test]
+    fn a_prepared_answer_is_the_answer_the_report_gets() {
+        let limits = Arc::new(StaticLimits::new(set(10.0)));
+        let mut a: Assigner<Encoded> = Assigner::new(Ledger::new(LedgerConfig::default()), limits);
+        let (n1, _) = a.connect("n1", &["front".to_string()], 0);
+        let (n2, _) = a.connect("n2", &["front".to_string()], 0);
+        for (slot, t) in [(1, 1_050), (2, 2_050), (3, 3_050)] {
+            a.report(n1, &report("n1", slot, 3), t).unwrap();
+            a.report(n2, &report("n2", slot, 1), t).unwrap();
+            a.tick(t + 450);
+        }
+        let (prepared, services) = a.prepare(n1, 4).unwrap();
+        assert_eq!(services, ["front"]);
+        let answer = a.report(n1, &report("n1", 4, 3), 4_050).unwrap();
+        assert_eq!(answer.quota, prepared, "filing changes no grant");
+        let decoded = <v1::CentralMessage as prost::Message>::decode(&prepared[..]).unwrap();
+        let Some(v1::central_message::Kind::Quota(q)) = decoded.kind else {
+            panic!("{decoded:?}")
+        };
+        assert_eq!(q.report_slot, Some(4));
+        let alice = &q.services["front"].slots[&5].users["alice"].resources["requests"];
+        assert!(*alice > 0.0, "n1 has a share of alice's bucket: {alice}");
+        // Filing alone answers nothing and leaves the next answer as it was.
+        a.file(n2, &report("n2", 4, 1), 4_060).unwrap();
+        assert_eq!(a.prepare(n1, 4).unwrap().0, prepared);
+        assert!(
+            a.prepare(NodeId::from_index(99), 4).is_none(),
+            "not connected"
         );
     }
 

@@ -80,6 +80,38 @@ pub struct LedgerConfig {
     pub max_users_per_report: usize,
 }
 
+impl LedgerConfig {
+    /// Whether a report may be filed at `now_ms`, on its own: its node id,
+    /// how far its slot is from now, its number of users. The ledger's own
+    /// check, which the gRPC server also runs before it answers a report
+    /// ahead of filing it.
+    ///
+    /// # Errors
+    ///
+    /// The [`ReportError`] the ledger would refuse the report with.
+    pub fn check<R: ReportSource>(&self, report: &R, now_ms: i64) -> Result<(), ReportError> {
+        if !valid_name(report.node_id()) {
+            return Err(ReportError::BadNodeId);
+        }
+        let current = self.slot.slot_at(now_ms);
+        if report.slot_number().abs_diff(current) > u64::from(self.nr_slot) {
+            return Err(ReportError::SlotOutOfRange {
+                slot: report.slot_number(),
+                current,
+                nr_slot: self.nr_slot,
+            });
+        }
+        let users = report.user_count();
+        if users > self.max_users_per_report {
+            return Err(ReportError::TooManyUsers {
+                users,
+                max: self.max_users_per_report,
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Default for LedgerConfig {
     fn default() -> Self {
         Self {
@@ -597,25 +629,7 @@ impl Ledger {
         report: &R,
         now_ms: i64,
     ) -> Result<Ingested, ReportError> {
-        if !valid_name(report.node_id()) {
-            return Err(ReportError::BadNodeId);
-        }
-        let current = self.config.slot.slot_at(now_ms);
-        let nr_slot = self.config.nr_slot;
-        if report.slot_number().abs_diff(current) > u64::from(nr_slot) {
-            return Err(ReportError::SlotOutOfRange {
-                slot: report.slot_number(),
-                current,
-                nr_slot,
-            });
-        }
-        let users = report.user_count();
-        if users > self.config.max_users_per_report {
-            return Err(ReportError::TooManyUsers {
-                users,
-                max: self.config.max_users_per_report,
-            });
-        }
+        self.config.check(report, now_ms)?;
         let node = self.node_id(report.node_id());
         let slot = report.slot_number() - 1;
         if !self.reported.entry(slot).or_default().insert(node) {

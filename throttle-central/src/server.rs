@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -40,9 +41,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::assigner::{Assigner, Encoded, Push};
+use crate::assigner::{Assigner, Encoded, Filed, Push};
 use crate::leadership::{AlwaysLeader, Leadership};
-use crate::ledger::{FromNode, Ledger, LedgerConfig, NodeId, PolicyFactory, SlotRange};
+use crate::ledger::{
+    FromNode, Ledger, LedgerConfig, NodeId, PolicyFactory, ReportError, ReportSource, SlotRange,
+};
 use crate::limits::{FileLimits, LimitSet, LimitSource};
 
 /// How long a new stream may take to send its Hello.
@@ -176,6 +179,8 @@ impl CentralBuilder {
         let grpc_addr = grpc.local_addr()?;
         let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
         let slot = self.ledger.slot;
+        let config = self.ledger.clone();
+        let closing = Arc::new(AtomicBool::new(false));
         let ledger = match self.policies {
             Some(f) => Ledger::with_policies(self.ledger, f),
             None => Ledger::new(self.ledger),
@@ -189,6 +194,7 @@ impl CentralBuilder {
             conns: BTreeMap::new(),
             next_conn: 0,
             started: Instant::now(),
+            closing: closing.clone(),
         };
         let mut tasks = vec![tokio::spawn(actor.run(rx, stop_rx.clone()))];
         tasks.push(tokio::spawn(assigner(
@@ -209,6 +215,9 @@ impl CentralBuilder {
             commands: commands.clone(),
             leadership: self.leadership.clone(),
             slot,
+            config,
+            clock: self.clock.clone(),
+            closing: closing.clone(),
         };
         // Answers are small writes right after a large read: without
         // TCP_NODELAY, Nagle's algorithm holds them until the node's delayed
@@ -247,6 +256,7 @@ impl CentralBuilder {
             http_addr,
             commands,
             stop: stop_tx,
+            closing,
             tasks,
         })
     }
@@ -263,6 +273,8 @@ pub struct RunningCentral {
     http_addr: Option<SocketAddr>,
     commands: mpsc::Sender<Command>,
     stop: watch::Sender<bool>,
+    /// Set before the streams are closed; see [`AnswerAhead`].
+    closing: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -298,6 +310,9 @@ impl RunningCentral {
     }
 
     async fn shutdown_with(self, snapshot: Option<(Subject, oneshot::Sender<Value>)>) {
+        // Before the close is queued: a stream that then sees the flag
+        // unset queued its report ahead of the close (see `AnswerAhead`).
+        self.closing.store(true, Ordering::SeqCst);
         let _ = self.commands.send(Command::CloseAll { snapshot }).await;
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -372,6 +387,7 @@ pub(crate) enum Command {
         hello: v1::Hello,
         addr: Option<SocketAddr>,
         tx: Outgoing,
+        ahead: Arc<AnswerAhead>,
         reply: oneshot::Sender<u64>,
     },
     Disconnect {
@@ -383,6 +399,9 @@ pub(crate) enum Command {
         /// `Ok` once the answer is queued on the stream; the report comes
         /// back, to be freed on the stream's task rather than the ledger's.
         reply: oneshot::Sender<(Result<(), Status>, Received)>,
+        /// Set when the stream may answer the report ahead: whoever swaps
+        /// it first, the stream or the ledger, answers (see [`AnswerAhead`]).
+        claim: Option<Arc<AtomicBool>>,
     },
     Tick,
     Reassign {
@@ -405,7 +424,54 @@ struct Conn {
     addr: Option<SocketAddr>,
     since: Instant,
     reports: u64,
+    /// Reports of this stream answered ahead of filing ([`AnswerAhead`]).
+    answered_ahead: u64,
     tx: Outgoing,
+    ahead: Arc<AnswerAhead>,
+}
+
+/// A stream's answer to its node's next report, rendered ahead by the
+/// ledger task, so that the stream answers a report as soon as it has read
+/// it, rather than after the ledger has filed every report queued before
+/// it: at each slot boundary every node reports at once, and the ledger is
+/// one task.
+///
+/// At each mid-slot, after assigning, the ledger renders each connected
+/// node's answer to the report due at the next boundary
+/// ([`Assigner::prepare`]). Filing a report changes no grant, so the answer
+/// is the one the ledger would give; whatever does change grants (an
+/// assign, a re-assign, a connect that re-assigns) replaces or clears these
+/// answers, under this lock, before its pushes are queued. The stream holds
+/// the lock from checking the answer to queuing it, so an answer never
+/// overtakes a newer push.
+///
+/// An answer still acknowledges a filed report, as the original's did:
+///
+/// - the stream queues the report for the ledger first, then answers, and
+///   the ledger takes its commands in order;
+/// - shutting down sets `closing` before it queues the close, so a stream
+///   that sees `closing` unset after queuing its report queued it ahead of
+///   the close, and it will be filed before the ledger closes the streams;
+/// - when a stream sees `closing` set, it leaves the answer to the ledger,
+///   which answers after filing, or files nothing once closed;
+/// - the report's `claim` settles who answers, the stream or the ledger
+///   (should the ledger reach the report first), so it is answered once.
+///
+/// A report the stream cannot answer ahead (an older slot, a service
+/// outside the prepared answer, a check the ledger would fail) goes the way
+/// every report went before: filed, then answered by the ledger.
+#[derive(Debug, Default)]
+pub(crate) struct AnswerAhead {
+    ready: parking_lot::Mutex<Option<Ready>>,
+}
+
+/// An answer rendered ahead: for the report of `report_slot`, covering
+/// `services`.
+#[derive(Debug, Clone)]
+struct Ready {
+    report_slot: i64,
+    services: Arc<[String]>,
+    quota: bytes::Bytes,
 }
 
 struct Actor {
@@ -417,6 +483,8 @@ struct Actor {
     conns: BTreeMap<u64, Conn>,
     next_conn: u64,
     started: Instant,
+    /// Shared with the streams; see [`AnswerAhead`].
+    closing: Arc<AtomicBool>,
 }
 
 /// A report as it reaches the ledger task.
@@ -464,6 +532,48 @@ impl Received {
             Self::Decoded(r) => r.slot_number,
         }
     }
+
+    /// The ledger's own check ([`LedgerConfig::check`]), for `node_id`.
+    fn check(&self, config: &LedgerConfig, node_id: &str, now_ms: i64) -> Result<(), ReportError> {
+        match self {
+            Self::Raw(r) => config.check(&FromNode(node_id, r), now_ms),
+            Self::Decoded(r) => config.check(&FromNode(node_id, r), now_ms),
+        }
+    }
+
+    /// Whether every service the report names is one of `services`.
+    fn services_within(&self, services: &[String]) -> bool {
+        let known = |name: &str| services.iter().any(|s| s == name);
+        match self {
+            Self::Raw(r) => r.usages().all(|(name, ..)| known(name)),
+            Self::Decoded(r) => r
+                .consumption
+                .keys()
+                .chain(r.rejection.keys())
+                .all(|name| known(name)),
+        }
+    }
+}
+
+/// Files `report` and answers it, or only files it when its answer went
+/// out ahead.
+fn file_report<R: ReportSource>(
+    assigner: &mut Assigner<Encoded>,
+    node: NodeId,
+    report: &R,
+    now_ms: i64,
+    answered: bool,
+) -> Result<(Filed, Option<bytes::Bytes>), ReportError> {
+    if answered {
+        return assigner.file(node, report, now_ms).map(|f| (f, None));
+    }
+    assigner.report(node, report, now_ms).map(|a| {
+        let filed = Filed {
+            complete: a.complete,
+            ingested: a.ingested,
+        };
+        (filed, Some(a.quota))
+    })
 }
 
 impl Actor {
@@ -479,6 +589,12 @@ impl Actor {
                     None => return,
                 },
                 _ = stop.wait_for(|s| *s) => {
+                    // Reports queued before the flag was set may have been
+                    // answered ahead: file them before closing.
+                    self.closing.store(true, Ordering::SeqCst);
+                    while let Ok(cmd) = rx.try_recv() {
+                        self.handle(cmd);
+                    }
                     self.handle(Command::CloseAll { snapshot: None });
                     return;
                 }
@@ -498,6 +614,7 @@ impl Actor {
                 hello,
                 addr,
                 tx,
+                ahead,
                 reply,
             } => {
                 let conn = self.next_conn;
@@ -514,10 +631,16 @@ impl Actor {
                         addr,
                         since: Instant::now(),
                         reports: 0,
+                        answered_ahead: 0,
                         tx,
+                        ahead,
                     },
                 );
                 gauge!("throttle_central_connections").set(self.conns.len() as f64);
+                if !pushes.is_empty() {
+                    // A service was re-assigned: answers rendered before are stale.
+                    self.forget_answers();
+                }
                 self.deliver(pushes);
                 let _ = reply.send(conn);
             }
@@ -532,12 +655,16 @@ impl Actor {
                 conn,
                 report,
                 reply,
+                claim,
             } => {
-                // The answer is queued here, by the ledger's own task, so it
-                // precedes anything the ledger sends this stream later (such
-                // as the close on shutdown): a node that saw no answer knows
-                // its report was not filed, and sends it again.
-                let result = self.report(conn, &report).and_then(|quota| {
+                // Unless the stream answered ahead, the answer is queued
+                // here, by the ledger's own task, so it precedes anything the
+                // ledger sends this stream later (such as the close on
+                // shutdown): a node that saw no answer knows its report was
+                // not filed, and sends it again.
+                let answered = claim.is_some_and(|c| c.swap(true, Ordering::SeqCst));
+                let result = self.report(conn, &report, answered).and_then(|quota| {
+                    let Some(quota) = quota else { return Ok(()) };
                     let tx = self.conns.get(&conn).map(|c| &c.tx);
                     let msg = Ok(Outbound::Encoded(quota));
                     match tx.map(|tx| tx.try_send(msg)) {
@@ -553,6 +680,7 @@ impl Actor {
             Command::Tick => self.tick(),
             Command::Reassign { service } => {
                 let pushes = self.assigner.reassign(&service, self.clock.now_ms());
+                self.forget_answers();
                 self.deliver(pushes);
             }
             Command::Monitor {
@@ -563,6 +691,8 @@ impl Actor {
                 let _ = reply.send(self.monitor(subject, range));
             }
             Command::CloseAll { snapshot } => {
+                self.closing.store(true, Ordering::SeqCst);
+                self.forget_answers();
                 if let Some((subject, reply)) = snapshot {
                     let _ = reply.send(self.monitor(subject, SlotRange::default()));
                 }
@@ -576,7 +706,14 @@ impl Actor {
         }
     }
 
-    fn report(&mut self, conn: u64, report: &Received) -> Result<bytes::Bytes, Status> {
+    /// Files a report and returns its answer, or `None` when the stream
+    /// answered it ahead.
+    fn report(
+        &mut self,
+        conn: u64,
+        report: &Received,
+        answered: bool,
+    ) -> Result<Option<bytes::Bytes>, Status> {
         let now = self.clock.now_ms();
         let Self {
             conns, assigner, ..
@@ -595,20 +732,29 @@ impl Actor {
             )));
         }
         c.reports += 1;
+        c.answered_ahead += u64::from(answered);
         let (node, node_id) = (c.node, c.node_id.as_str());
         let filed = match report {
-            Received::Raw(r) => assigner.report(node, &FromNode(node_id, r), now),
-            Received::Decoded(r) => assigner.report(node, &FromNode(node_id, r), now),
+            Received::Raw(r) => file_report(assigner, node, &FromNode(node_id, r), now, answered),
+            Received::Decoded(r) => {
+                file_report(assigner, node, &FromNode(node_id, r), now, answered)
+            }
         };
-        let answer = match filed {
+        let (answer, quota) = match filed {
             Ok(a) => a,
             Err(e) => {
                 counter!("throttle_central_invalid_messages_total", "reason" => "report")
                     .increment(1);
-                tracing::warn!(%node_id, error = %e, "report refused");
+                // The stream answers ahead only what passes the same check
+                // (`LedgerConfig::check`), so `answered` here means the two
+                // checks disagreed: say so.
+                tracing::warn!(%node_id, error = %e, answered, "report refused");
                 return Err(Status::invalid_argument(e.to_string()));
             }
         };
+        if answered {
+            counter!("throttle_central_answers_ahead_total").increment(1);
+        }
         let out = &answer.ingested;
         counter!("throttle_central_reports_total").increment(1);
         counter!("throttle_central_report_entries_total").increment(out.entries as u64);
@@ -628,15 +774,54 @@ impl Actor {
                 counter!("throttle_central_reassigns_skipped_total").increment(1);
             }
         }
-        Ok(answer.quota)
+        Ok(quota)
+    }
+
+    /// Renders, for every stream, the answer to its node's report due at
+    /// the next slot boundary (see [`AnswerAhead`]).
+    fn prepare_answers(&mut self) {
+        let report_slot = self
+            .assigner
+            .ledger()
+            .config()
+            .slot
+            .slot_at(self.clock.now_ms())
+            + 1;
+        let mut rendered: BTreeMap<NodeId, Option<Ready>> = BTreeMap::new();
+        for c in self.conns.values() {
+            let ready = rendered.entry(c.node).or_insert_with(|| {
+                let (quota, services) = self.assigner.prepare(c.node, report_slot)?;
+                Some(Ready {
+                    report_slot,
+                    services: services.into(),
+                    quota,
+                })
+            });
+            *c.ahead.ready.lock() = ready.clone();
+        }
+    }
+
+    /// Clears every stream's answer rendered ahead: grants changed.
+    fn forget_answers(&self) {
+        for c in self.conns.values() {
+            *c.ahead.ready.lock() = None;
+        }
     }
 
     /// Queues each push on every stream of its node, never waiting.
     fn deliver(&self, pushes: Vec<Push<bytes::Bytes>>) {
+        if pushes.is_empty() {
+            return;
+        }
+        // Each node's streams, found once rather than by a scan per push.
+        let mut streams: BTreeMap<NodeId, Vec<&Conn>> = BTreeMap::new();
+        for c in self.conns.values() {
+            streams.entry(c.node).or_default().push(c);
+        }
         for (node, quota) in pushes {
             // Encoded once; a node with two streams (for a moment, while it
             // reconnects) shares the bytes.
-            for c in self.conns.values().filter(|c| c.node == node) {
+            for c in streams.get(&node).into_iter().flatten() {
                 if c.tx.try_send(Ok(Outbound::Encoded(quota.clone()))).is_err() {
                     counter!("throttle_central_pushes_dropped_total").increment(1);
                     tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
@@ -647,6 +832,7 @@ impl Actor {
 
     fn tick(&mut self) {
         let pushes = self.assigner.tick(self.clock.now_ms());
+        self.prepare_answers();
         self.deliver(pushes);
     }
 
@@ -664,6 +850,7 @@ impl Actor {
                             "services": self.assigner.services_of(c.node),
                             "connected_seconds": c.since.elapsed().as_secs_f64(),
                             "reports": c.reports,
+                            "answered_ahead": c.answered_ahead,
                         })
                     })
                     .collect();
@@ -748,10 +935,26 @@ async fn reloader(
     }
 }
 
+/// What became of a report offered to [`CentralService::answer_ahead`].
+enum Ahead {
+    /// Queued for filing, and answered unless the ledger answers it.
+    Queued,
+    /// Queued for filing, but the node's stream queue is full.
+    Full(Status),
+    /// Not queued: the caller queues it and the ledger answers after filing.
+    Later(Command),
+}
+
+#[derive(Clone)]
 struct CentralService {
     commands: mpsc::Sender<Command>,
     leadership: Arc<dyn Leadership>,
     slot: SlotLength,
+    /// The ledger's settings, for its check before answering ahead.
+    config: LedgerConfig,
+    clock: Arc<dyn Clock>,
+    /// Set before the streams are closed; see [`AnswerAhead`].
+    closing: Arc<AtomicBool>,
 }
 
 fn message(kind: central_message::Kind) -> Result<Outbound, Status> {
@@ -838,19 +1041,17 @@ impl CentralService {
         if tx.send(message(welcome)).await.is_err() {
             return;
         }
-        let Self {
-            commands,
-            leadership,
-            ..
-        } = self;
+        let node_id = hello.node_id.clone();
+        let ahead = Arc::new(AnswerAhead::default());
         let (reply, rx) = oneshot::channel();
         let connect = Command::Connect {
             hello,
             addr,
             tx: tx.clone(),
+            ahead: ahead.clone(),
             reply,
         };
-        if commands.send(connect).await.is_err() {
+        if self.commands.send(connect).await.is_err() {
             return;
         }
         let Ok(conn) = rx.await else { return };
@@ -871,8 +1072,8 @@ impl CentralService {
                     Status::new(s.code(), s.message().to_owned())
                 }
                 Some(Ok(Inbound::Report(bytes))) => {
-                    if !leadership.is_leader() {
-                        let leader = leadership.leader().unwrap_or_default();
+                    if !self.leadership.is_leader() {
+                        let leader = self.leadership.leader().unwrap_or_default();
                         let _ = tx
                             .send(message(central_message::Kind::NotLeader(v1::NotLeader {
                                 leader,
@@ -888,16 +1089,17 @@ impl CentralService {
                         }
                     };
                     let (reply, rx) = oneshot::channel();
-                    if commands
-                        .send(Command::Report {
-                            conn,
-                            report,
-                            reply,
-                        })
-                        .await
-                        .is_err()
-                    {
-                        break;
+                    match self.answer_ahead(conn, &node_id, &ahead, &tx, report, reply) {
+                        Ahead::Queued => {}
+                        Ahead::Full(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            break;
+                        }
+                        Ahead::Later(command) => {
+                            if self.commands.send(command).await.is_err() {
+                                break;
+                            }
+                        }
                     }
                     match rx.await {
                         Ok((Ok(()), _report)) => continue,
@@ -910,7 +1112,80 @@ impl CentralService {
             let _ = tx.send(Err(status)).await;
             break;
         }
-        let _ = commands.send(Command::Disconnect { conn }).await;
+        let _ = self.commands.send(Command::Disconnect { conn }).await;
+    }
+
+    /// Queues `report` for filing and answers it at once, if its answer was
+    /// rendered ahead and may be sent before filing (see [`AnswerAhead`]).
+    fn answer_ahead(
+        &self,
+        conn: u64,
+        node_id: &str,
+        ahead: &AnswerAhead,
+        tx: &Outgoing,
+        report: Received,
+        reply: oneshot::Sender<(Result<(), Status>, Received)>,
+    ) -> Ahead {
+        let claimed = report.node_id();
+        let valid = (claimed.is_empty() || claimed == node_id)
+            && report
+                .check(&self.config, node_id, self.clock.now_ms())
+                .is_ok();
+        // Held until the answer is queued: a push of newer grants, queued
+        // after the ledger clears this answer, cannot be overtaken.
+        let ready = ahead.ready.lock();
+        let quota = match ready.as_ref() {
+            Some(r)
+                if valid
+                    && r.report_slot == report.slot_number()
+                    && report.services_within(&r.services) =>
+            {
+                r.quota.clone()
+            }
+            _ => {
+                return Ahead::Later(Command::Report {
+                    conn,
+                    report,
+                    reply,
+                    claim: None,
+                });
+            }
+        };
+        let claim = Arc::new(AtomicBool::new(false));
+        let command = Command::Report {
+            conn,
+            report,
+            reply,
+            claim: Some(claim.clone()),
+        };
+        if let Err(e) = self.commands.try_send(command) {
+            let (mpsc::error::TrySendError::Full(command)
+            | mpsc::error::TrySendError::Closed(command)) = e;
+            return Ahead::Later(match command {
+                Command::Report {
+                    conn,
+                    report,
+                    reply,
+                    ..
+                } => Command::Report {
+                    conn,
+                    report,
+                    reply,
+                    claim: None,
+                },
+                other => other,
+            });
+        }
+        // Queued. Unset `closing` now means queued ahead of the close.
+        if self.closing.load(Ordering::SeqCst) || claim.swap(true, Ordering::SeqCst) {
+            return Ahead::Queued;
+        }
+        if tx.try_send(Ok(Outbound::Encoded(quota))).is_err() {
+            counter!("throttle_central_pushes_dropped_total").increment(1);
+            return Ahead::Full(Status::resource_exhausted("node is not reading its stream"));
+        }
+        drop(ready);
+        Ahead::Queued
     }
 }
 
@@ -932,12 +1207,7 @@ impl CentralRpc for CentralService {
             })));
             return Ok(Response::new(ReceiverStream::new(rx)));
         }
-        let this = Self {
-            commands: self.commands.clone(),
-            leadership: self.leadership.clone(),
-            slot: self.slot,
-        };
-        tokio::spawn(this.run_stream(request.into_inner(), addr, tx));
+        tokio::spawn(self.clone().run_stream(request.into_inner(), addr, tx));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -194,6 +194,43 @@ async fn hello_welcome_report_quota() {
 }
 
 #[tokio::test]
+async fn reports_after_an_assign_are_answered_ahead_of_filing() {
+    let central = start(Central::builder().limits(limits(
+        "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = { requests = 1000 }\n",
+    )))
+    .await;
+    let mut n = node(central.grpc_addr(), "n1").await;
+    let slot = SlotLength::from_ms(SLOT_MS).unwrap();
+    for _ in 0..5 {
+        // Just after the boundary, as a reporter does: the assign of the
+        // mid-slot before has rendered this report's answer.
+        tokio::time::sleep(slot.until_next(SystemClock.now_ms()) + Duration::from_millis(5)).await;
+        let s = current_slot();
+        let q = n
+            .exchange(report("n1", s, r#"{"alice": {"requests": 3}}"#, "{}"))
+            .await
+            .unwrap();
+        assert_eq!(q.report_slot, Some(s));
+        assert!(q.services["front"].slots.contains_key(&(s + 1)), "{q:?}");
+    }
+    let conns = json(&central, "/v1/monitor/connections").await;
+    let c = &conns["connections"][0];
+    assert_eq!(c["reports"], 5);
+    let ahead = c["answered_ahead"].as_u64().unwrap();
+    assert!(ahead >= 1, "no report answered ahead: {c}");
+    // Every report was filed, those answered ahead included.
+    let sums = json(&central, "/v1/monitor/consumption_sum").await;
+    let filed: i64 = sums["front"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v["alice"]["requests"].as_i64().unwrap())
+        .sum();
+    assert_eq!(filed, 15);
+    central.shutdown().await;
+}
+
+#[tokio::test]
 async fn assign_pushes_classic_shares_to_each_node() {
     let classic: throttle_central::ledger::PolicyFactory =
         Box::new(|_| Box::new(throttle_central::policy::Classic::new()));
