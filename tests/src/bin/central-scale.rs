@@ -9,7 +9,7 @@
 //! and resident memory. The central node runs on a runtime of one worker
 //! thread and the simulated nodes on another, so each has about one of this
 //! machine's two cores, and the central's own CPU share is measured on its
-//! thread.
+//! thread (`--central-threads N` gives the central N worker threads).
 //!
 //! A simulated node does on the wire what a real one does, and no more on
 //! its shared thread: it encodes its next report before the slot boundary
