@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use throttle_central::leadership::Follower;
 use throttle_central::limits::{FileLimits, LimitSet, StaticLimits};
-use throttle_central::{Central, RunningCentral};
+use throttle_central::{Central, RunningCentral, Subject};
 use throttle_proto::legacy::report_from_json;
 use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::central_client::CentralClient;
@@ -228,6 +228,43 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
         .sum();
     assert_eq!(filed, 15);
     central.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_answer_ahead_still_means_filed_when_the_central_shuts_down() {
+    let slot = SlotLength::from_ms(SLOT_MS).unwrap();
+    let mut answered = 0;
+    for round in 0..6 {
+        let central = start(Central::builder()).await;
+        let mut n = node(central.grpc_addr(), "n1").await;
+        // Past a mid-slot assign, then just after the boundary: the report
+        // is answered ahead, while the central node shuts down.
+        tokio::time::sleep(
+            Duration::from_millis(u64::from(SLOT_MS)) + slot.until_next(SystemClock.now_ms()),
+        )
+        .await;
+        let s = current_slot();
+        n.send(report("n1", s, r#"{"alice": {"requests": 7}}"#, "{}"))
+            .await;
+        // Shut down at varied points around the report's arrival.
+        tokio::time::sleep(Duration::from_micros(200 * round)).await;
+        let snapshot = central
+            .shutdown_with_snapshot(Subject::ConsumptionSum)
+            .await
+            .unwrap();
+        let mut got_answer = false;
+        while let Ok(central_message::Kind::Quota(q)) = n.recv().await {
+            got_answer |= q.report_slot == Some(s);
+        }
+        let filed = snapshot["front"][(s - 1).to_string()]["alice"]["requests"].as_i64();
+        if got_answer {
+            answered += 1;
+            assert_eq!(filed, Some(7), "answered but not filed: {snapshot}");
+        } else {
+            assert_eq!(filed, None, "filed but not answered: {snapshot}");
+        }
+    }
+    assert!(answered > 0, "no report was answered before the shutdown");
 }
 
 #[tokio::test]
