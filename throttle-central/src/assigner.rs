@@ -463,24 +463,8 @@ mod tests {
     }
 
     fn report(node: &str, slot: i64, requests: i64) -> v1::Report {
-        let users = [(
-            "alice".to_string(),
-            v1::Amounts {
-                resources: [("requests".to_string(), requests)].into(),
-            },
-        )];
-        v1::Report {
-            node_id: node.into(),
-            slot_number: slot,
-            consumption: [(
-                "front".to_string(),
-                v1::Usage {
-                    users: users.into(),
-                },
-            )]
-            .into(),
-            ..v1::Report::default()
-        }
+        let alice = format!(r#"{{"alice": {{"requests": {requests}}}}}"#);
+        crate::ledger::tests::report(node, slot, &alice, "{}")
     }
 
     #[test]

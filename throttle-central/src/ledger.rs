@@ -1152,7 +1152,7 @@ impl Key {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use throttle_proto::legacy::report_from_json;
 
@@ -1164,7 +1164,8 @@ mod tests {
         }
     }
 
-    fn report(node: &str, slot: i64, consumption: &str, rejection: &str) -> v1::Report {
+    /// A report of service `front` from its legacy JSON maps of users.
+    pub(crate) fn report(node: &str, slot: i64, consumption: &str, rejection: &str) -> v1::Report {
         report_from_json(&format!(
             r#"{{"node_id": "{node}", "slot_number": {slot}, "consumption": {{"front": {consumption}}}, "rejection": {{"front": {rejection}}}}}"#
         ))

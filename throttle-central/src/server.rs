@@ -1159,22 +1159,9 @@ impl CentralService {
             claim: Some(claim.clone()),
         };
         if let Err(e) = self.commands.try_send(command) {
-            let (mpsc::error::TrySendError::Full(command)
-            | mpsc::error::TrySendError::Closed(command)) = e;
-            return Ahead::Later(match command {
-                Command::Report {
-                    conn,
-                    report,
-                    reply,
-                    ..
-                } => Command::Report {
-                    conn,
-                    report,
-                    reply,
-                    claim: None,
-                },
-                other => other,
-            });
+            // Not queued: queued by the caller instead, its claim untouched,
+            // so the ledger answers it after filing.
+            return Ahead::Later(e.into_inner());
         }
         // Queued. Unset `closing` now means queued ahead of the close.
         if self.closing.load(Ordering::SeqCst) || claim.swap(true, Ordering::SeqCst) {
