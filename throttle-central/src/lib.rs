@@ -20,4 +20,4 @@ pub mod server;
 
 mod http;
 
-pub use server::{Central, CentralBuilder, RunningCentral, Subject};
+pub use server::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral, Subject};

@@ -196,7 +196,7 @@ impl CentralBuilder {
             started: Instant::now(),
             closing: closing.clone(),
         };
-        let mut tasks = vec![tokio::spawn(actor.run(rx, stop_rx.clone()))];
+        let mut tasks = vec![spawn_ledger(actor.run(rx, stop_rx.clone()))?];
         tasks.push(tokio::spawn(assigner(
             commands.clone(),
             self.clock.clone(),
@@ -260,6 +260,32 @@ impl CentralBuilder {
             tasks,
         })
     }
+}
+
+/// The name of the ledger's thread.
+pub const LEDGER_THREAD: &str = "throttle-ledger";
+
+/// Runs the ledger's task (`run`) on a thread of its own; the handle ends
+/// with it. It returns once the stop is sent or its sender dropped, so a
+/// [killed](RunningCentral::kill) or dropped central's ledger stops too.
+///
+/// Filing, assigning and rendering quotas are CPU work in long runs (a
+/// burst of 1,000 reports is tens of milliseconds of it). On a runtime
+/// worker they would hold up the streams' reads and answers queued behind
+/// them; on their own thread the operating system shares the cores between
+/// the two, and the streams answer while the ledger files.
+fn spawn_ledger(run: impl Future<Output = ()> + Send + 'static) -> std::io::Result<JoinHandle<()>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let (done, finished) = oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name(LEDGER_THREAD.into())
+        .spawn(move || {
+            runtime.block_on(run);
+            drop(done);
+        })?;
+    Ok(tokio::spawn(async move {
+        let _ = finished.await;
+    }))
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {

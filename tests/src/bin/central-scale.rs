@@ -6,10 +6,10 @@
 //! Prints the report -> answer round trip (p50, p99), reports answered,
 //! quota pushes that arrived after their slot had begun (an assigner that
 //! cannot keep up), the central node's CPU time, and the process's CPU time
-//! and resident memory. The central node runs on a runtime of one worker
-//! thread and the simulated nodes on another, so each has about one of this
-//! machine's two cores, and the central's own CPU share is measured on its
-//! thread (`--central-threads N` gives the central N worker threads).
+//! and resident memory. The central node's streams run on a runtime of one
+//! worker thread (`--central-threads N` gives them N), its ledger on a
+//! thread of its own, and the simulated nodes on a runtime of one worker
+//! thread; the CPU time of each is measured on its threads.
 //!
 //! A simulated node does on the wire what a real one does, and no more on
 //! its shared thread: it encodes its next report before the slot boundary
@@ -28,8 +28,8 @@ use bytes::{Buf, Bytes};
 use parking_lot::Mutex;
 use prost::Message as _;
 use prost::encoding::{DecodeContext, WireType, decode_varint, skip_field};
-use throttle_central::Central;
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
+use throttle_central::{Central, LEDGER_THREAD};
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
 use throttle_proto::v1;
 use throttle_proto::wire::Inbound;
@@ -327,9 +327,10 @@ fn main() -> anyhow::Result<()> {
         }
         // Measure from the first full slot after everyone has connected.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let (cpu0, central0, nodes0, t0) = (
+        let (cpu0, central0, ledger0, nodes0, t0) = (
             cpu_seconds(),
             threads_cpu_seconds("central"),
+            threads_cpu_seconds(LEDGER_THREAD),
             threads_cpu_seconds("nodes"),
             Instant::now(),
         );
@@ -346,6 +347,7 @@ fn main() -> anyhow::Result<()> {
         let wall = t0.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu0;
         let central_cpu = threads_cpu_seconds("central") - central0;
+        let ledger_cpu = threads_cpu_seconds(LEDGER_THREAD) - ledger0;
         let nodes_cpu = threads_cpu_seconds("nodes") - nodes0;
         let mut r = rtts.lock().clone();
         r.sort_unstable();
@@ -368,7 +370,8 @@ fn main() -> anyhow::Result<()> {
             pushes.load(Ordering::Relaxed) - pushes0
         );
         println!("| ingest | {:.0} entries/s |", (nodes * users * 4) as f64 / slot.as_duration().as_secs_f64());
-        println!("| central node CPU (its one worker thread) | {:.0}% of one core |", 100.0 * central_cpu / wall);
+        println!("| central node CPU: streams (its worker threads) | {:.0}% of one core |", 100.0 * central_cpu / wall);
+        println!("| central node CPU: ledger (its own thread) | {:.0}% of one core |", 100.0 * ledger_cpu / wall);
         println!("| simulated nodes CPU (their one worker thread) | {:.0}% of one core |", 100.0 * nodes_cpu / wall);
         println!("| process CPU (all threads) | {:.0}% of one core |", 100.0 * cpu / wall);
         println!("| resident memory, whole process | {:.0} MiB (+{:.0} MiB) |", rss_mib(), rss_mib() - rss_before);
