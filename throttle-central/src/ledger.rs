@@ -135,11 +135,84 @@ pub struct NodeUsage {
     pub rejection: i64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct SlotSum {
+/// One data slot's sums of a service, per key: `[consumption, rejection]`.
+///
+/// A column per slot rather than a list per key: filing a report writes
+/// the keys of one slot, which a column holds side by side, and dropping a
+/// slot past the retention is dropping one column instead of visiting every
+/// key. A column starts sparse and becomes a dense vector indexed by key id
+/// once it holds sums for half the keys, where the vector (16 bytes a key)
+/// is the smaller of the two.
+#[derive(Debug)]
+struct SlotSums {
     slot: i64,
-    consumption: i64,
-    rejection: i64,
+    sums: Sums,
+}
+
+#[derive(Debug)]
+enum Sums {
+    /// By key id.
+    Sparse(Map<KeyId, [i64; 2]>),
+    /// Indexed by key id; zero for a key without sums.
+    Dense(Vec<[i64; 2]>),
+}
+
+impl SlotSums {
+    /// An empty column, dense if `dense` (sized for `id_bound` ids).
+    fn new(slot: i64, dense: bool, id_bound: usize) -> Self {
+        let sums = if dense {
+            Sums::Dense(vec![[0; 2]; id_bound])
+        } else {
+            Sums::Sparse(Map::default())
+        };
+        Self { slot, sums }
+    }
+
+    /// Adds `amount` to the consumption (`which` 0) or rejection (1) of
+    /// `id`, in a service of `id_bound` ids.
+    fn add(&mut self, id: KeyId, which: usize, amount: i64, id_bound: usize) {
+        let sum = match &mut self.sums {
+            Sums::Dense(v) => {
+                if v.len() <= id.index() {
+                    v.resize(id_bound.max(id.index() + 1), [0; 2]);
+                }
+                &mut v[id.index()]
+            }
+            Sums::Sparse(m) if (m.len() + 1) * 2 > id_bound => {
+                let mut v = vec![[0; 2]; id_bound.max(id.index() + 1)];
+                for (k, sum) in m.drain() {
+                    if let Some(slot) = v.get_mut(k.index()) {
+                        *slot = sum;
+                    }
+                }
+                self.sums = Sums::Dense(v);
+                return self.add(id, which, amount, id_bound);
+            }
+            Sums::Sparse(m) => m.entry(id).or_default(),
+        };
+        sum[which] = sum[which].saturating_add(amount);
+    }
+
+    fn get(&self, id: KeyId) -> [i64; 2] {
+        match &self.sums {
+            Sums::Dense(v) => v.get(id.index()).copied(),
+            Sums::Sparse(m) => m.get(&id).copied(),
+        }
+        .unwrap_or_default()
+    }
+
+    /// Every key with a sum, in no particular order.
+    fn iter(&self) -> Box<dyn Iterator<Item = (KeyId, [i64; 2])> + '_> {
+        match &self.sums {
+            Sums::Dense(v) => Box::new(
+                v.iter()
+                    .enumerate()
+                    .filter(|(_, s)| **s != [0; 2])
+                    .map(|(i, s)| (KeyId(i as u32), *s)),
+            ),
+            Sums::Sparse(m) => Box::new(m.iter().map(|(k, s)| (*k, *s))),
+        }
+    }
 }
 
 /// The place of one (user, resource) key in its service's arena.
@@ -176,7 +249,9 @@ pub struct Key {
     live: bool,
     bucket: Option<Bucket>,
     nodes: NodeList,
-    sums: VecDeque<SlotSum>,
+    /// The newest data slot with sums of this key (in its service's
+    /// columns), or `i64::MIN`.
+    last_sum: i64,
 }
 
 impl Key {
@@ -188,7 +263,7 @@ impl Key {
             live: true,
             bucket: None,
             nodes: NodeList::new(),
-            sums: VecDeque::new(),
+            last_sum: i64::MIN,
         }
     }
 
@@ -249,6 +324,8 @@ pub struct ServiceState {
     pub slot: SlotLength,
     /// Resource names, interned: every key of a resource shares one `Arc`.
     names: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
+    /// Per data slot, the sums of every key, oldest first.
+    sums: VecDeque<SlotSums>,
 }
 
 struct Service {
@@ -653,6 +730,7 @@ impl Ledger {
                 continue;
             }
             let svc = self.service_mut(name);
+            let column_at = svc.state.sums_column(slot);
             let mut entries: SmallVec<[(&str, i64); 8]> = SmallVec::new();
             let mut ids: SmallVec<[KeyId; 8]> = SmallVec::new();
             for (user, amounts) in users {
@@ -672,10 +750,11 @@ impl Ledger {
                 }
                 svc.state
                     .keys_for(user, entries.iter().map(|(r, _)| *r), &mut ids);
+                let (keys, column) = svc.state.keys_and_sums(column_at);
+                let id_bound = keys.len();
                 for (&id, &(_, amount)) in ids.iter().zip(&entries) {
-                    svc.state
-                        .key_mut(id)
-                        .file(node, slot, amount, is_rejection, now_ms);
+                    keys[id.index()].file(node, slot, amount, is_rejection, now_ms);
+                    column.add(id, usize::from(is_rejection), amount, id_bound);
                     out.entries += 1;
                 }
             }
@@ -823,17 +902,17 @@ impl Ledger {
         slot: i64,
         rejection: bool,
     ) -> i64 {
-        self.services
-            .get(service)
-            .and_then(|s| Some(s.state.key(s.state.find(user, resource)?)))
-            .and_then(|k| k.sums.iter().find(|s| s.slot == slot))
-            .map_or(0, |s| {
-                if rejection {
-                    s.rejection
-                } else {
-                    s.consumption
-                }
-            })
+        let Some(state) = self.services.get(service).map(|s| &s.state) else {
+            return 0;
+        };
+        let Some(id) = state.find(user, resource) else {
+            return 0;
+        };
+        state
+            .sums
+            .iter()
+            .find(|c| c.slot == slot)
+            .map_or(0, |c| c.get(id)[usize::from(rejection)])
     }
 
     /// Number of (service, user, resource) keys held.
@@ -864,16 +943,13 @@ impl Ledger {
         let mut out: BTreeMap<&str, BTreeMap<String, Users<'_>>> = BTreeMap::new();
         for (service, svc) in &self.services {
             let slots = out.entry(service).or_default();
-            for (_, key) in svc.state.keys() {
-                for sum in key.sums.iter().filter(|s| range.contains(s.slot)) {
-                    let amount = if rejection {
-                        sum.rejection
-                    } else {
-                        sum.consumption
-                    };
+            for column in svc.state.sums.iter().filter(|c| range.contains(c.slot)) {
+                for (id, sum) in column.iter() {
+                    let amount = sum[usize::from(rejection)];
                     if amount != 0 {
+                        let key = svc.state.key(id);
                         *slots
-                            .entry(sum.slot.to_string())
+                            .entry(column.slot.to_string())
                             .or_default()
                             .entry(key.user())
                             .or_default()
@@ -985,6 +1061,34 @@ impl ServiceState {
         &mut self.keys[id.index()]
     }
 
+    /// The index of data slot `slot`'s column of sums, made if new.
+    fn sums_column(&mut self, slot: i64) -> usize {
+        // Reports are of the newest slot or the one before: search backwards.
+        let at = self.sums.iter().rposition(|c| c.slot <= slot);
+        match at {
+            Some(i) if self.sums[i].slot == slot => i,
+            _ => {
+                // As dense as the newest column: the same keys mostly report
+                // again, and filling a map only to turn it into a vector
+                // halfway costs more than the filing.
+                let dense = self
+                    .sums
+                    .back()
+                    .is_some_and(|c| matches!(c.sums, Sums::Dense(_)));
+                let i = at.map_or(0, |i| i + 1);
+                let column = SlotSums::new(slot, dense, self.keys.len());
+                self.sums.insert(i, column);
+                i
+            }
+        }
+    }
+
+    /// The keys, and the column of sums at `column` (from
+    /// [`ServiceState::sums_column`]), to update both.
+    fn keys_and_sums(&mut self, column: usize) -> (&mut [Key], &mut SlotSums) {
+        (&mut self.keys, &mut self.sums[column])
+    }
+
     /// The keys of `user` for each of `resources` (created where new), in
     /// order: one lookup of the user for all its entries of a report.
     fn keys_for<'r>(
@@ -1066,21 +1170,22 @@ impl ServiceState {
     fn forget(&mut self, cutoff: i64, current: i64) {
         self.cutoff = cutoff;
         self.last_report.retain(|_, s| *s >= cutoff);
+        // A key freed below has no sums at or after the cutoff, so when its
+        // id is reused no column kept holds a sum of its former key.
+        while self.sums.front().is_some_and(|c| c.slot < cutoff) {
+            self.sums.pop_front();
+        }
         for (i, key) in self.keys.iter_mut().enumerate() {
             if !key.live {
                 continue;
             }
             key.nodes.retain(|n| n.slot >= cutoff);
-            while key.sums.front().is_some_and(|s| s.slot < cutoff) {
-                key.sums.pop_front();
-            }
-            if key.bucket.is_some() || !key.nodes.is_empty() || !key.sums.is_empty() {
+            if key.bucket.is_some() || !key.nodes.is_empty() || key.last_sum >= cutoff {
                 continue;
             }
             // Freed: its names stay until the id is reused, so assignments
             // still in the book resolve.
             key.live = false;
-            key.sums = VecDeque::new();
             self.live -= 1;
             let id = KeyId(i as u32);
             self.freed.push_back((id, current + REUSE_AFTER));
@@ -1126,28 +1231,8 @@ impl Key {
                 rejection: if is_rejection { amount } else { 0 },
             }),
         }
-        // Sums stay sorted by slot; late reports are rare, so search backwards.
-        let at = self.sums.iter().rposition(|s| s.slot <= slot);
-        let sum = match at {
-            Some(i) if self.sums[i].slot == slot => &mut self.sums[i],
-            _ => {
-                let i = at.map_or(0, |i| i + 1);
-                self.sums.insert(
-                    i,
-                    SlotSum {
-                        slot,
-                        consumption: 0,
-                        rejection: 0,
-                    },
-                );
-                &mut self.sums[i]
-            }
-        };
-        if is_rejection {
-            sum.rejection = sum.rejection.saturating_add(amount);
-        } else {
-            sum.consumption = sum.consumption.saturating_add(amount);
-        }
+        // Its sum is added to the slot's column by the caller.
+        self.last_sum = self.last_sum.max(slot);
     }
 }
 
@@ -1403,6 +1488,71 @@ pub(crate) mod tests {
                     proptest::prop_assert_eq!(key.user(), format!("u{u}"));
                     proptest::prop_assert_eq!(key.resource(), RESOURCES[r]);
                 }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The per-slot sums read back as a plain model's, as columns turn
+        /// dense, slots pass the retention and key ids are reused.
+        #[test]
+        fn sums_read_back_as_the_model_says(
+            reports in proptest::collection::vec(
+                (
+                    0..3usize,
+                    0..3i64,
+                    proptest::bool::ANY,
+                    proptest::collection::vec((0..10usize, 0..4usize, 0..50i64), 1..30),
+                ),
+                1..25,
+            ),
+        ) {
+            const RESOURCES: [&str; 4] = ["requests", "up", "down", "db"];
+            let nr_slot = 3;
+            let mut l = Ledger::new(LedgerConfig { nr_slot, ..LedgerConfig::default() });
+            // (data slot, user, resource) -> [consumption, rejection]
+            let mut model: BTreeMap<(i64, usize, usize), [i64; 2]> = BTreeMap::new();
+            let mut now = T;
+            for (i, (node, advance, late, entries)) in reports.into_iter().enumerate() {
+                now += advance * 1_000;
+                // A late report carries the slot before the current one.
+                let slot = l.config().slot.slot_at(now) - i64::from(late);
+                let mut users: [BTreeMap<String, BTreeMap<&str, i64>>; 2] = Default::default();
+                for (j, &(u, r, amount)) in entries.iter().enumerate() {
+                    users[j % 2].entry(format!("u{u}")).or_default().insert(RESOURCES[r], amount);
+                }
+                let [consumption, rejection] = [&users[0], &users[1]].map(|u| json!(u).to_string());
+                let node = format!("n{node}-{i}");
+                l.ingest(&report(&node, slot, &consumption, &rejection), now).unwrap();
+                for (which, usage) in users.iter().enumerate() {
+                    for (user, amounts) in usage {
+                        let u: usize = user[1..].parse().unwrap_or_default();
+                        for (resource, amount) in amounts {
+                            let r = RESOURCES.iter().position(|x| x == resource).unwrap_or(0);
+                            model.entry((slot - 1, u, r)).or_default()[which] += amount;
+                        }
+                    }
+                }
+                l.forget(now);
+                let cutoff = l.config().slot.slot_at(now) - i64::from(nr_slot);
+                model.retain(|(s, ..), _| *s >= cutoff);
+                for (&(s, u, r), sums) in &model {
+                    for (which, want) in sums.iter().enumerate() {
+                        let got = l.slot_sum("front", &format!("u{u}"), RESOURCES[r], s, which == 1);
+                        proptest::prop_assert_eq!(got, *want);
+                    }
+                }
+                let monitored = l.monitor_sums(SlotRange::default(), false);
+                let total: i64 = model.values().map(|s| s[0]).sum();
+                let monitored_total: i64 = monitored["front"]
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|slots| slots.values())
+                    .flat_map(|users| users.as_object().into_iter().flat_map(|u| u.values()))
+                    .flat_map(|res| res.as_object().into_iter().flat_map(|r| r.values()))
+                    .filter_map(Value::as_i64)
+                    .sum();
+                proptest::prop_assert_eq!(monitored_total, total);
             }
         }
     }
