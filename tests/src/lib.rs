@@ -210,6 +210,71 @@ pub fn one_worker(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// The fleet the central node's benchmark programs (`central-scale`,
+/// `ledger-slot`) simulate: every node reports `users` users x 4
+/// resources, and each user is on 3 nodes, as with sticky load balancing.
+pub mod fleet {
+    use throttle_central::limits::{Limit, LimitSet};
+    use throttle_proto::v1;
+
+    /// The resources every user reports.
+    pub const RESOURCES: [&str; 4] = ["requests", "traffic_up", "traffic_down", "database_read"];
+
+    /// Users over the fleet: each on 3 of `nodes` nodes.
+    pub fn total_users(nodes: u64, users: u64) -> u64 {
+        (nodes * users / 3).max(users)
+    }
+
+    /// The name of node `n`.
+    pub fn node_id(n: u64) -> String {
+        format!("node-{n:04}")
+    }
+
+    /// What node `node` reports for each slot: `users` of the `total`
+    /// users, 1 to 5 of each resource.
+    pub fn usage(node: u64, users: u64, total: u64) -> v1::Usage {
+        let users = (0..users)
+            .map(|j| {
+                let u = (node * users + j) % total;
+                let resources = RESOURCES
+                    .iter()
+                    .map(|r| (r.to_string(), 1 + (u % 5) as i64))
+                    .collect();
+                (format!("user-{u:07}"), v1::Amounts { resources })
+            })
+            .collect();
+        v1::Usage { users }
+    }
+
+    /// A limit of 1,000 per second on every resource for each of `total`
+    /// users of service `front`.
+    pub fn limits(total: u64) -> LimitSet {
+        let mut limits = LimitSet::new();
+        for u in 0..total {
+            limits.insert(
+                "front",
+                Limit {
+                    user: format!("user-{u:07}"),
+                    per_second: RESOURCES.iter().map(|r| (r.to_string(), 1000.0)).collect(),
+                    burst_seconds: 10.0,
+                },
+            );
+        }
+        limits
+    }
+}
+
+/// Resident memory of this process, in MiB (0 where `/proc` cannot tell).
+pub fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 /// The number after `--name` on the command line, or `default`; for the
 /// benchmark programs.
 pub fn arg(name: &str, default: f64) -> f64 {

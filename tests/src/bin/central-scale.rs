@@ -28,27 +28,12 @@ use bytes::{Buf, Bytes};
 use parking_lot::Mutex;
 use prost::Message as _;
 use prost::encoding::{DecodeContext, WireType, decode_varint, skip_field};
-use throttle_central::limits::{Limit, LimitSet, StaticLimits};
+use throttle_central::limits::StaticLimits;
 use throttle_central::{Central, LEDGER_THREAD};
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
 use throttle_proto::v1;
 use throttle_proto::wire::Inbound;
-
-const RESOURCES: [&str; 4] = ["requests", "traffic_up", "traffic_down", "database_read"];
-
-fn usage(node: u64, users: u64, total: u64) -> v1::Usage {
-    let users = (0..users)
-        .map(|j| {
-            let u = (node * users + j) % total;
-            let resources = RESOURCES
-                .iter()
-                .map(|r| (r.to_string(), 1 + (u % 5) as i64))
-                .collect();
-            (format!("user-{u:07}"), v1::Amounts { resources })
-        })
-        .collect();
-    v1::Usage { users }
-}
+use throttle_tests::fleet;
 
 fn cpu_seconds() -> f64 {
     // utime + stime of this process, in clock ticks (100 Hz on Linux).
@@ -78,16 +63,6 @@ fn threads_cpu_seconds(name: &str) -> f64 {
             stat_cpu_seconds(&std::fs::read_to_string(dir.join("stat")).ok()?)
         })
         .sum()
-}
-
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-            line.split_whitespace().nth(1)?.parse::<f64>().ok()
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// What a simulated node reads of a `CentralMessage`: the slot a quota
@@ -216,7 +191,7 @@ fn main() -> anyhow::Result<()> {
     let nodes = throttle_tests::arg("--nodes", 1000.0) as u64;
     let users = throttle_tests::arg("--users", 100.0) as u64;
     let seconds = throttle_tests::arg("--seconds", 10.0) as u64;
-    let total_users = (nodes * users / 3).max(users);
+    let total_users = fleet::total_users(nodes, users);
     let central_threads = throttle_tests::arg("--central-threads", 1.0) as usize;
     let central_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(central_threads.max(1))
@@ -226,18 +201,8 @@ fn main() -> anyhow::Result<()> {
     let rt = throttle_tests::one_worker("nodes")?;
     let on_central = central_rt.handle().clone();
     rt.block_on(async {
-        let mut limits = LimitSet::new();
-        for u in 0..total_users {
-            limits.insert(
-                "front",
-                Limit {
-                    user: format!("user-{u:07}"),
-                    per_second: RESOURCES.iter().map(|r| (r.to_string(), 1000.0)).collect(),
-                    burst_seconds: 10.0,
-                },
-            );
-        }
-        let rss_before = rss_mib();
+        let limits = fleet::limits(total_users);
+        let rss_before = throttle_tests::rss_mib();
         // Bound and spawned on the central's runtime: its streams run there.
         let central = on_central
             .spawn(async {
@@ -261,10 +226,10 @@ fn main() -> anyhow::Result<()> {
             let (url, rtts, sent, answered, late, pushes) =
                 (url.clone(), rtts.clone(), sent.clone(), answered.clone(), late_pushes.clone(), pushes.clone());
             tasks.push(tokio::spawn(async move {
-                let client_usage = usage(n, users, total_users);
+                let client_usage = fleet::usage(n, users, total_users);
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
                 let hello = v1::Hello {
-                    node_id: format!("node-{n:04}"),
+                    node_id: fleet::node_id(n),
                     slot_ms: slot.as_ms(),
                     services: vec!["front".into()],
                     version: "scale".into(),
@@ -374,7 +339,7 @@ fn main() -> anyhow::Result<()> {
         println!("| central node CPU: ledger (its own thread) | {:.0}% of one core |", 100.0 * ledger_cpu / wall);
         println!("| simulated nodes CPU (their one worker thread) | {:.0}% of one core |", 100.0 * nodes_cpu / wall);
         println!("| process CPU (all threads) | {:.0}% of one core |", 100.0 * cpu / wall);
-        println!("| resident memory, whole process | {:.0} MiB (+{:.0} MiB) |", rss_mib(), rss_mib() - rss_before);
+        println!("| resident memory, whole process | {:.0} MiB (+{:.0} MiB) |", throttle_tests::rss_mib(), throttle_tests::rss_mib() - rss_before);
         println!("| setup | {:.1} s |", started.elapsed().as_secs_f64() - wall);
         central.shutdown().await;
         Ok::<(), anyhow::Error>(())

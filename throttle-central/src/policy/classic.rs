@@ -91,8 +91,9 @@ impl Policy for Classic {
         _book: &BTreeMap<i64, Assignment>,
         slot: i64,
         now_ms: i64,
+        out: Assignment,
     ) -> Assignment {
-        let mut out = Assignment::default();
+        let mut out = out;
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else {
                 continue;

@@ -56,6 +56,13 @@ impl Assignment {
         self.nodes[i].push(grant);
     }
 
+    /// Removes every grant, keeping the memory for the next assign.
+    pub fn clear(&mut self) {
+        for grants in &mut self.nodes {
+            grants.clear();
+        }
+    }
+
     /// The grants of `node`, if it has any.
     pub fn get(&self, node: NodeId) -> Option<&[Grant]> {
         self.nodes
@@ -159,14 +166,19 @@ pub trait Policy: Send + fmt::Debug {
         false
     }
 
-    /// Computes every node's quota for `slot`; `book` holds the quotas
-    /// already assigned (slot -> assignment).
+    /// Computes every node's quota for `slot` into `out` and returns it;
+    /// `book` holds the quotas already assigned (slot -> assignment).
+    ///
+    /// `out` is empty: an assignment the book let go, cleared, whose
+    /// vectors keep their capacity, so an assign in the steady state
+    /// allocates nothing.
     fn assign(
         &mut self,
         state: &ServiceState,
         book: &BTreeMap<i64, Assignment>,
         slot: i64,
         now_ms: i64,
+        out: Assignment,
     ) -> Assignment;
 
     /// The grants of `node` for `slot`, to answer a report or push: what

@@ -151,6 +151,7 @@ impl Policy for Projected {
         _book: &BTreeMap<i64, Assignment>,
         slot: i64,
         now_ms: i64,
+        out: Assignment,
     ) -> Assignment {
         let slot_secs = f64::from(state.slot.as_ms()) / 1000.0;
         let until_end = (state.slot.end_ms(slot) - now_ms).max(0) as f64 / 1000.0;
@@ -183,7 +184,7 @@ impl Policy for Projected {
             self.grants
                 .resize_with(state.id_bound(), KeyGrants::default);
         }
-        let mut out = Assignment::default();
+        let mut out = out;
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };

@@ -35,9 +35,10 @@ impl Policy for StaticSplit {
         _book: &BTreeMap<i64, Assignment>,
         slot: i64,
         _now_ms: i64,
+        out: Assignment,
     ) -> Assignment {
         let recent = slot - 7;
-        let mut out = Assignment::default();
+        let mut out = out;
         let slot_secs = f64::from(state.slot.as_ms()) / 1000.0;
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };

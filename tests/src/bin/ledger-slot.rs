@@ -1,0 +1,156 @@
+//! The central node's own work per slot, without sockets: what its ledger
+//! thread must finish within each slot to keep every slot.
+//!
+//! Run with: `cargo run --release -p throttle-tests --bin ledger-slot -- --nodes 1000 --users 1000 --slots 70`
+//!
+//! The same fleet as `central-scale` (each node reporting `--users` users x
+//! 4 resources, each user on 3 nodes) runs through the same calls the gRPC
+//! server makes, on this one thread, with slot times set rather than waited
+//! for:
+//!
+//! - at each boundary (+50 ms), every node's report is filed, read in place
+//!   from its bytes, as when its answer went out ahead (`Assigner::file`);
+//! - once all are in, the slot is re-assigned and a push rendered for
+//!   every node (`Assigner::reassign`);
+//! - at mid-slot, the assign of the next slot, a push rendered for every
+//!   node, and the retention (`Assigner::tick`), then every node's answer
+//!   rendered ahead (`Assigner::prepare`).
+//!
+//! Encoding the reports (the nodes' work) is not timed. Slots before the
+//! history is full (`nr_slot`, 60) are a warm-up: the medians and maxima
+//! printed are of the slots after it, in the steady state a long-running
+//! central node is in.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use throttle_central::assigner::{Assigner, Encoded};
+use throttle_central::ledger::{Ledger, LedgerConfig, NodeId};
+use throttle_central::limits::StaticLimits;
+use throttle_proto::v1;
+use throttle_proto::wire::RawReport;
+use throttle_tests::fleet;
+
+const PHASES: [&str; 4] = [
+    "file the reports",
+    "re-assign and render pushes",
+    "assign, render pushes, forget (mid-slot)",
+    "render answers ahead",
+];
+
+fn main() -> anyhow::Result<()> {
+    let nodes = throttle_tests::arg("--nodes", 1000.0) as u64;
+    let users = throttle_tests::arg("--users", 1000.0) as u64;
+    let slots = throttle_tests::arg("--slots", 70.0) as i64;
+    let total = fleet::total_users(nodes, users);
+    let config = LedgerConfig::default();
+    let warm_up = i64::from(config.nr_slot);
+    let slot_ms = i64::from(config.slot.as_ms());
+    let limits = Arc::new(StaticLimits::new(fleet::limits(total)));
+    let mut assigner: Assigner<Encoded> = Assigner::new(Ledger::new(config), limits);
+    let first = 1_800_000_000_i64;
+    let services = ["front".to_string()];
+    let ids: Vec<NodeId> = (0..nodes)
+        .map(|n| {
+            assigner
+                .connect(&fleet::node_id(n), &services, first * slot_ms)
+                .0
+        })
+        .collect();
+    let mut reports: Vec<v1::Report> = (0..nodes)
+        .map(|n| v1::Report {
+            node_id: fleet::node_id(n),
+            slot_number: 0,
+            consumption: [("front".to_string(), fleet::usage(n, users, total))].into(),
+            rejection: [("front".to_string(), v1::Usage::default())].into(),
+        })
+        .collect();
+    let rss_before = throttle_tests::rss_mib();
+    let mut times: Vec<[Duration; 4]> = Vec::new();
+    let mut pushed_bytes = 0usize;
+    for slot in first + 1..=first + slots {
+        let boundary = slot * slot_ms;
+        let raw: Vec<RawReport> = reports
+            .iter_mut()
+            .map(|r| {
+                r.slot_number = slot;
+                RawReport::parse(r.encode_to_vec().into())
+            })
+            .collect::<Result<_, _>>()?;
+        let mut t = [Duration::ZERO; 4];
+        let started = Instant::now();
+        let mut complete = Vec::new();
+        for (node, report) in ids.iter().zip(&raw) {
+            let filed = assigner.file(*node, report, boundary + 50)?;
+            complete.extend(filed.complete);
+        }
+        drop(raw);
+        t[0] = started.elapsed();
+        let started = Instant::now();
+        for service in &complete {
+            let pushes = assigner.reassign(service, boundary + 60);
+            pushed_bytes += pushes.iter().map(|(_, q)| q.len()).sum::<usize>();
+        }
+        t[1] = started.elapsed();
+        let started = Instant::now();
+        let pushes = assigner.tick(boundary + slot_ms / 2);
+        pushed_bytes += pushes.iter().map(|(_, q)| q.len()).sum::<usize>();
+        drop(pushes);
+        t[2] = started.elapsed();
+        let started = Instant::now();
+        let answers: Vec<_> = ids.iter().map(|n| assigner.prepare(*n, slot + 1)).collect();
+        t[3] = started.elapsed();
+        drop(answers);
+        let total: Duration = t.iter().sum();
+        eprintln!(
+            "slot {:>3}: {:>6.1} ms ({})",
+            slot - first,
+            total.as_secs_f64() * 1e3,
+            t.iter()
+                .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        );
+        if slot - first > warm_up {
+            times.push(t);
+        }
+    }
+    println!(
+        "{nodes} nodes x {users} users x 4 resources per report ({} entries per slot), {total} limited users; {} steady slots after {warm_up} of warm-up",
+        nodes * users * 4,
+        times.len()
+    );
+    println!("| the ledger's work per slot | median | max |\n|---|---:|---:|");
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (i, phase) in PHASES.iter().enumerate() {
+        let mut v: Vec<Duration> = times.iter().map(|t| t[i]).collect();
+        v.sort_unstable();
+        println!(
+            "| {phase} | {:.1} ms | {:.1} ms |",
+            ms(median(&v)),
+            ms(v.last().copied().unwrap_or_default())
+        );
+    }
+    let mut all: Vec<Duration> = times.iter().map(|t| t.iter().sum()).collect();
+    all.sort_unstable();
+    println!(
+        "| **all, of a {slot_ms} ms slot** | **{:.1} ms** | **{:.1} ms** |",
+        ms(median(&all)),
+        ms(all.last().copied().unwrap_or_default())
+    );
+    println!(
+        "| pushes rendered | {:.1} MB per slot | |",
+        pushed_bytes as f64 / 1e6 / slots as f64
+    );
+    println!(
+        "| resident memory, whole process | {:.0} MiB (+{:.0} MiB) | |",
+        throttle_tests::rss_mib(),
+        throttle_tests::rss_mib() - rss_before
+    );
+    Ok(())
+}
+
+fn median(sorted: &[Duration]) -> Duration {
+    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
+}
