@@ -193,6 +193,21 @@ impl QuotaEncoder {
         }
     }
 
+    /// The encoded users of the (service, slot) under way so far: a block
+    /// another quota of the same users may [append](Self::append_users).
+    pub fn users_so_far(&self) -> &[u8] {
+        &self.users
+    }
+
+    /// Appends users encoded before ([`users_so_far`](Self::users_so_far)
+    /// of another encoder) to the (service, slot) under way; ignored before
+    /// any [`begin`](Self::begin).
+    pub fn append_users(&mut self, block: &[u8]) {
+        if self.open.is_some() {
+            self.users.extend_from_slice(block);
+        }
+    }
+
     /// Ends the (service, slot) under way: `services[service] = {slots:
     /// {slot: {users}}}`.
     fn end(&mut self) {
@@ -1015,6 +1030,36 @@ mod tests {
         assert_eq!(inbound, Inbound::Hello(hello));
         assert_eq!(inbound.encode_to_vec(), msg.encode_to_vec());
         assert_eq!(Inbound::decode(&[][..]).unwrap(), Inbound::Empty);
+    }
+
+    #[test]
+    fn users_appended_from_another_encoder_read_as_encoded_there() {
+        let mut first = QuotaEncoder::new();
+        first.begin("front", 7);
+        first.user("alice", [("requests", 2.0), ("up", 1e6)]);
+        first.user("bob", [("requests", 0.5)]);
+        let block = first.users_so_far().to_vec();
+        let mut second = QuotaEncoder::new();
+        second.append_users(&block); // before any service: ignored
+        second.begin("front", 8);
+        second.append_users(&block);
+        second.begin("other", 8);
+        let decode = |q: QuotaEncoder, report_slot| match v1::CentralMessage::decode(
+            &q.finish(report_slot)[..],
+        ) {
+            Ok(v1::CentralMessage {
+                kind: Some(Kind::Quota(q)),
+            }) => q,
+            other => panic!("{other:?}"),
+        };
+        let (first, second) = (decode(first, None), decode(second, Some(7)));
+        assert_eq!(
+            second.services["front"].slots[&8],
+            first.services["front"].slots[&7]
+        );
+        assert_eq!(second.services["front"].slots[&8].users.len(), 2);
+        assert!(second.services["other"].slots[&8].users.is_empty());
+        assert_eq!(second.report_slot, Some(7));
     }
 
     #[test]

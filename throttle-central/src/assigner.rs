@@ -26,7 +26,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use throttle_proto::{MAX_NAME_LEN, v1};
 
-use crate::ledger::{Ingested, Ledger, NodeId, ReportError, ReportSource};
+use crate::ledger::{Ingested, Ledger, NodeId, Rendered, ReportError, ReportSource};
 use crate::limits::LimitSource;
 
 /// A quota to send to one node.
@@ -45,6 +45,20 @@ pub trait QuotaFormat {
         services: impl IntoIterator<Item = (&'a str, i64)>,
         report_slot: Option<i64>,
     ) -> Self::Quota;
+
+    /// [`QuotaFormat::render`], free to reuse what `rendered` kept of this
+    /// node's quotas rendered just before (see
+    /// [`Ledger::encode_quota_reusing`]); by default it renders anew.
+    fn render_reusing<'a>(
+        ledger: &Ledger,
+        node: NodeId,
+        services: impl IntoIterator<Item = (&'a str, i64)>,
+        report_slot: Option<i64>,
+        rendered: &mut Rendered,
+    ) -> Self::Quota {
+        let _ = rendered;
+        Self::render(ledger, node, services, report_slot)
+    }
 }
 
 /// Quotas as [`v1::Quota`] messages.
@@ -81,6 +95,16 @@ impl QuotaFormat for Encoded {
         report_slot: Option<i64>,
     ) -> Bytes {
         ledger.encode_quota_for(node, services, report_slot)
+    }
+
+    fn render_reusing<'a>(
+        ledger: &Ledger,
+        node: NodeId,
+        services: impl IntoIterator<Item = (&'a str, i64)>,
+        report_slot: Option<i64>,
+        rendered: &mut Rendered,
+    ) -> Bytes {
+        ledger.encode_quota_reusing(node, services, report_slot, Some(rendered))
     }
 }
 
@@ -123,6 +147,10 @@ pub struct Answer<Q = v1::Quota> {
     /// What the ledger did with the report.
     pub ingested: Ingested,
 }
+
+/// A node's answer rendered ahead, with the services it covers (as
+/// [`Assigner::prepare`] returns them).
+pub type Prepared<F> = (NodeId, <F as QuotaFormat>::Quota, Vec<String>);
 
 /// A report filed without an answer ([`Assigner::file`]).
 #[derive(Debug)]
@@ -360,6 +388,22 @@ impl<F: QuotaFormat> Assigner<F> {
     /// The mid-slot work: limits, assign, a push per connected node, and
     /// retention.
     pub fn tick(&mut self, now_ms: i64) -> Vec<Push<F::Quota>> {
+        self.tick_inner(now_ms, false).0
+    }
+
+    /// [`Assigner::tick`], and every connected node's answer to its report
+    /// due at the next boundary rendered ahead, as [`Assigner::prepare`]
+    /// renders it: each node's answer right after its push, copying the
+    /// users the two share instead of encoding them twice.
+    pub fn tick_and_prepare(&mut self, now_ms: i64) -> (Vec<Push<F::Quota>>, Vec<Prepared<F>>) {
+        self.tick_inner(now_ms, true)
+    }
+
+    fn tick_inner(
+        &mut self,
+        now_ms: i64,
+        prepare: bool,
+    ) -> (Vec<Push<F::Quota>>, Vec<Prepared<F>>) {
         let next = self.ledger.config().slot.slot_at(now_ms) + 1;
         self.refresh_limits(now_ms);
         let started = std::time::Instant::now();
@@ -367,16 +411,28 @@ impl<F: QuotaFormat> Assigner<F> {
         metrics::histogram!("throttle_central_assign_seconds")
             .record(started.elapsed().as_secs_f64());
         let mut pushes = Vec::with_capacity(self.nodes.len());
+        let mut prepared = Vec::new();
+        let mut rendered = Rendered::default();
         for (&node, (_, services)) in &self.nodes {
             // A service the ledger does not know yet has no limits: say so
             // for the next slot, so the node knows the central is alive.
-            let services = services
+            let pushed = services
                 .iter()
                 .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)));
-            pushes.push((node, F::render(&self.ledger, node, services, None)));
+            if !prepare {
+                pushes.push((node, F::render(&self.ledger, node, pushed, None)));
+                continue;
+            }
+            rendered.clear();
+            let push = F::render_reusing(&self.ledger, node, pushed, None, &mut rendered);
+            pushes.push((node, push));
+            // As `prepare`: the report of slot `next` is answered for `next + 1`.
+            let answered = services.iter().map(|s| (s.as_str(), next + 1));
+            let answer = F::render_reusing(&self.ledger, node, answered, Some(next), &mut rendered);
+            prepared.push((node, answer, services.iter().cloned().collect()));
         }
         self.ledger.forget(now_ms);
-        pushes
+        (pushes, prepared)
     }
 }
 
@@ -496,6 +552,51 @@ mod tests {
             a.prepare(NodeId::from_index(99), 4).is_none(),
             "not connected"
         );
+    }
+
+    #[test]
+    fn answers_rendered_with_the_tick_are_those_prepare_renders() {
+        type Factory = fn() -> crate::ledger::PolicyFactory;
+        let factories: [Factory; 3] = [
+            || Box::new(|_| Box::new(crate::policy::Projected::new())),
+            || Box::new(|_| Box::new(crate::policy::Classic::new())),
+            || Box::new(|_| Box::new(crate::policy::StaticSplit::new())),
+        ];
+        for factory in factories {
+            // Two assigners fed alike: one ticks and prepares in one pass,
+            // the other ticks, then prepares each node.
+            let make = || {
+                let limits = Arc::new(StaticLimits::new(set(10.0)));
+                let ledger = Ledger::with_policies(LedgerConfig::default(), factory());
+                Assigner::<Encoded>::new(ledger, limits)
+            };
+            let (mut one, mut two) = (make(), make());
+            // n1 is also in a service without limits: nothing to reuse there.
+            let services = [
+                vec!["front".to_string(), "other".to_string()],
+                vec!["front".to_string()],
+            ];
+            let mut nodes = Vec::new();
+            for (name, services) in ["n1", "n2"].iter().zip(&services) {
+                nodes.push(one.connect(name, services, 0).0);
+                two.connect(name, services, 0);
+            }
+            for (slot, t) in [(1, 1_050), (2, 2_050), (3, 3_050)] {
+                for (name, requests) in [("n1", 3), ("n2", 1)] {
+                    let node = nodes[usize::from(name == "n2")];
+                    one.report(node, &report(name, slot, requests), t).unwrap();
+                    two.report(node, &report(name, slot, requests), t).unwrap();
+                }
+                let (pushes, prepared) = one.tick_and_prepare(t + 450);
+                assert_eq!(pushes, two.tick(t + 450));
+                assert_eq!(prepared.len(), 2);
+                for (node, quota, services) in prepared {
+                    let (want, want_services) = two.prepare(node, slot + 1).unwrap();
+                    assert_eq!(quota, want, "node {node:?} after slot {slot}");
+                    assert_eq!(services, want_services);
+                }
+            }
+        }
     }
 
     #[test]

@@ -49,6 +49,21 @@ use crate::policy::{Assignment, Grant, Policy, Projected, encode_grants, to_user
 /// seed matters, and ingest hashes several names per entry, so speed does too.
 pub type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// Users encoded for one node, by service and the grants they came from
+/// (their address and length, which no assign changes while it is in
+/// use): see [`Ledger::encode_quota_reusing`].
+#[derive(Debug, Default)]
+pub struct Rendered {
+    blocks: Vec<(String, (usize, usize), Vec<u8>)>,
+}
+
+impl Rendered {
+    /// Forgets every block, for the next node.
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+    }
+}
+
 /// A node, interned: cheap to copy and compare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(u32);
@@ -876,12 +891,44 @@ impl Ledger {
         services: impl IntoIterator<Item = (&'a str, i64)>,
         report_slot: Option<i64>,
     ) -> Bytes {
+        self.encode_quota_reusing(node, services, report_slot, None)
+    }
+
+    /// [`Ledger::encode_quota_for`], copying the users of a (service, slot)
+    /// whose grants `rendered` holds already encoded instead of encoding
+    /// them again, and keeping those it encodes there.
+    ///
+    /// `rendered` is for the quotas of one node rendered together, with no
+    /// assign in between: a policy that assigns one slot ahead answers with
+    /// the grants it pushed for the slot before, the same users under
+    /// another slot.
+    pub fn encode_quota_reusing<'a>(
+        &self,
+        node: NodeId,
+        services: impl IntoIterator<Item = (&'a str, i64)>,
+        report_slot: Option<i64>,
+        mut rendered: Option<&mut Rendered>,
+    ) -> Bytes {
         let mut out = QuotaEncoder::new();
         let mut order = Vec::new();
         for (name, slot) in services {
             out.begin(name, slot);
-            if let Some((state, grants)) = self.grants(node, name, slot) {
-                encode_grants(&mut out, state, grants, &mut order);
+            let Some((state, grants)) = self.grants(node, name, slot) else {
+                continue;
+            };
+            let from = (grants.as_ptr() as usize, grants.len());
+            let kept = rendered
+                .as_deref()
+                .and_then(|r| r.blocks.iter().find(|b| b.0 == name && b.1 == from));
+            match kept {
+                Some((.., block)) => out.append_users(block),
+                None => {
+                    encode_grants(&mut out, state, grants, &mut order);
+                    if let Some(r) = rendered.as_deref_mut() {
+                        let block = out.users_so_far().to_vec();
+                        r.blocks.push((name.to_owned(), from, block));
+                    }
+                }
             }
         }
         out.finish(report_slot)

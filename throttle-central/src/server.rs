@@ -41,7 +41,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::assigner::{Assigner, Encoded, Filed, Push};
+use crate::assigner::{Assigner, Encoded, Filed, Prepared, Push};
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{
     FromNode, Ledger, LedgerConfig, NodeId, PolicyFactory, ReportError, ReportSource, SlotRange,
@@ -803,27 +803,23 @@ impl Actor {
         Ok(quota)
     }
 
-    /// Renders, for every stream, the answer to its node's report due at
-    /// the next slot boundary (see [`AnswerAhead`]).
-    fn prepare_answers(&mut self) {
-        let report_slot = self
-            .assigner
-            .ledger()
-            .config()
-            .slot
-            .slot_at(self.clock.now_ms())
-            + 1;
-        let mut rendered: BTreeMap<NodeId, Option<Ready>> = BTreeMap::new();
-        for c in self.conns.values() {
-            let ready = rendered.entry(c.node).or_insert_with(|| {
-                let (quota, services) = self.assigner.prepare(c.node, report_slot)?;
-                Some(Ready {
+    /// Gives every stream the answer to its node's report due at the next
+    /// slot boundary, `report_slot` (see [`AnswerAhead`]), from those
+    /// rendered with the tick; a stream of a node without one has none.
+    fn prepare_answers(&mut self, report_slot: i64, prepared: Vec<Prepared<Encoded>>) {
+        let rendered: BTreeMap<NodeId, Ready> = prepared
+            .into_iter()
+            .map(|(node, quota, services)| {
+                let ready = Ready {
                     report_slot,
                     services: services.into(),
                     quota,
-                })
-            });
-            *c.ahead.ready.lock() = ready.clone();
+                };
+                (node, ready)
+            })
+            .collect();
+        for c in self.conns.values() {
+            *c.ahead.ready.lock() = rendered.get(&c.node).cloned();
         }
     }
 
@@ -857,8 +853,10 @@ impl Actor {
     }
 
     fn tick(&mut self) {
-        let pushes = self.assigner.tick(self.clock.now_ms());
-        self.prepare_answers();
+        let now = self.clock.now_ms();
+        let (pushes, prepared) = self.assigner.tick_and_prepare(now);
+        let report_slot = self.assigner.ledger().config().slot.slot_at(now) + 1;
+        self.prepare_answers(report_slot, prepared);
         self.deliver(pushes);
     }
 

@@ -1,7 +1,7 @@
 //! The central node's own work per slot, without sockets: what its ledger
 //! thread must finish within each slot to keep every slot.
 //!
-//! Run with: `cargo run --release -p throttle-tests --bin ledger-slot -- --nodes 1000 --users 1000 --slots 70`
+//! Run with: `cargo run --release -p throttle-tests --bin ledger-slot -- --nodes 1000 --users 1000 --slots 80`
 //!
 //! The same fleet as `central-scale` (each node reporting `--users` users x
 //! 4 resources, each user on 3 nodes) runs through the same calls the gRPC
@@ -13,13 +13,14 @@
 //! - once all are in, the slot is re-assigned and a push rendered for
 //!   every node (`Assigner::reassign`);
 //! - at mid-slot, the assign of the next slot, a push rendered for every
-//!   node, and the retention (`Assigner::tick`), then every node's answer
-//!   rendered ahead (`Assigner::prepare`).
+//!   node with its answer to the next report rendered ahead, and the
+//!   retention (`Assigner::tick_and_prepare`).
 //!
-//! Encoding the reports (the nodes' work) is not timed. Slots before the
-//! history is full (`nr_slot`, 60) are a warm-up: the medians and maxima
-//! printed are of the slots after it, in the steady state a long-running
-//! central node is in.
+//! Encoding the reports (the nodes' work) is not timed. Slots until the
+//! history is full (`nr_slot`, 60) and a few more, until the retention
+//! hands assigns the memory of the slots it drops, are a warm-up: the
+//! medians and maxima printed are of the slots after it, in the steady
+//! state a long-running central node is in.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,20 +33,19 @@ use throttle_proto::v1;
 use throttle_proto::wire::RawReport;
 use throttle_tests::fleet;
 
-const PHASES: [&str; 4] = [
+const PHASES: [&str; 3] = [
     "file the reports",
     "re-assign and render pushes",
-    "assign, render pushes, forget (mid-slot)",
-    "render answers ahead",
+    "assign, render pushes and answers ahead, forget (mid-slot)",
 ];
 
 fn main() -> anyhow::Result<()> {
     let nodes = throttle_tests::arg("--nodes", 1000.0) as u64;
     let users = throttle_tests::arg("--users", 1000.0) as u64;
-    let slots = throttle_tests::arg("--slots", 70.0) as i64;
+    let slots = throttle_tests::arg("--slots", 80.0) as i64;
     let total = fleet::total_users(nodes, users);
     let config = LedgerConfig::default();
-    let warm_up = i64::from(config.nr_slot);
+    let warm_up = i64::from(config.nr_slot) + 5;
     let slot_ms = i64::from(config.slot.as_ms());
     let limits = Arc::new(StaticLimits::new(fleet::limits(total)));
     let mut assigner: Assigner<Encoded> = Assigner::new(Ledger::new(config), limits);
@@ -67,7 +67,7 @@ fn main() -> anyhow::Result<()> {
         })
         .collect();
     let rss_before = throttle_tests::rss_mib();
-    let mut times: Vec<[Duration; 4]> = Vec::new();
+    let mut times: Vec<[Duration; 3]> = Vec::new();
     let mut pushed_bytes = 0usize;
     for slot in first + 1..=first + slots {
         let boundary = slot * slot_ms;
@@ -78,7 +78,7 @@ fn main() -> anyhow::Result<()> {
                 RawReport::parse(r.encode_to_vec().into())
             })
             .collect::<Result<_, _>>()?;
-        let mut t = [Duration::ZERO; 4];
+        let mut t = [Duration::ZERO; 3];
         let started = Instant::now();
         let mut complete = Vec::new();
         for (node, report) in ids.iter().zip(&raw) {
@@ -94,14 +94,10 @@ fn main() -> anyhow::Result<()> {
         }
         t[1] = started.elapsed();
         let started = Instant::now();
-        let pushes = assigner.tick(boundary + slot_ms / 2);
+        let (pushes, answers) = assigner.tick_and_prepare(boundary + slot_ms / 2);
         pushed_bytes += pushes.iter().map(|(_, q)| q.len()).sum::<usize>();
-        drop(pushes);
         t[2] = started.elapsed();
-        let started = Instant::now();
-        let answers: Vec<_> = ids.iter().map(|n| assigner.prepare(*n, slot + 1)).collect();
-        t[3] = started.elapsed();
-        drop(answers);
+        drop((pushes, answers));
         let total: Duration = t.iter().sum();
         eprintln!(
             "slot {:>3}: {:>6.1} ms ({})",
