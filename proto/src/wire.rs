@@ -170,6 +170,26 @@ impl QuotaEncoder {
         I: IntoIterator<Item = (&'a str, f64)>,
         I::IntoIter: Clone,
     {
+        self.user_inner(user, resources, None);
+    }
+
+    /// [`user`](Self::user), noting in `amounts_at`, for each resource in
+    /// order, where its amount's 8 bytes are in
+    /// [`users_so_far`](Self::users_so_far): a copy of those users with
+    /// other amounts can then be [appended](Self::append_users_with).
+    pub fn user_noting<'a, I>(&mut self, user: &str, resources: I, amounts_at: &mut Vec<usize>)
+    where
+        I: IntoIterator<Item = (&'a str, f64)>,
+        I::IntoIter: Clone,
+    {
+        self.user_inner(user, resources, Some(amounts_at));
+    }
+
+    fn user_inner<'a, I>(&mut self, user: &str, resources: I, mut noting: Option<&mut Vec<usize>>)
+    where
+        I: IntoIterator<Item = (&'a str, f64)>,
+        I::IntoIter: Clone,
+    {
         if self.open.is_none() {
             return;
         }
@@ -189,6 +209,9 @@ impl QuotaEncoder {
             put_delimited_header(buf, MAP_FIELD, resource_entry_len(name));
             put_str(buf, ENTRY_KEY, name);
             put_key(buf, ENTRY_VALUE, WireType::SixtyFourBit);
+            if let Some(at) = noting.as_deref_mut() {
+                at.push(buf.len());
+            }
             buf.put_f64_le(amount);
         }
     }
@@ -206,6 +229,35 @@ impl QuotaEncoder {
         if self.open.is_some() {
             self.users.extend_from_slice(block);
         }
+    }
+
+    /// [`append_users`](Self::append_users) with amounts changed: each
+    /// `(at, amount)` writes `amount` at offset `at` of `block`, as noted by
+    /// [`user_noting`](Self::user_noting). Returns false, appending
+    /// nothing, if an offset does not fit in `block`.
+    pub fn append_users_with(
+        &mut self,
+        block: &[u8],
+        amounts: impl IntoIterator<Item = (usize, f64)>,
+    ) -> bool {
+        if self.open.is_none() {
+            return true;
+        }
+        let start = self.users.len();
+        self.users.extend_from_slice(block);
+        for (at, amount) in amounts {
+            let slot = at
+                .checked_add(8)
+                .and_then(|end| self.users.get_mut(start + at..start + end));
+            match slot {
+                Some(slot) => slot.copy_from_slice(&amount.to_le_bytes()),
+                None => {
+                    self.users.truncate(start);
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// Ends the (service, slot) under way: `services[service] = {slots:

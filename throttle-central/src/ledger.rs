@@ -29,6 +29,7 @@
 //! # Ok::<(), throttle_proto::legacy::LegacyError>(())
 //! ```
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
@@ -43,7 +44,7 @@ use smallvec::SmallVec;
 
 use crate::bucket::Bucket;
 use crate::limits::Limit;
-use crate::policy::{Assignment, Grant, Policy, Projected, encode_grants, to_user_quotas};
+use crate::policy::{Assignment, Grant, Policy, Projected, encode_grants_noting, to_user_quotas};
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
 /// seed matters, and ingest hashes several names per entry, so speed does too.
@@ -413,9 +414,69 @@ struct Service {
     /// 1,000 nodes x 1,000 users an assignment is 4 M grants, and
     /// allocating them afresh twice a slot was page faults and copies.
     spare: Option<Assignment>,
+    /// Per node, its users as last encoded ([`Skeleton`]). Encoding takes
+    /// `&self` (answers are rendered from a shared ledger), and the ledger
+    /// is used from one thread at a time: a `RefCell`.
+    skeletons: RefCell<Map<NodeId, Skeleton>>,
+}
+
+/// One node's users of a service as last encoded, with the keys they were
+/// encoded from and where each grant's amount is.
+///
+/// A node's grants name the same keys in the same order from one assign
+/// to the next while its users stay, so its next quota's users are this
+/// block with other amounts: copied and patched, rather than encoded
+/// again, which reads every key's names (a cache miss per grant at a
+/// million keys), sorts the grants by user and writes every name.
+#[derive(Debug, Default)]
+struct Skeleton {
+    /// The grants' keys, in the grants' order.
+    keys: Vec<KeyId>,
+    /// [`ServiceState::reused`] then: a key's names change only when its
+    /// id is reused.
+    reused: u64,
+    /// The encoded users.
+    block: Vec<u8>,
+    /// Per grant, where its amount is in `block`.
+    amounts_at: Vec<usize>,
 }
 
 impl Service {
+    /// Encodes `grants` of `node` as the users of the (service, slot) `out`
+    /// has begun: from the node's [`Skeleton`] when it has the same keys,
+    /// else anew, making the skeleton.
+    fn encode_users(
+        &self,
+        out: &mut QuotaEncoder,
+        node: NodeId,
+        grants: &[Grant],
+        order: &mut Vec<(usize, u32)>,
+    ) {
+        let mut skeletons = self.skeletons.borrow_mut();
+        let skeleton = skeletons.entry(node).or_default();
+        let same_keys = skeleton.reused == self.state.reused
+            && skeleton.keys.len() == grants.len()
+            && skeleton.keys.iter().zip(grants).all(|(k, g)| *k == g.key);
+        if same_keys {
+            let amounts = skeleton.amounts_at.iter().zip(grants);
+            if out.append_users_with(&skeleton.block, amounts.map(|(&at, g)| (at, g.amount))) {
+                return;
+            }
+        }
+        let start = out.users_so_far().len();
+        encode_grants_noting(out, &self.state, grants, order, &mut skeleton.amounts_at);
+        skeleton.block.clear();
+        skeleton
+            .block
+            .extend_from_slice(&out.users_so_far()[start..]);
+        for at in &mut skeleton.amounts_at {
+            *at -= start;
+        }
+        skeleton.keys.clear();
+        skeleton.keys.extend(grants.iter().map(|g| g.key));
+        skeleton.reused = self.state.reused;
+    }
+
     /// Runs the policy for `slot` and keeps the result, replacing any
     /// earlier assignment of that slot.
     fn assign(&mut self, slot: i64, now_ms: i64) {
@@ -720,6 +781,7 @@ impl Ledger {
                     policy,
                     book: BTreeMap::new(),
                     spare: None,
+                    skeletons: RefCell::default(),
                 },
             );
         }
@@ -1005,7 +1067,10 @@ impl Ledger {
         let mut order = Vec::new();
         for (name, slot) in services {
             out.begin(name, slot);
-            let Some((state, grants)) = self.grants(node, name, slot) else {
+            let Some(svc) = self.services.get(name) else {
+                continue;
+            };
+            let Some(grants) = svc.policy.grants_for(&svc.book, node, slot) else {
                 continue;
             };
             let from = (grants.as_ptr() as usize, grants.len());
@@ -1015,7 +1080,7 @@ impl Ledger {
             match kept {
                 Some((.., block)) => out.append_users(block),
                 None => {
-                    encode_grants(&mut out, state, grants, &mut order);
+                    svc.encode_users(&mut out, node, grants, &mut order);
                     if let Some(r) = rendered.as_deref_mut() {
                         let block = out.users_so_far().to_vec();
                         r.blocks.push((name.to_owned(), from, block));
@@ -1035,6 +1100,11 @@ impl Ledger {
             svc.policy.forget_before(cutoff);
             svc.state
                 .forget(cutoff, cutoff + i64::from(self.config.nr_slot));
+            // A node that no longer reports gets no grants to encode.
+            let reporting = &svc.state.last_report;
+            svc.skeletons
+                .get_mut()
+                .retain(|n, _| reporting.contains_key(n));
         }
     }
 
@@ -1850,11 +1920,34 @@ pub(crate) mod tests {
                 1 => Box::new(|_| Box::new(crate::policy::Classic::new())),
                 _ => Box::new(|_| Box::new(crate::policy::StaticSplit::new())),
             };
-            let mut l = Ledger::with_policies(LedgerConfig::default(), factory);
+            // Short retention: keys are freed and their ids reused.
+            let config = LedgerConfig { nr_slot: 3, ..LedgerConfig::default() };
+            let mut l = Ledger::with_policies(config, factory);
             let limits: Vec<Limit> = limited
                 .iter()
                 .map(|&(u, r)| limit(&format!("user-{u}"), RESOURCES[r], 10.0 + r as f64))
                 .collect();
+            // Every node's quotas around `slot`, encoded (from a node's
+            // last encoding when its keys are the same) and built.
+            let check = |l: &Ledger, slot: i64| -> Result<(), proptest::test_runner::TestCaseError> {
+                for node in 0..3 {
+                    let n = l.node_ids.get(format!("n{node}").as_str()).copied();
+                    let Some(n) = n else { continue };
+                    for s in [slot, slot + 1, slot + 2] {
+                        let built = l.quota_for(n, [("front", s), ("other", s)]);
+                        let encoded = l.encode_quota_for(n, [("front", s), ("other", s)], Some(s - 1));
+                        let decoded = v1::CentralMessage::decode(&encoded[..]);
+                        let want = v1::CentralMessage {
+                            kind: Some(v1::central_message::Kind::Quota(v1::Quota {
+                                report_slot: Some(s - 1),
+                                ..built
+                            })),
+                        };
+                        proptest::prop_assert_eq!(decoded, Ok(want));
+                    }
+                }
+                Ok(())
+            };
             for (i, (node, entries)) in reports.iter().enumerate() {
                 if i == 1 {
                     // Keys the first report created come before the
@@ -1870,24 +1963,11 @@ pub(crate) mod tests {
                 l.ingest(&report(&format!("n{node}"), slot, &json!(users).to_string(), "{}"), now)
                     .unwrap();
                 l.assign(now + 500);
+                check(&l, slot)?;
+                l.forget(now + 500);
             }
             let now = T + reports.len() as i64 * 1_000;
-            let slot = l.config().slot.slot_at(now);
-            for node in 0..3 {
-                let n = l.node_id(&format!("n{node}"));
-                for s in [slot, slot + 1, slot + 2] {
-                    let built = l.quota_for(n, [("front", s), ("other", s)]);
-                    let encoded = l.encode_quota_for(n, [("front", s), ("other", s)], Some(s - 1));
-                    let decoded = v1::CentralMessage::decode(&encoded[..]);
-                    let want = v1::CentralMessage {
-                        kind: Some(v1::central_message::Kind::Quota(v1::Quota {
-                            report_slot: Some(s - 1),
-                            ..built
-                        })),
-                    };
-                    proptest::prop_assert_eq!(decoded, Ok(want));
-                }
-            }
+            check(&l, l.config().slot.slot_at(now))?;
         }
     }
 

@@ -125,6 +125,29 @@ pub fn encode_grants(
     }
 }
 
+/// [`encode_grants`], noting in `amounts_at[i]` where the amount of
+/// `grants[i]` is in the encoder's users (see [`QuotaEncoder::user_noting`]).
+pub fn encode_grants_noting(
+    out: &mut QuotaEncoder,
+    state: &ServiceState,
+    grants: &[Grant],
+    order: &mut Vec<(usize, u32)>,
+    amounts_at: &mut Vec<usize>,
+) {
+    gather_by_user(state, grants, order);
+    amounts_at.clear();
+    amounts_at.resize(grants.len(), 0);
+    let mut noted = Vec::new();
+    for run in order.chunk_by(|a, b| a.0 == b.0) {
+        let (user, resources) = user_run(state, grants, run);
+        noted.clear();
+        out.user_noting(user, resources, &mut noted);
+        for (&(_, i), &at) in run.iter().zip(&noted) {
+            amounts_at[i as usize] = at;
+        }
+    }
+}
+
 /// The protobuf form of one node's grants. The users' map is built from
 /// one sorted list rather than one insertion per grant.
 pub fn to_user_quotas(state: &ServiceState, grants: &[Grant]) -> v1::UserQuotas {
