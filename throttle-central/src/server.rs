@@ -806,7 +806,7 @@ impl Actor {
     /// Gives every stream the answer to its node's report due at the next
     /// slot boundary, `report_slot` (see [`AnswerAhead`]), from those
     /// rendered with the tick; a stream of a node without one has none.
-    fn prepare_answers(&mut self, report_slot: i64, prepared: Vec<Prepared<Encoded>>) {
+    fn prepare_answers(&self, report_slot: i64, prepared: Vec<Prepared<Encoded>>) {
         let rendered: BTreeMap<NodeId, Ready> = prepared
             .into_iter()
             .map(|(node, quota, services)| {
