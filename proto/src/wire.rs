@@ -176,7 +176,7 @@ impl QuotaEncoder {
     /// [`user`](Self::user), noting in `amounts_at`, for each resource in
     /// order, where its amount's 8 bytes are in
     /// [`users_so_far`](Self::users_so_far): a copy of those users with
-    /// other amounts can then be [appended](Self::append_users_with).
+    /// other amounts can then be [appended](Self::append_users).
     pub fn user_noting<'a, I>(&mut self, user: &str, resources: I, amounts_at: &mut Vec<usize>)
     where
         I: IntoIterator<Item = (&'a str, f64)>,
@@ -223,19 +223,12 @@ impl QuotaEncoder {
     }
 
     /// Appends users encoded before ([`users_so_far`](Self::users_so_far)
-    /// of another encoder) to the (service, slot) under way; ignored before
-    /// any [`begin`](Self::begin).
-    pub fn append_users(&mut self, block: &[u8]) {
-        if self.open.is_some() {
-            self.users.extend_from_slice(block);
-        }
-    }
-
-    /// [`append_users`](Self::append_users) with amounts changed: each
-    /// `(at, amount)` writes `amount` at offset `at` of `block`, as noted by
-    /// [`user_noting`](Self::user_noting). Returns false, appending
-    /// nothing, if an offset does not fit in `block`.
-    pub fn append_users_with(
+    /// of another encoder) to the (service, slot) under way, with amounts
+    /// changed: each `(at, amount)` writes `amount` at offset `at` of
+    /// `block`, as noted by [`user_noting`](Self::user_noting). Ignored
+    /// before any [`begin`](Self::begin). Returns false, appending nothing,
+    /// if an offset does not fit in `block`.
+    pub fn append_users(
         &mut self,
         block: &[u8],
         amounts: impl IntoIterator<Item = (usize, f64)>,
@@ -1092,9 +1085,9 @@ mod tests {
         first.user("bob", [("requests", 0.5)]);
         let block = first.users_so_far().to_vec();
         let mut second = QuotaEncoder::new();
-        second.append_users(&block); // before any service: ignored
+        second.append_users(&block, []); // before any service: ignored
         second.begin("front", 8);
-        second.append_users(&block);
+        second.append_users(&block, []);
         second.begin("other", 8);
         let decode = |q: QuotaEncoder, report_slot| match v1::CentralMessage::decode(
             &q.finish(report_slot)[..],

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use throttle_proto::{MAX_NAME_LEN, v1};
 
-use crate::ledger::{Ingested, Ledger, NodeId, Rendered, ReportError, ReportSource};
+use crate::ledger::{Ingested, Ledger, NodeId, ReportError, ReportSource};
 use crate::limits::LimitSource;
 
 /// A quota to send to one node.
@@ -45,20 +45,6 @@ pub trait QuotaFormat {
         services: impl IntoIterator<Item = (&'a str, i64)>,
         report_slot: Option<i64>,
     ) -> Self::Quota;
-
-    /// [`QuotaFormat::render`], free to reuse what `rendered` kept of this
-    /// node's quotas rendered just before (see
-    /// [`Ledger::encode_quota_reusing`]); by default it renders anew.
-    fn render_reusing<'a>(
-        ledger: &Ledger,
-        node: NodeId,
-        services: impl IntoIterator<Item = (&'a str, i64)>,
-        report_slot: Option<i64>,
-        rendered: &mut Rendered,
-    ) -> Self::Quota {
-        let _ = rendered;
-        Self::render(ledger, node, services, report_slot)
-    }
 }
 
 /// Quotas as [`v1::Quota`] messages.
@@ -95,16 +81,6 @@ impl QuotaFormat for Encoded {
         report_slot: Option<i64>,
     ) -> Bytes {
         ledger.encode_quota_for(node, services, report_slot)
-    }
-
-    fn render_reusing<'a>(
-        ledger: &Ledger,
-        node: NodeId,
-        services: impl IntoIterator<Item = (&'a str, i64)>,
-        report_slot: Option<i64>,
-        rendered: &mut Rendered,
-    ) -> Bytes {
-        ledger.encode_quota_reusing(node, services, report_slot, Some(rendered))
     }
 }
 
@@ -393,8 +369,9 @@ impl<F: QuotaFormat> Assigner<F> {
 
     /// [`Assigner::tick`], and every connected node's answer to its report
     /// due at the next boundary rendered ahead, as [`Assigner::prepare`]
-    /// renders it: each node's answer right after its push, copying the
-    /// users the two share instead of encoding them twice.
+    /// renders it: each node's answer right after its push, while the
+    /// node's encoded users are still in the cache (a lead-1 policy answers
+    /// with the grants it pushed).
     pub fn tick_and_prepare(&mut self, now_ms: i64) -> (Vec<Push<F::Quota>>, Vec<Prepared<F>>) {
         self.tick_inner(now_ms, true)
     }
@@ -412,24 +389,19 @@ impl<F: QuotaFormat> Assigner<F> {
             .record(started.elapsed().as_secs_f64());
         let mut pushes = Vec::with_capacity(self.nodes.len());
         let mut prepared = Vec::new();
-        let mut rendered = Rendered::default();
         for (&node, (_, services)) in &self.nodes {
             // A service the ledger does not know yet has no limits: say so
             // for the next slot, so the node knows the central is alive.
             let pushed = services
                 .iter()
                 .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)));
-            if !prepare {
-                pushes.push((node, F::render(&self.ledger, node, pushed, None)));
-                continue;
+            pushes.push((node, F::render(&self.ledger, node, pushed, None)));
+            if prepare {
+                // As `prepare`: the report of slot `next` is answered for `next + 1`.
+                let answered = services.iter().map(|s| (s.as_str(), next + 1));
+                let answer = F::render(&self.ledger, node, answered, Some(next));
+                prepared.push((node, answer, services.iter().cloned().collect()));
             }
-            rendered.clear();
-            let push = F::render_reusing(&self.ledger, node, pushed, None, &mut rendered);
-            pushes.push((node, push));
-            // As `prepare`: the report of slot `next` is answered for `next + 1`.
-            let answered = services.iter().map(|s| (s.as_str(), next + 1));
-            let answer = F::render_reusing(&self.ledger, node, answered, Some(next), &mut rendered);
-            prepared.push((node, answer, services.iter().cloned().collect()));
         }
         self.ledger.forget(now_ms);
         (pushes, prepared)

@@ -44,26 +44,11 @@ use smallvec::SmallVec;
 
 use crate::bucket::Bucket;
 use crate::limits::Limit;
-use crate::policy::{Assignment, Grant, Policy, Projected, encode_grants_noting, to_user_quotas};
+use crate::policy::{Assignment, Grant, Policy, Projected, encode_grants, to_user_quotas};
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
 /// seed matters, and ingest hashes several names per entry, so speed does too.
 pub type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
-/// Users encoded for one node, by service and the grants they came from
-/// (their address and length, which no assign changes while it is in
-/// use): see [`Ledger::encode_quota_reusing`].
-#[derive(Debug, Default)]
-pub struct Rendered {
-    blocks: Vec<(String, (usize, usize), Vec<u8>)>,
-}
-
-impl Rendered {
-    /// Forgets every block, for the next node.
-    pub fn clear(&mut self) {
-        self.blocks.clear();
-    }
-}
 
 /// A node, interned: cheap to copy and compare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -265,9 +250,6 @@ pub struct Key {
     live: bool,
     bucket: Option<Bucket>,
     nodes: NodeList,
-    /// The newest data slot with sums of this key (in its service's
-    /// columns), or `i64::MIN`.
-    last_sum: i64,
 }
 
 impl Key {
@@ -279,7 +261,6 @@ impl Key {
             live: true,
             bucket: None,
             nodes: NodeList::new(),
-            last_sum: i64::MIN,
         }
     }
 
@@ -459,12 +440,12 @@ impl Service {
             && skeleton.keys.iter().zip(grants).all(|(k, g)| *k == g.key);
         if same_keys {
             let amounts = skeleton.amounts_at.iter().zip(grants);
-            if out.append_users_with(&skeleton.block, amounts.map(|(&at, g)| (at, g.amount))) {
+            if out.append_users(&skeleton.block, amounts.map(|(&at, g)| (at, g.amount))) {
                 return;
             }
         }
         let start = out.users_so_far().len();
-        encode_grants_noting(out, &self.state, grants, order, &mut skeleton.amounts_at);
+        encode_grants(out, &self.state, grants, order, &mut skeleton.amounts_at);
         skeleton.block.clear();
         skeleton
             .block
@@ -1045,24 +1026,6 @@ impl Ledger {
         services: impl IntoIterator<Item = (&'a str, i64)>,
         report_slot: Option<i64>,
     ) -> Bytes {
-        self.encode_quota_reusing(node, services, report_slot, None)
-    }
-
-    /// [`Ledger::encode_quota_for`], copying the users of a (service, slot)
-    /// whose grants `rendered` holds already encoded instead of encoding
-    /// them again, and keeping those it encodes there.
-    ///
-    /// `rendered` is for the quotas of one node rendered together, with no
-    /// assign in between: a policy that assigns one slot ahead answers with
-    /// the grants it pushed for the slot before, the same users under
-    /// another slot.
-    pub fn encode_quota_reusing<'a>(
-        &self,
-        node: NodeId,
-        services: impl IntoIterator<Item = (&'a str, i64)>,
-        report_slot: Option<i64>,
-        mut rendered: Option<&mut Rendered>,
-    ) -> Bytes {
         let mut out = QuotaEncoder::new();
         let mut order = Vec::new();
         for (name, slot) in services {
@@ -1070,22 +1033,8 @@ impl Ledger {
             let Some(svc) = self.services.get(name) else {
                 continue;
             };
-            let Some(grants) = svc.policy.grants_for(&svc.book, node, slot) else {
-                continue;
-            };
-            let from = (grants.as_ptr() as usize, grants.len());
-            let kept = rendered
-                .as_deref()
-                .and_then(|r| r.blocks.iter().find(|b| b.0 == name && b.1 == from));
-            match kept {
-                Some((.., block)) => out.append_users(block),
-                None => {
-                    svc.encode_users(&mut out, node, grants, &mut order);
-                    if let Some(r) = rendered.as_deref_mut() {
-                        let block = out.users_so_far().to_vec();
-                        r.blocks.push((name.to_owned(), from, block));
-                    }
-                }
+            if let Some(grants) = svc.policy.grants_for(&svc.book, node, slot) {
+                svc.encode_users(&mut out, node, grants, &mut order);
             }
         }
         out.finish(report_slot)
@@ -1413,8 +1362,10 @@ impl ServiceState {
         self.last_report.retain(|_, s| *s >= cutoff);
         let reporting = &self.last_report;
         self.recent.retain(|n, _| reporting.contains_key(n));
-        // A key freed below has no sums at or after the cutoff, so when its
-        // id is reused no column kept holds a sum of its former key.
+        // A sum a node filed is never of a later slot than that node's
+        // entry in the key, so a key freed below (no entry at or after the
+        // cutoff) has no sum in a column kept: when its id is reused, no
+        // column holds a sum of its former key.
         while self.sums.front().is_some_and(|c| c.slot < cutoff) {
             self.sums.pop_front();
         }
@@ -1423,7 +1374,7 @@ impl ServiceState {
                 continue;
             }
             key.nodes.retain(|n| n.slot >= cutoff);
-            if key.bucket.is_some() || !key.nodes.is_empty() || key.last_sum >= cutoff {
+            if key.bucket.is_some() || !key.nodes.is_empty() {
                 continue;
             }
             // Freed: its names stay until the id is reused, so assignments
@@ -1475,7 +1426,6 @@ impl Key {
             }),
         }
         // Its sum is added to the slot's column by the caller.
-        self.last_sum = self.last_sum.max(slot);
     }
 }
 

@@ -111,23 +111,10 @@ fn user_run<'a>(
 }
 
 /// Writes one node's grants into `out` as the users of the (service, slot)
-/// begun there; `order` is scratch space.
+/// begun there, noting in `amounts_at[i]` where the amount of `grants[i]`
+/// is in the encoder's users (see [`QuotaEncoder::user_noting`]); `order`
+/// is scratch space.
 pub fn encode_grants(
-    out: &mut QuotaEncoder,
-    state: &ServiceState,
-    grants: &[Grant],
-    order: &mut Vec<(usize, u32)>,
-) {
-    gather_by_user(state, grants, order);
-    for run in order.chunk_by(|a, b| a.0 == b.0) {
-        let (user, resources) = user_run(state, grants, run);
-        out.user(user, resources);
-    }
-}
-
-/// [`encode_grants`], noting in `amounts_at[i]` where the amount of
-/// `grants[i]` is in the encoder's users (see [`QuotaEncoder::user_noting`]).
-pub fn encode_grants_noting(
     out: &mut QuotaEncoder,
     state: &ServiceState,
     grants: &[Grant],
