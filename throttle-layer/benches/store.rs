@@ -265,8 +265,23 @@ fn request(user: &str) -> http::Request<Body> {
         .expect("valid request")
 }
 
+/// A request as an HTTP client sends it: the headers hyper parses ahead
+/// of the user's (`service/typical/*`).
+fn typical_request(user: &str) -> http::Request<Body> {
+    http::Request::builder()
+        .header("host", "api.example.com")
+        .header("user-agent", "example-client/1.4.2")
+        .header("accept", "application/json")
+        .header("accept-encoding", "gzip, br")
+        .header("x-request-id", "4bf92f3577b34da6a3ce929d0e0e4736")
+        .header("x-user", user)
+        .body(Body::empty())
+        .expect("valid request")
+}
+
 /// Benches one service value (never cloned per call), cycling through the
-/// users.
+/// users: `service/call/*` with requests that carry only the user's
+/// header, `service/typical/*` with [`typical_request`]s.
 fn call<S, B>(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     rt: &tokio::runtime::Runtime,
@@ -277,11 +292,34 @@ fn call<S, B>(
     S: Service<http::Request<Body>, Response = http::Response<B>>,
     S::Error: std::fmt::Debug,
 {
+    for (group, make) in [
+        ("call", request as fn(&str) -> http::Request<Body>),
+        ("typical", typical_request),
+    ] {
+        if group == "typical" && name.ends_with("rejected") {
+            continue;
+        }
+        call_with(g, rt, names, group, name, make, svc);
+    }
+}
+
+fn call_with<S, B>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    names: &[String],
+    group: &str,
+    name: &str,
+    make: fn(&str) -> http::Request<Body>,
+    svc: &mut S,
+) where
+    S: Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Error: std::fmt::Debug,
+{
     let mut i = 0;
-    g.bench_function(BenchmarkId::new("call", name), |b| {
+    g.bench_function(BenchmarkId::new(group, name), |b| {
         b.iter(|| {
             i = (i + 1) % USERS;
-            let req = request(&names[i]);
+            let req = make(&names[i]);
             rt.block_on(async { black_box(svc.ready().await.unwrap().call(req).await.unwrap()) })
         })
     });

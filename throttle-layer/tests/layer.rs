@@ -355,16 +355,37 @@ async fn requests_without_user_are_skipped_or_anonymous() {
             .build()
             .unwrap(),
     );
-    let req = || Request::get("/").body(Body::empty()).unwrap();
-    assert_eq!(skip.oneshot(req()).await.unwrap().status(), StatusCode::OK);
+    // No header, a blank one, and one that is not visible ASCII: no user.
+    let values: [Option<&[u8]>; 3] = [None, Some(b" \t "), Some(b"\xffalice")];
+    for value in values {
+        let req = || {
+            let mut r = Request::get("/");
+            if let Some(v) = value {
+                r = r.header("x-user", v);
+            }
+            r.body(Body::empty()).unwrap()
+        };
+        assert_eq!(
+            skip.clone().oneshot(req()).await.unwrap().status(),
+            StatusCode::OK,
+            "{value:?}"
+        );
+        assert_eq!(
+            anon.clone().oneshot(req()).await.unwrap().status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{value:?}"
+        );
+    }
+    // A padded name is the name.
     assert_eq!(
-        anon.oneshot(req()).await.unwrap().status(),
-        StatusCode::TOO_MANY_REQUESTS
+        skip.oneshot(get_as(" bob\t", "/")).await.unwrap().status(),
+        StatusCode::OK
     );
     clock.set(T + 1_000);
     let r = store.collect(100);
-    assert_eq!(amount(&r.rejection, "anonymous", "requests"), 1);
-    assert!(r.consumption["front"].users.is_empty());
+    assert_eq!(amount(&r.rejection, "anonymous", "requests"), 3);
+    assert_eq!(amount(&r.consumption, "bob", "requests"), 1);
+    assert_eq!(r.consumption["front"].users.len(), 1, "only bob counted");
 }
 
 #[tokio::test]
