@@ -100,13 +100,7 @@ impl Policy for Classic {
             };
             let stored = bucket.level_at(now_ms).max(0.0);
             for (i, share) in shares(key.nodes(), slot) {
-                out.push(
-                    key.nodes()[i].node,
-                    Grant {
-                        key: id,
-                        amount: stored * share,
-                    },
-                );
+                out.push(key.nodes()[i].node, Grant::new(id, stored * share));
             }
         }
         out

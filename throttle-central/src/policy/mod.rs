@@ -27,14 +27,44 @@ use crate::ledger::{KeyId, NodeId, ServiceState};
 
 /// One node's quota for one (user, resource) in one slot.
 ///
-/// 16 bytes and `Copy`: the key is named by its id in the service's arena,
-/// so building a slot's million grants touches no reference count.
+/// 8 bytes and `Copy`: the key is named by its id in the service's arena,
+/// so building a slot's million grants touches no reference count, and the
+/// amount is kept as an `f32`. The quota book holds 60 slots of grants for
+/// every (user, resource, node), so each byte here is 60 in the central's
+/// memory.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
     /// The (user, resource) key.
     pub key: KeyId,
+    amount: f32,
+}
+
+impl Grant {
+    /// A grant of `amount` (at least 0), kept as the largest `f32` not
+    /// above it.
+    ///
+    /// Rounding down never grants more than the policy computed, so the
+    /// grants of a key still sum to at most what its bucket holds. A node
+    /// decides on whole units (`used > floor(quota)`), and below 2^24 the
+    /// floor of the kept amount is the floor of the computed one: the
+    /// rounding changes no decision there, and above it errs by at most 1
+    /// part in 16 million, towards refusing, as the node's own `f32`
+    /// quotas do.
+    pub fn new(key: KeyId, amount: f64) -> Self {
+        let amount = amount.max(0.0);
+        let f = amount as f32;
+        let f = if f64::from(f) > amount {
+            f.next_down()
+        } else {
+            f
+        };
+        Self { key, amount: f }
+    }
+
     /// How much the node may admit.
-    pub amount: f64,
+    pub fn amount(&self) -> f64 {
+        f64::from(self.amount)
+    }
 }
 
 /// Quotas of one slot, per node. Compact: the protobuf message for a node is
@@ -105,7 +135,7 @@ fn user_run<'a>(
     let user = state.key(grants[run[0].1 as usize].key).user();
     let resources = run.iter().map(move |&(_, i)| {
         let g = grants[i as usize];
-        (state.key(g.key).resource(), g.amount)
+        (state.key(g.key).resource(), g.amount())
     });
     (user, resources)
 }
@@ -216,5 +246,42 @@ pub trait Policy: Send + fmt::Debug {
     /// Drops whatever the policy keeps about slots before `slot`.
     fn forget_before(&mut self, slot: i64) {
         let _ = slot;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn amount(q: f64) -> f64 {
+        Grant::new(KeyId::test(0), q).amount()
+    }
+
+    #[test]
+    fn a_grant_keeps_exact_amounts_and_nothing_below_zero() {
+        for q in [0.0, 1.0, 0.5, 1000.0, 16_777_216.0, 2f64.powi(100)] {
+            assert_eq!(amount(q), q);
+        }
+        assert_eq!(amount(-3.0), 0.0);
+        assert_eq!(amount(f64::NAN), 0.0, "no quota left");
+        assert_eq!(amount(f64::INFINITY), f64::INFINITY);
+        assert_eq!(std::mem::size_of::<Grant>(), 8);
+    }
+
+    proptest! {
+        /// The kept amount is the largest `f32` not above the computed one,
+        /// and a node's whole-unit decision is the same with either below
+        /// 2^24 units.
+        #[test]
+        fn a_grant_rounds_down_to_the_nearest_f32(q in 0.0f64..1e12) {
+            let kept = amount(q);
+            prop_assert!(kept <= q);
+            prop_assert!(f64::from((kept as f32).next_up()) > q);
+            if q < 16_777_216.0 {
+                prop_assert_eq!(kept.floor(), q.floor());
+            }
+        }
     }
 }

@@ -260,13 +260,7 @@ impl Policy for Projected {
                         history.push(g);
                     }
                 }
-                out.push(
-                    node,
-                    Grant {
-                        key: id,
-                        amount: grant,
-                    },
-                );
+                out.push(node, Grant::new(id, grant));
             }
         }
         out

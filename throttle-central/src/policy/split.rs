@@ -48,13 +48,7 @@ impl Policy for StaticSplit {
             }
             let share = bucket.rate() * slot_secs / users as f64;
             for n in key.nodes().iter().filter(|n| n.slot > recent) {
-                out.push(
-                    n.node,
-                    Grant {
-                        key: id,
-                        amount: share,
-                    },
-                );
+                out.push(n.node, Grant::new(id, share));
             }
         }
         out
