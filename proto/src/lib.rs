@@ -41,5 +41,13 @@ pub mod v1 {
 /// Longest service, user, resource or node name accepted, in bytes.
 pub const MAX_NAME_LEN: usize = 256;
 
+/// The largest `f32` not above `x`: how quotas are kept in `f32`s, by the
+/// central's grants and the nodes' quota rows, so that rounding never
+/// grants more than was computed.
+pub fn f32_at_most(x: f64) -> f32 {
+    let f = x as f32;
+    if f64::from(f) > x { f.next_down() } else { f }
+}
+
 /// The crate version, sent in [`v1::Hello::version`].
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

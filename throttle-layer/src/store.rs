@@ -237,9 +237,7 @@ fn whole_units(q: f64) -> f32 {
     if q.is_nan() {
         return 0.0;
     }
-    let q = q.floor();
-    let f = q as f32;
-    if f64::from(f) > q { f.next_down() } else { f }
+    throttle_proto::f32_at_most(q.floor())
 }
 
 const EMPTY_CELL: Cell = Cell {

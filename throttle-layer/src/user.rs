@@ -156,25 +156,6 @@ impl IpNet {
     }
 }
 
-/// A user name found in a request: borrowed from it, or formatted on the
-/// stack (IP addresses), or owned (closures).
-#[derive(Debug)]
-pub(crate) enum UserName<'a> {
-    Borrowed(&'a str),
-    Ip(IpText),
-    Owned(String),
-}
-
-impl UserName<'_> {
-    pub(crate) fn as_str(&self) -> &str {
-        match self {
-            Self::Borrowed(s) => s,
-            Self::Ip(ip) => ip.as_str(),
-            Self::Owned(s) => s,
-        }
-    }
-}
-
 /// An IP address written out without a heap allocation.
 #[derive(Debug)]
 pub(crate) struct IpText {
@@ -293,29 +274,31 @@ impl UserKey {
         }
     }
 
-    /// The header this key reads, when it is [`UserKey::header`].
+    /// Runs `f` on the request's user name, or on `None` when it has none
+    /// (missing, empty, or not visible ASCII for a header). The name is
+    /// handed over where it lies, in the request, on the stack (an IP
+    /// address written out) or in the closure's `String`, rather than
+    /// returned as an enum of every kind of name to fill and match.
     #[inline]
-    pub(crate) fn header_name(&self) -> Option<&HeaderName> {
+    pub(crate) fn with_user<R>(
+        &self,
+        head: RequestHead<'_>,
+        f: impl FnOnce(Option<&str>) -> R,
+    ) -> R {
         match &self.kind {
-            Kind::Header(h) => Some(h),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn extract<'a>(&self, parts: RequestHead<'a>) -> Option<UserName<'a>> {
-        let name = match &self.kind {
-            // A value `to_str` accepts is visible ASCII and tabs, so ASCII
-            // trimming is all of `trim` for it, and cheaper.
-            Kind::Header(h) => UserName::Borrowed(header_user(parts.headers, h)?),
-            Kind::PeerIp => UserName::Ip(IpText::new(peer_addr(parts.extensions)?.ip())),
-            Kind::ForwardedFor(trusted) => {
-                let peer = peer_addr(parts.extensions)?.ip();
-                UserName::Ip(IpText::new(forwarded_client(peer, trusted, parts.headers)))
+            Kind::Header(h) => f(header_user(head.headers, h).filter(|u| !u.is_empty())),
+            Kind::PeerIp => {
+                let ip = peer_addr(head.extensions).map(|a| IpText::new(a.ip()));
+                f(ip.as_ref().map(IpText::as_str).filter(|u| !u.is_empty()))
             }
-            Kind::Extension(f) => UserName::Borrowed(f(parts.extensions)?),
-            Kind::Fn(f) => UserName::Owned(f(&parts)?),
-        };
-        (!name.as_str().is_empty()).then_some(name)
+            Kind::ForwardedFor(trusted) => {
+                let ip = peer_addr(head.extensions)
+                    .map(|a| IpText::new(forwarded_client(a.ip(), trusted, head.headers)));
+                f(ip.as_ref().map(IpText::as_str).filter(|u| !u.is_empty()))
+            }
+            Kind::Extension(get) => f(get(head.extensions).filter(|u| !u.is_empty())),
+            Kind::Fn(get) => f(get(&head).as_deref().filter(|u| !u.is_empty())),
+        }
     }
 }
 
@@ -369,8 +352,7 @@ mod tests {
     }
 
     fn user(key: &UserKey, p: &Parts) -> Option<String> {
-        key.extract(RequestHead::from_parts(p))
-            .map(|u| u.as_str().to_owned())
+        key.with_user(RequestHead::from_parts(p), |u| u.map(str::to_owned))
     }
 
     fn with_peer(ip: &str) -> impl FnOnce(http::request::Builder) -> http::request::Builder {

@@ -51,14 +51,10 @@ impl Grant {
     /// part in 16 million, towards refusing, as the node's own `f32`
     /// quotas do.
     pub fn new(key: KeyId, amount: f64) -> Self {
-        let amount = amount.max(0.0);
-        let f = amount as f32;
-        let f = if f64::from(f) > amount {
-            f.next_down()
-        } else {
-            f
-        };
-        Self { key, amount: f }
+        Self {
+            key,
+            amount: throttle_proto::f32_at_most(amount.max(0.0)),
+        }
     }
 
     /// How much the node may admit.

@@ -12,7 +12,7 @@ use super::future::{PlainFuture, ResponseFuture};
 use super::layer::{Config, Metered, Plain};
 use crate::store::{Basis, Decision, UserHandle};
 use crate::usage::Usage;
-use crate::user::{MissingUser, RequestHead, UserName, header_user};
+use crate::user::{MissingUser, RequestHead};
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -63,24 +63,22 @@ enum Outcome {
 /// The decision, shared by both modes: find the user, ask the store, count
 /// the metrics, build the refusal.
 fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
-    let extracted;
-    let found = match cfg.user.header_name() {
-        // The usual source, read in place: the general extractor's result
-        // is an enum of every kind of name, 64 bytes to fill and match.
-        Some(name) => header_user(head.headers, name).filter(|u| !u.is_empty()),
-        None => {
-            extracted = cfg.user.extract(head);
-            extracted.as_ref().map(UserName::as_str)
-        }
-    };
-    let user = match (found, &cfg.missing_user) {
-        (Some(u), _) => u,
-        (None, MissingUser::As(name)) => name.as_str(),
-        (None, MissingUser::Skip) => {
-            cfg.skipped.increment(1);
-            return Outcome::Skip;
-        }
-    };
+    cfg.user.with_user(head, |found| {
+        let user = match (found, &cfg.missing_user) {
+            (Some(u), _) => u,
+            (None, MissingUser::As(name)) => name.as_str(),
+            (None, MissingUser::Skip) => {
+                cfg.skipped.increment(1);
+                return Outcome::Skip;
+            }
+        };
+        admit(cfg, head, user)
+    })
+}
+
+/// Asks the store for `user`, counts the metrics, builds the refusal.
+#[inline]
+fn admit(cfg: &Config, head: RequestHead<'_>, user: &str) -> Outcome {
     let wants_handle = cfg.traffic_up.is_some() || cfg.traffic_down.is_some() || cfg.handler_usage;
     let admission = if wants_handle || cfg.shadow {
         cfg.service
