@@ -69,7 +69,7 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -426,8 +426,8 @@ pub struct ServiceStore {
     register: Mutex<()>,
     /// `slot & SLOT_MASK << 24 | version` of the quota tables received.
     ring: [AtomicU64; QUOTA_RING],
-    collected_through: AtomicI64,
-    /// Counters of slots that rolled over before they were collected.
+    /// Counts a user's roll could not keep in its cells: slots that rolled
+    /// over before they were collected, and charges that came after.
     overflow: Mutex<Vec<(CompactString, Counters)>>,
     /// Registered once: a flood of new users at the cap must not build a
     /// labelled metric key per request.
@@ -555,29 +555,25 @@ impl UserState {
             .all(|c| c.used == 0 && c.rejected == 0 && c.prev_used == 0 && c.prev_rejected == 0)
     }
 
-    /// Moves the counters on to `slot`, keeping the last uncollected slot.
+    /// Moves the counters on to `slot`, keeping the last slot's counts for
+    /// the reporter.
     #[inline]
-    fn roll(
-        &mut self,
-        slot: i64,
-        collected: i64,
-        user: &str,
-        overflow: &Mutex<Vec<(CompactString, Counters)>>,
-    ) {
+    fn roll(&mut self, slot: i64, user: &str, overflow: &Mutex<Vec<(CompactString, Counters)>>) {
         if self.slot < slot {
-            self.roll_on(slot, collected, user, overflow);
+            self.roll_on(slot, user, overflow);
         }
     }
 
     /// [`UserState::roll`] for a user first seen in this slot.
+    ///
+    /// A collection zeroes the counts it takes, so any count still here is
+    /// unreported: either its slot is not collected yet, or it was charged
+    /// after its slot was (a request that read the clock before the
+    /// boundary and took the lock after the report). Counts the roll cannot
+    /// keep in place go to the overflow, which the next collection drains:
+    /// none is dropped, and none is reported twice.
     #[inline(never)]
-    fn roll_on(
-        &mut self,
-        slot: i64,
-        collected: i64,
-        user: &str,
-        overflow: &Mutex<Vec<(CompactString, Counters)>>,
-    ) {
+    fn roll_on(&mut self, slot: i64, user: &str, overflow: &Mutex<Vec<(CompactString, Counters)>>) {
         // Forget rows too old to be read back from their tags.
         for k in 0..ROWS_PER_USER {
             if self.row_version[k] != 0
@@ -586,27 +582,26 @@ impl UserState {
                 self.row_version[k] = 0;
             }
         }
-        if self.has_prev && self.slot - 1 > collected {
-            // The reporter is more than a slot behind: keep the counts aside
-            // rather than lose them.
+        if self.has_prev {
+            // The reporter is more than a slot behind, or the counts came
+            // late: keep them aside rather than lose them.
             let previous = self.take(true);
             if !previous.is_zero() {
                 overflow.lock().push((user.into(), previous));
             }
         }
-        if self.slot > collected && self.slot == slot - 1 {
+        if self.slot == slot - 1 {
             for c in self.cells_mut() {
                 (c.prev_used, c.prev_rejected) = (c.used, c.rejected);
                 (c.used, c.rejected) = (0, 0);
             }
             self.has_prev = true;
         } else {
+            // A gap of a slot or more: nothing is kept in place (the
+            // previous counts are zero, taken above or by a collection).
             let current = self.take(false);
-            if self.slot > collected && !current.is_zero() {
+            if !current.is_zero() {
                 overflow.lock().push((user.into(), current));
-            }
-            for c in self.cells_mut() {
-                (c.prev_used, c.prev_rejected) = (0, 0);
             }
             self.has_prev = false;
         }
@@ -872,12 +867,11 @@ impl ServiceStore {
         slot: i64,
         f: impl FnOnce(&mut UserState) -> T,
     ) -> Option<T> {
-        let collected = self.collected_through.load(Ordering::Acquire);
         // Only the lookup depends on the map's class: the rest is one copy.
         let users = self.user_map();
         let guard = with_users!(users, map => map.guard());
         let mut st = with_users!(users, map => self.locked(map, &guard, user, slot))?;
-        st.roll(slot, collected, user, &self.overflow);
+        st.roll(slot, user, &self.overflow);
         Some(f(&mut st))
     }
 
@@ -1095,7 +1089,6 @@ impl ServiceStore {
                     evict.push((user, std::ptr::from_ref(entry)));
                 }
             }
-            self.collected_through.fetch_max(slot, Ordering::AcqRel);
             for (user, c) in std::mem::take(&mut *self.overflow.lock()) {
                 add(&user, &c);
             }
@@ -1212,7 +1205,6 @@ impl SlotStore {
             resources: ArcSwap::from_pointee(Vec::new()),
             register: Mutex::new(()),
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
-            collected_through: AtomicI64::new(i64::MIN),
             overflow: Mutex::new(Vec::new()),
             at_cap: counter!("throttle_keys_at_cap_total", "service" => name.to_string()),
         });
@@ -1515,6 +1507,36 @@ mod tests {
         assert_eq!(amount(&r.consumption, "alice", "requests"), 1);
     }
 
+    /// A request that read the clock in slot 100 and took the user's lock
+    /// only after slot 100 was collected (a thread preempted for longer
+    /// than the report delay, or a clock stepped back) charges slot 100
+    /// late: the next report carries it, and the next roll must not drop it.
+    #[test]
+    fn a_charge_after_its_slot_was_collected_is_reported_later() {
+        let f = fixture();
+        f.admit("alice", Fallback::Allow);
+        f.clock.set(T + 1_050);
+        let r = f.store.collect(100);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 1);
+        // The late request, still in slot 100.
+        f.clock.set(T + 999);
+        f.admit("alice", Fallback::Allow);
+        f.clock.set(T + 1_100);
+        f.admit("alice", Fallback::Allow);
+        f.clock.set(T + 2_050);
+        let r = f.store.collect(101);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+        // Late in the slot before the last one collected, rolled on over a
+        // gap: also carried.
+        f.clock.set(T + 1_999);
+        f.admit("alice", Fallback::Allow);
+        f.clock.set(T + 4_000);
+        f.admit("alice", Fallback::Allow);
+        f.clock.set(T + 5_050);
+        let r = f.store.collect(104);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+    }
+
     #[test]
     fn every_service_is_in_the_report() {
         let f = fixture();
@@ -1745,12 +1767,12 @@ mod tests {
         let mut st = UserState::<[Cell; 1]>::new(0);
         let st: &mut UserState = &mut st;
         st.insert_row(0, 1, &[5.0], 0);
-        st.roll(RowTag::MAX_AGE - 1, 0, "alice", &overflow);
+        st.roll(RowTag::MAX_AGE - 1, "alice", &overflow);
         assert_eq!(st.row(0, 1), Some(0), "still readable");
-        st.roll(RowTag::MAX_AGE, 0, "alice", &overflow);
+        st.roll(RowTag::MAX_AGE, "alice", &overflow);
         assert_eq!(st.row(0, 1), None);
         // Without that, slot 2^32 would read slot 0's row: same low bits.
-        st.roll(1 << 32, 0, "alice", &overflow);
+        st.roll(1 << 32, "alice", &overflow);
         assert_eq!(st.row(1 << 32, 1), None);
     }
 
@@ -1860,6 +1882,86 @@ mod tests {
             }
             let kept = (0..ROWS_PER_USER).filter(|&k| st.row_version[k] != 0).count();
             proptest::prop_assert_eq!(kept, model.len());
+        }
+    }
+
+    /// One step of [`every_count_is_reported_once`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Time moves on by this many milliseconds.
+        Wait(i64),
+        /// A request of this user that read the clock this many slots ago
+        /// (0: now) and was admitted only now.
+        Admit { user: u8, late: i64 },
+        /// A byte count for this user, through a handle or by name.
+        Consume { user: u8, amount: i64 },
+        /// The reporter collects the slots that ended, as it does at every
+        /// slot boundary (or late, after several).
+        Collect,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (1..2_500i64).prop_map(Step::Wait),
+            (0..3u8, prop_oneof![4 => Just(0i64), 1 => 1..3i64])
+                .prop_map(|(user, late)| Step::Admit { user, late }),
+            (0..3u8, 1..1_000i64).prop_map(|(user, amount)| Step::Consume { user, amount }),
+            Just(Step::Collect),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the order of requests, late requests, byte counts,
+        /// collections and evictions, every count is in exactly one report:
+        /// none lost, none reported twice.
+        #[test]
+        fn every_count_is_reported_once(steps in proptest::collection::vec(step(), 1..80)) {
+            let f = fixture();
+            let mut now = T;
+            let mut collected = f.store.current_slot() - 1;
+            let (mut want_requests, mut want_bytes) = (0i64, 0i64);
+            // Requests and bytes in the reports.
+            let mut got = (0i64, 0i64);
+            let take = |r: &v1::Report, got: &mut (i64, i64)| {
+                for user in ["u0", "u1", "u2"] {
+                    got.0 += amount(&r.consumption, user, "requests");
+                    got.1 += amount(&r.consumption, user, "traffic_down");
+                }
+            };
+            for s in steps {
+                match s {
+                    Step::Wait(ms) => now += ms,
+                    Step::Admit { user, late } => {
+                        f.clock.set(now - late * 1_000);
+                        f.admit(&format!("u{user}"), Fallback::Allow);
+                        f.clock.set(now);
+                        want_requests += 1;
+                    }
+                    Step::Consume { user, amount } => {
+                        f.clock.set(now);
+                        f.front.consume(&format!("u{user}"), f.down, amount);
+                        want_bytes += amount;
+                    }
+                    Step::Collect => {
+                        f.clock.set(now);
+                        let finished = f.store.current_slot() - 1;
+                        if finished > collected {
+                            collected = finished;
+                            let r = f.store.collect(finished);
+                            take(&r, &mut got);
+                        }
+                    }
+                }
+            }
+            // Everything ends: two more reports collect what is left.
+            for _ in 0..2 {
+                now += 1_000;
+                f.clock.set(now);
+                let r = f.store.collect(f.store.current_slot() - 1);
+                take(&r, &mut got);
+            }
+            proptest::prop_assert_eq!(got, (want_requests, want_bytes));
         }
     }
 }
