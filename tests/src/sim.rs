@@ -518,6 +518,32 @@ pub fn scenarios() -> Vec<Scenario> {
         vec![spread("heavy", LIMIT, 3.0 * LIMIT, vec![1.0 / 200.0; 200])],
         200,
     ));
+    // 100 light users at a fifth of their limit, each on one node at
+    // first, then spread over one more node every 4 s (from 12 s on, the
+    // same 20 requests/s in all): traffic arriving at nodes that had none
+    // of it, as when a load balancer moves users about.
+    let mut spreading = vec![spread("heavy", LIMIT, 3.0 * LIMIT, vec![0.1; 10])];
+    for u in 0..100usize {
+        spreading.push(User {
+            name: format!("light-{u:03}"),
+            limit: 100.0,
+            demand: Box::new(move |t, n| {
+                let on =
+                    (1 + (t - 12_000 + (u as i64 % 4) * 1_000).max(0) as usize / 4_000).min(10);
+                if (n + 10 - u % 10) % 10 < on {
+                    20.0 / on as f64
+                } else {
+                    0.0
+                }
+            }),
+        });
+    }
+    out.push(base(
+        "10 light users arrive at new nodes",
+        10,
+        spreading,
+        10,
+    ));
     out
 }
 

@@ -46,6 +46,13 @@ fn light_users_are_never_refused_beside_a_heavy_one() {
 }
 
 #[test]
+fn light_users_arriving_at_new_nodes_are_never_refused() {
+    let o = projected("10 ");
+    assert_eq!(o.others_refused, 0, "{o:?}");
+    within_2_percent(&o);
+}
+
+#[test]
 fn a_burst_after_idle_stays_within_the_bucket() {
     // 10 s of refill plus a full bucket of 10 s: at most 200% in a window.
     let o = projected("4 ");

@@ -1564,6 +1564,46 @@ pub(crate) mod tests {
         );
     }
 
+    /// The default policy's grants for slot 101 of `alice`'s requests on
+    /// n1, n2 and n3, when n1 reported `used` of them in slot 99 and the
+    /// others only `bob`'s.
+    fn grants_after(used: i64) -> [f64; 3] {
+        let mut l = Ledger::new(LedgerConfig::default());
+        l.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
+        let alice = format!(r#"{{"alice": {{"requests": {used}}}}}"#);
+        l.ingest(&report("n1", 100, &alice, "{}"), T).unwrap();
+        for node in ["n2", "n3"] {
+            l.ingest(&report(node, 100, r#"{"bob": {"requests": 1}}"#, "{}"), T)
+                .unwrap();
+        }
+        let slot = l.assign(T + 500)["front"];
+        assert_eq!(slot, 101);
+        ["n1", "n2", "n3"].map(|n| {
+            let node = l.node_id(n);
+            let quota = l.quota_for(node, [("front", slot)]);
+            quota.services["front"].slots[&slot].users["alice"].resources["requests"]
+        })
+    }
+
+    #[test]
+    fn idle_nodes_share_a_tenth_of_what_the_busy_ones_leave() {
+        // Under the limit: n1's 5 requests leave most of the budget.
+        let [busy, idle2, idle3] = grants_after(5);
+        let budget = busy + idle2 + idle3;
+        assert_eq!(idle2, idle3);
+        let each = 0.1 * (budget - 5.0) / 3.0;
+        assert!((idle2 - each).abs() < 1e-3, "{idle2} vs {each}");
+        assert!(idle2 >= 9.0, "room for a user arriving there: {idle2}");
+        assert!(busy >= 5.0);
+        // At the limit: no slack, so the idle nodes get only the floor (1%
+        // of a slot's rate, at least 1) and n1 keeps the whole budget.
+        // (The bucket's 150 by then, less the 120 expected in slot 100 too,
+        // plus 100 per second up to the end of slot 101: 60 < 120.)
+        let [busy, idle2, idle3] = grants_after(120);
+        assert_eq!((idle2, idle3), (1.0, 1.0));
+        assert_eq!(busy, 60.0);
+    }
+
     #[test]
     fn ingest_charges_buckets_and_sums_by_data_slot() {
         let mut l = Ledger::new(LedgerConfig::default());

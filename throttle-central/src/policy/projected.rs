@@ -14,6 +14,9 @@ const WINDOW: i64 = 5;
 const GRANTS: usize = 4;
 /// A node with rejections wants at least this much more than it consumed.
 const HUNGRY_GROWTH: f64 = 1.2;
+/// The part of a key's slack (the budget its busy nodes' demand leaves)
+/// that its idle nodes share, as the original shares a tenth of the bucket.
+const IDLE_RESERVE: f64 = 0.1;
 /// Up to this many limited keys, every active node gets a quota for every
 /// key: a floor where it has no recent use, an even split of keys nobody used
 /// lately. A user arriving on a node is then throttled from the first
@@ -40,8 +43,11 @@ const MAX_IDLE_KEYS: usize = 10_000;
 ///    more than it consumed when it refused anything. Every node then refuses
 ///    the same fraction of its demand, and all of the budget is usable.
 /// 3. Gives *idle* nodes (active in the service, nothing recent for this
-///    user) a small floor, so a user who moves to another node is not refused
-///    outright there while the next slot's quota catches up. A user nobody
+///    user) a tenth of the slack, the budget the busy nodes' demand leaves,
+///    shared as if every node had its even part of it, and at least a small
+///    floor: a user under its limit who arrives at another node is not
+///    refused there while the next slot's quota catches up, and one at its
+///    limit leaves no slack, so its busy nodes keep the whole budget. A user nobody
 ///    used lately gets, on every active node, a slot's worth of its rate (or
 ///    an even split of the budget, if larger; up to 10,000 such keys), so a
 ///    burst after a quiet period is throttled from its first request instead
@@ -233,13 +239,20 @@ impl Policy for Projected {
             let budget = (level - outstanding + rate * until_end).clamp(0.0, ceiling);
             let total: f64 = nodes.iter().map(|(_, d)| d).sum();
             let floor = (rate * slot_secs * 0.01).max(1.0);
-            let busy = nodes.iter().filter(|(_, d)| *d > 0.0).count().max(1) as f64;
+            let busy = nodes.iter().filter(|(_, d)| *d > 0.0).count();
+            // Idle nodes share a tenth of what the busy ones will not use
+            // (the original's reserve, taken from the slack rather than the
+            // whole bucket), each as much as its share of all the nodes;
+            // the busy ones split the rest, never less than their demand.
+            let each_idle = IDLE_RESERVE * (budget - total).max(0.0) / nodes.len() as f64;
+            let shared = budget - each_idle * (nodes.len() - busy) as f64;
+            let idle_grant = each_idle.max(floor.min(budget / busy.max(1) as f64).max(1.0));
             for &(node, d) in &nodes {
                 let grant = if total > 0.0 {
                     if d > 0.0 {
-                        budget * d / total
+                        shared * d / total
                     } else {
-                        floor.min(budget / busy).max(1.0)
+                        idle_grant
                     }
                 } else {
                     // Nobody used it lately: wherever the user shows up
