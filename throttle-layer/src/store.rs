@@ -1514,27 +1514,27 @@ mod tests {
     #[test]
     fn a_charge_after_its_slot_was_collected_is_reported_later() {
         let f = fixture();
-        f.admit("alice", Fallback::Allow);
-        f.clock.set(T + 1_050);
-        let r = f.store.collect(100);
-        assert_eq!(amount(&r.consumption, "alice", "requests"), 1);
-        // The late request, still in slot 100.
-        f.clock.set(T + 999);
-        f.admit("alice", Fallback::Allow);
-        f.clock.set(T + 1_100);
-        f.admit("alice", Fallback::Allow);
-        f.clock.set(T + 2_050);
-        let r = f.store.collect(101);
-        assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+        // alice's request at `ms` past slot 100's start.
+        let admit_at = |ms| {
+            f.clock.set(T + ms);
+            f.admit("alice", Fallback::Allow);
+        };
+        // Slot `slot`'s report, collected at `ms`.
+        let requests = |ms, slot| {
+            f.clock.set(T + ms);
+            amount(&f.store.collect(slot).consumption, "alice", "requests")
+        };
+        admit_at(0);
+        assert_eq!(requests(1_050, 100), 1);
+        // The late request, still in slot 100, then one in slot 101.
+        admit_at(999);
+        admit_at(1_100);
+        assert_eq!(requests(2_050, 101), 2);
         // Late in the slot before the last one collected, rolled on over a
         // gap: also carried.
-        f.clock.set(T + 1_999);
-        f.admit("alice", Fallback::Allow);
-        f.clock.set(T + 4_000);
-        f.admit("alice", Fallback::Allow);
-        f.clock.set(T + 5_050);
-        let r = f.store.collect(104);
-        assert_eq!(amount(&r.consumption, "alice", "requests"), 2);
+        admit_at(1_999);
+        admit_at(4_000);
+        assert_eq!(requests(5_050, 104), 2);
     }
 
     #[test]
