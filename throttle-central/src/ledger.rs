@@ -44,7 +44,9 @@ use smallvec::SmallVec;
 
 use crate::bucket::Bucket;
 use crate::limits::Limit;
-use crate::policy::{Assignment, Grant, Policy, Projected, encode_grants, to_user_quotas};
+use crate::policy::{
+    Assignment, Grant, KeptAssignment, KeptKeys, Policy, Projected, encode_grants, to_user_quotas,
+};
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
 /// seed matters, and ingest hashes several names per entry, so speed does too.
@@ -429,8 +431,13 @@ impl NodeUsers {
 struct Service {
     state: ServiceState,
     policy: Box<dyn Policy>,
-    /// slot -> node -> quota.
+    /// slot -> node -> quota, for the slots reports and pushes still read
+    /// (the previous one on).
     book: BTreeMap<i64, Assignment>,
+    /// The older slots of the retention, compact, for the monitor.
+    kept: BTreeMap<i64, KeptAssignment>,
+    /// Each node's key list of its last kept slot, shared by the next.
+    kept_keys: KeptKeys,
     /// An assignment the book let go, for the next assign to fill: at
     /// 1,000 nodes x 1,000 users an assignment is 4 M grants, and
     /// allocating them afresh twice a slot was page faults and copies.
@@ -509,13 +516,28 @@ impl Service {
         self.spare = self.book.insert(slot, assignment);
     }
 
-    /// Drops the assignments of slots before `cutoff`, keeping one for the
-    /// next assign to fill.
-    fn forget_book(&mut self, cutoff: i64) {
-        let kept = self.book.split_off(&cutoff);
-        let dropped = std::mem::replace(&mut self.book, kept);
-        if self.spare.is_none() {
-            self.spare = dropped.into_values().next_back();
+    /// Moves the assignments of slots before `open_from` to the compact
+    /// [`KeptAssignment`]s, keeping one for the next assign to fill, and
+    /// drops everything before `cutoff`.
+    fn forget_book(&mut self, cutoff: i64, open_from: i64) {
+        let open = self.book.split_off(&open_from);
+        let closed = std::mem::replace(&mut self.book, open);
+        for (slot, assignment) in closed {
+            if slot >= cutoff {
+                let kept = KeptAssignment::keep(&assignment, &mut self.kept_keys);
+                self.kept.insert(slot, kept);
+            }
+            if self.spare.is_none() {
+                self.spare = Some(assignment);
+            }
+        }
+        self.kept = self.kept.split_off(&cutoff);
+        // A node that no longer reports shares no list with later slots.
+        let reporting = &self.state.last_report;
+        for (i, keys) in self.kept_keys.iter_mut().enumerate() {
+            if keys.is_some() && !reporting.contains_key(&NodeId::from_index(i)) {
+                *keys = None;
+            }
         }
     }
 }
@@ -526,6 +548,7 @@ impl fmt::Debug for Service {
             .field("keys", &self.state.key_count())
             .field("policy", &self.policy.name())
             .field("book_slots", &self.book.len())
+            .field("kept_slots", &self.kept.len())
             .finish()
     }
 }
@@ -801,6 +824,8 @@ impl Ledger {
                     },
                     policy,
                     book: BTreeMap::new(),
+                    kept: BTreeMap::new(),
+                    kept_keys: Vec::new(),
                     spare: None,
                     skeletons: RefCell::default(),
                 },
@@ -1082,10 +1107,14 @@ impl Ledger {
 
     /// Forgets everything older than `nr_slot` slots before `now_ms`.
     pub fn forget(&mut self, now_ms: i64) {
-        let cutoff = self.config.slot.slot_at(now_ms) - i64::from(self.config.nr_slot);
+        let current = self.config.slot.slot_at(now_ms);
+        let cutoff = current - i64::from(self.config.nr_slot);
         self.reported = self.reported.split_off(&cutoff);
         for svc in self.services.values_mut() {
-            svc.forget_book(cutoff);
+            // Reports are answered, and pushes sent, for the current slot
+            // and the next (the previous one standing in until the next is
+            // assigned): older slots are only read by the monitor.
+            svc.forget_book(cutoff, current - 1);
             svc.policy.forget_before(cutoff);
             svc.state
                 .forget(cutoff, cutoff + i64::from(self.config.nr_slot));
@@ -1210,25 +1239,37 @@ impl Ledger {
         Value::Object(out)
     }
 
+    /// One slot of the monitor's quotas: node -> user -> resource -> quota.
+    fn quota_json<G: Iterator<Item = Grant>>(
+        &self,
+        state: &ServiceState,
+        grants: impl Iterator<Item = (NodeId, G)>,
+    ) -> Value {
+        let mut nodes: BTreeMap<&str, BTreeMap<&str, BTreeMap<&str, f64>>> = BTreeMap::new();
+        for (n, grants) in grants {
+            let users = nodes.entry(self.node_name(n)).or_default();
+            for g in grants {
+                let key = state.key(g.key);
+                users
+                    .entry(key.user())
+                    .or_default()
+                    .insert(key.resource(), g.amount());
+            }
+        }
+        json!(nodes)
+    }
+
     /// Monitor: service -> slot -> node -> user -> resource -> quota.
     pub fn monitor_quota(&self, range: SlotRange) -> Value {
         let mut out = serde_json::Map::new();
         for (service, svc) in &self.services {
             let mut slots = serde_json::Map::new();
+            for (slot, kept) in svc.kept.iter().filter(|(s, _)| range.contains(**s)) {
+                slots.insert(slot.to_string(), self.quota_json(&svc.state, kept.iter()));
+            }
             for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
-                let mut nodes: BTreeMap<&str, BTreeMap<&str, BTreeMap<&str, f64>>> =
-                    BTreeMap::new();
-                for (n, grants) in assignment.iter() {
-                    let users = nodes.entry(self.node_name(n)).or_default();
-                    for g in grants {
-                        let key = svc.state.key(g.key);
-                        users
-                            .entry(key.user())
-                            .or_default()
-                            .insert(key.resource(), g.amount());
-                    }
-                }
-                slots.insert(slot.to_string(), json!(nodes));
+                let grants = assignment.iter().map(|(n, g)| (n, g.iter().copied()));
+                slots.insert(slot.to_string(), self.quota_json(&svc.state, grants));
             }
             out.insert(service.to_string(), Value::Object(slots));
         }
@@ -1602,6 +1643,41 @@ pub(crate) mod tests {
         let [busy, idle2, idle3] = grants_after(120);
         assert_eq!((idle2, idle3), (1.0, 1.0));
         assert_eq!(busy, 60.0);
+    }
+
+    #[test]
+    fn the_monitor_reads_the_same_quotas_once_a_slot_is_kept_compact() {
+        let mut l = Ledger::new(LedgerConfig {
+            nr_slot: 10,
+            ..LedgerConfig::default()
+        });
+        l.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
+        let range = SlotRange::default();
+        let mut seen = BTreeMap::new();
+        for slot in 100..120 {
+            let now = slot * 1_000;
+            for (node, used) in [("n1", 5 + slot % 7), ("n2", 3)] {
+                let r = format!(r#"{{"alice": {{"requests": {used}}}, "bob": {{"requests": 1}}}}"#);
+                l.ingest(&report(node, slot, &r, "{}"), now).unwrap();
+            }
+            let assigned = l.assign(now + 500)["front"];
+            // As assigned, before any forget.
+            seen.insert(
+                assigned,
+                l.monitor_quota(range)["front"][assigned.to_string()].clone(),
+            );
+            l.forget(now + 500);
+            let svc = &l.services["front"];
+            assert!(svc.book.len() <= 3, "only the slots still answered");
+        }
+        let quotas = l.monitor_quota(range)["front"].clone();
+        let kept: Vec<i64> = l.services["front"].kept.keys().copied().collect();
+        assert!(kept.len() >= 8, "{kept:?}");
+        for (slot, q) in seen.iter().filter(|(s, _)| **s >= 110) {
+            assert_eq!(&quotas[slot.to_string()], q, "slot {slot}");
+            assert!(q["n1"]["alice"]["requests"].as_f64().is_some(), "{q}");
+        }
+        assert!(quotas.get("108").is_none(), "past the retention");
     }
 
     #[test]
