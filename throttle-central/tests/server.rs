@@ -201,7 +201,12 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
     .await;
     let mut n = node(central.grpc_addr(), "n1").await;
     let slot = SlotLength::from_ms(SLOT_MS).unwrap();
-    for _ in 0..5 {
+    // A report is answered ahead only if the mid-slot assign before it ran
+    // in time, which a loaded machine can delay: report for up to 20 slots
+    // until 3 were answered ahead.
+    let mut reports = 0;
+    let mut c = Value::Null;
+    while reports < 20 {
         // Just after the boundary, as a reporter does: the assign of the
         // mid-slot before has rendered this report's answer.
         tokio::time::sleep(slot.until_next(SystemClock.now_ms()) + Duration::from_millis(5)).await;
@@ -210,14 +215,18 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
             .exchange(report("n1", s, r#"{"alice": {"requests": 3}}"#, "{}"))
             .await
             .unwrap();
+        reports += 1;
         assert_eq!(q.report_slot, Some(s));
         assert!(q.services["front"].slots.contains_key(&(s + 1)), "{q:?}");
+        let conns = json(&central, "/v1/monitor/connections").await;
+        c = conns["connections"][0].clone();
+        assert_eq!(c["reports"], reports);
+        if c["answered_ahead"].as_u64().unwrap() >= 3 {
+            break;
+        }
     }
-    let conns = json(&central, "/v1/monitor/connections").await;
-    let c = &conns["connections"][0];
-    assert_eq!(c["reports"], 5);
     let ahead = c["answered_ahead"].as_u64().unwrap();
-    assert!(ahead >= 1, "no report answered ahead: {c}");
+    assert!(ahead >= 3, "3 of {reports} reports not answered ahead: {c}");
     // Every report was filed, those answered ahead included.
     let sums = json(&central, "/v1/monitor/consumption_sum").await;
     let filed: i64 = sums["front"]
@@ -226,7 +235,7 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
         .values()
         .map(|v| v["alice"]["requests"].as_i64().unwrap())
         .sum();
-    assert_eq!(filed, 15);
+    assert_eq!(filed, 3 * reports);
     central.shutdown().await;
 }
 
