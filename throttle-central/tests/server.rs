@@ -293,8 +293,18 @@ async fn assign_pushes_classic_shares_to_each_node() {
     b.exchange(report("b", s, r#"{"alice": {"requests": 10}}"#, "{}"))
         .await
         .unwrap();
-    let (slot_a, qa) = a.next_push("alice").await;
-    let (slot_b, qb) = b.next_push("alice").await;
+    // The first assign after both reports pushes both. One may run between
+    // them on a loaded machine and push to `a` alone: read on to the
+    // pushes of one assign.
+    let (mut slot_a, mut qa) = a.next_push("alice").await;
+    let (mut slot_b, mut qb) = b.next_push("alice").await;
+    for _ in 0..5 {
+        match slot_a.cmp(&slot_b) {
+            std::cmp::Ordering::Less => (slot_a, qa) = a.next_push("alice").await,
+            std::cmp::Ordering::Greater => (slot_b, qb) = b.next_push("alice").await,
+            std::cmp::Ordering::Equal => break,
+        }
+    }
     assert_eq!(slot_a, slot_b, "pushed from the same assign");
     assert!(slot_a >= s + 2);
     // Consumption 3:1, no rejections: shares 0.75 / 0.25 of the same stored amount.
