@@ -396,11 +396,8 @@ impl<F: QuotaFormat> Assigner<F> {
                 .iter()
                 .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)));
             pushes.push((node, F::render(&self.ledger, node, pushed, None)));
-            if prepare {
-                // As `prepare`: the report of slot `next` is answered for `next + 1`.
-                let answered = services.iter().map(|s| (s.as_str(), next + 1));
-                let answer = F::render(&self.ledger, node, answered, Some(next));
-                prepared.push((node, answer, services.iter().cloned().collect()));
+            if prepare && let Some((answer, services)) = self.prepare(node, next) {
+                prepared.push((node, answer, services));
             }
         }
         self.ledger.forget(now_ms);

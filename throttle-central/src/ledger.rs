@@ -45,7 +45,7 @@ use smallvec::SmallVec;
 use crate::bucket::Bucket;
 use crate::limits::Limit;
 use crate::policy::{
-    Assignment, Grant, KeptAssignment, KeptKeys, Policy, Projected, encode_grants, to_user_quotas,
+    Assignment, Grant, KeptAssignment, Policy, Projected, encode_grants, same_keys, to_user_quotas,
 };
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
@@ -436,8 +436,6 @@ struct Service {
     book: BTreeMap<i64, Assignment>,
     /// The older slots of the retention, compact, for the monitor.
     kept: BTreeMap<i64, KeptAssignment>,
-    /// Each node's key list of its last kept slot, shared by the next.
-    kept_keys: KeptKeys,
     /// An assignment the book let go, for the next assign to fill: at
     /// 1,000 nodes x 1,000 users an assignment is 4 M grants, and
     /// allocating them afresh twice a slot was page faults and copies.
@@ -482,10 +480,7 @@ impl Service {
     ) {
         let mut skeletons = self.skeletons.borrow_mut();
         let skeleton = skeletons.entry(node).or_default();
-        let same_keys = skeleton.reused == self.state.reused
-            && skeleton.keys.len() == grants.len()
-            && skeleton.keys.iter().zip(grants).all(|(k, g)| *k == g.key);
-        if same_keys {
+        if skeleton.reused == self.state.reused && same_keys(&skeleton.keys, grants) {
             let amounts = skeleton.amounts_at.iter().zip(grants);
             if out.append_users(&skeleton.block, amounts.map(|(&at, g)| (at, g.amount()))) {
                 return;
@@ -510,9 +505,7 @@ impl Service {
     fn assign(&mut self, slot: i64, now_ms: i64) {
         let mut out = self.spare.take().unwrap_or_default();
         out.clear();
-        let assignment = self
-            .policy
-            .assign(&self.state, &self.book, slot, now_ms, out);
+        let assignment = self.policy.assign(&self.state, slot, now_ms, out);
         self.spare = self.book.insert(slot, assignment);
     }
 
@@ -524,7 +517,8 @@ impl Service {
         let closed = std::mem::replace(&mut self.book, open);
         for (slot, assignment) in closed {
             if slot >= cutoff {
-                let kept = KeptAssignment::keep(&assignment, &mut self.kept_keys);
+                let previous = self.kept.values().next_back();
+                let kept = KeptAssignment::keep(&assignment, previous);
                 self.kept.insert(slot, kept);
             }
             if self.spare.is_none() {
@@ -532,13 +526,6 @@ impl Service {
             }
         }
         self.kept = self.kept.split_off(&cutoff);
-        // A node that no longer reports shares no list with later slots.
-        let reporting = &self.state.last_report;
-        for (i, keys) in self.kept_keys.iter_mut().enumerate() {
-            if keys.is_some() && !reporting.contains_key(&NodeId::from_index(i)) {
-                *keys = None;
-            }
-        }
     }
 }
 
@@ -825,7 +812,6 @@ impl Ledger {
                     policy,
                     book: BTreeMap::new(),
                     kept: BTreeMap::new(),
-                    kept_keys: Vec::new(),
                     spare: None,
                     skeletons: RefCell::default(),
                 },

@@ -1893,7 +1893,7 @@ mod tests {
         /// A request of this user that read the clock this many slots ago
         /// (0: now) and was admitted only now.
         Admit { user: u8, late: i64 },
-        /// A byte count for this user, through a handle or by name.
+        /// A byte count for this user, added without a decision.
         Consume { user: u8, amount: i64 },
         /// The reporter collects the slots that ended, as it does at every
         /// slot boundary (or late, after several).

@@ -285,19 +285,20 @@ impl UserKey {
         head: RequestHead<'_>,
         f: impl FnOnce(Option<&str>) -> R,
     ) -> R {
+        let f = |user: Option<&str>| f(user.filter(|u| !u.is_empty()));
         match &self.kind {
-            Kind::Header(h) => f(header_user(head.headers, h).filter(|u| !u.is_empty())),
+            Kind::Header(h) => f(header_user(head.headers, h)),
             Kind::PeerIp => {
                 let ip = peer_addr(head.extensions).map(|a| IpText::new(a.ip()));
-                f(ip.as_ref().map(IpText::as_str).filter(|u| !u.is_empty()))
+                f(ip.as_ref().map(IpText::as_str))
             }
             Kind::ForwardedFor(trusted) => {
                 let ip = peer_addr(head.extensions)
                     .map(|a| IpText::new(forwarded_client(a.ip(), trusted, head.headers)));
-                f(ip.as_ref().map(IpText::as_str).filter(|u| !u.is_empty()))
+                f(ip.as_ref().map(IpText::as_str))
             }
-            Kind::Extension(get) => f(get(head.extensions).filter(|u| !u.is_empty())),
-            Kind::Fn(get) => f(get(&head).as_deref().filter(|u| !u.is_empty())),
+            Kind::Extension(get) => f(get(head.extensions)),
+            Kind::Fn(get) => f(get(&head).as_deref()),
         }
     }
 }

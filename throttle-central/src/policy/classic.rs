@@ -1,7 +1,5 @@
 //! The original assign algorithm (SPEC §5), kept exactly.
 
-use std::collections::BTreeMap;
-
 use super::{Assignment, Grant, Policy};
 use crate::ledger::{NodeUsage, ServiceState};
 
@@ -88,12 +86,10 @@ impl Policy for Classic {
     fn assign(
         &mut self,
         state: &ServiceState,
-        _book: &BTreeMap<i64, Assignment>,
         slot: i64,
         now_ms: i64,
-        out: Assignment,
+        mut out: Assignment,
     ) -> Assignment {
-        let mut out = out;
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else {
                 continue;

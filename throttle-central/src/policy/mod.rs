@@ -112,7 +112,7 @@ impl Assignment {
 /// shared with the node's previous kept slot when it names the same keys,
 /// as it does while the node's users stay.
 ///
-/// The quota book keeps 60 slots; at 1,000 nodes x 1,000 users that is
+/// The retention keeps 60 slots of quotas; at 1,000 nodes x 1,000 users that is
 /// 240 M grants, 1.9 GB as [`Grant`]s and 0.96 GB as kept amounts.
 #[derive(Debug, Default)]
 pub struct KeptAssignment {
@@ -125,37 +125,33 @@ struct KeptGrants {
     amounts: Box<[f32]>,
 }
 
-/// Per node (by index), the key list of its last kept grants, for the
-/// next [`KeptAssignment`] to share.
-pub type KeptKeys = Vec<Option<Arc<[KeyId]>>>;
-
 impl KeptAssignment {
-    /// Keeps `assignment`, sharing each node's key list with `last` (and
-    /// leaving its own there for the next).
-    pub fn keep(assignment: &Assignment, last: &mut KeptKeys) -> Self {
-        let mut nodes = Vec::new();
-        for (node, grants) in assignment.iter() {
-            let i = node.index();
-            if i >= last.len() {
-                last.resize(i + 1, None);
-            }
-            let keys = match &last[i] {
-                Some(k)
-                    if k.len() == grants.len()
-                        && k.iter().zip(grants).all(|(k, g)| *k == g.key) =>
-                {
-                    k.clone()
-                }
-                _ => {
-                    let k: Arc<[KeyId]> = grants.iter().map(|g| g.key).collect();
-                    last[i] = Some(k.clone());
-                    k
-                }
-            };
-            let amounts = grants.iter().map(|g| g.amount).collect();
-            nodes.push((node, KeptGrants { keys, amounts }));
-        }
+    /// Keeps `assignment`, sharing each node's key list with `previous`
+    /// (the slot kept before) where it names the same keys.
+    pub fn keep(assignment: &Assignment, previous: Option<&KeptAssignment>) -> Self {
+        let nodes = assignment
+            .iter()
+            .map(|(node, grants)| {
+                let earlier = previous.and_then(|p| p.grants_of(node));
+                let keys = match earlier {
+                    Some(k) if same_keys(&k.keys, grants) => k.keys.clone(),
+                    _ => grants.iter().map(|g| g.key).collect(),
+                };
+                let amounts = grants.iter().map(|g| g.amount).collect();
+                (node, KeptGrants { keys, amounts })
+            })
+            .collect();
         Self { nodes }
+    }
+
+    /// The grants of `node`: the nodes are in index order, as an
+    /// [`Assignment`] lists them.
+    fn grants_of(&self, node: NodeId) -> Option<&KeptGrants> {
+        let i = self
+            .nodes
+            .binary_search_by_key(&node.index(), |(n, _)| n.index())
+            .ok()?;
+        Some(&self.nodes[i].1)
     }
 
     /// Every node with grants, and its grants.
@@ -169,6 +165,12 @@ impl KeptAssignment {
             (*node, grants)
         })
     }
+}
+
+/// Whether `grants` name the keys of `keys`, in that order: a node's grants
+/// do from one assign to the next while its users stay.
+pub(crate) fn same_keys(keys: &[KeyId], grants: &[Grant]) -> bool {
+    keys.len() == grants.len() && keys.iter().zip(grants).all(|(k, g)| *k == g.key)
 }
 
 /// Sorts `order` so that each user's grants form one run: (the user's name
@@ -266,8 +268,7 @@ pub trait Policy: Send + fmt::Debug {
         false
     }
 
-    /// Computes every node's quota for `slot` into `out` and returns it;
-    /// `book` holds the quotas already assigned (slot -> assignment).
+    /// Computes every node's quota for `slot` into `out` and returns it.
     ///
     /// `out` is empty: an assignment the book let go, cleared, whose
     /// vectors keep their capacity, so an assign in the steady state
@@ -275,7 +276,6 @@ pub trait Policy: Send + fmt::Debug {
     fn assign(
         &mut self,
         state: &ServiceState,
-        book: &BTreeMap<i64, Assignment>,
         slot: i64,
         now_ms: i64,
         out: Assignment,
@@ -344,13 +344,12 @@ mod tests {
             k.iter().map(|(n, g)| (n, g.collect())).collect()
         };
         let first = assignment(&[(n0, 1, 5.0), (n0, 4, 7.5), (n1, 1, 2.0)]);
-        let mut last = KeptKeys::new();
-        let a = KeptAssignment::keep(&first, &mut last);
+        let a = KeptAssignment::keep(&first, None);
         let want: Vec<_> = first.iter().map(|(n, g)| (n, g.to_vec())).collect();
         assert_eq!(read(&a), want);
         // Same keys, other amounts: n0's list is shared; n1's keys changed.
         let second = assignment(&[(n0, 1, 6.0), (n0, 4, 1.0), (n1, 3, 2.0)]);
-        let b = KeptAssignment::keep(&second, &mut last);
+        let b = KeptAssignment::keep(&second, Some(&a));
         let want: Vec<_> = second.iter().map(|(n, g)| (n, g.to_vec())).collect();
         assert_eq!(read(&b), want);
         assert!(Arc::ptr_eq(&a.nodes[0].1.keys, &b.nodes[0].1.keys));

@@ -1,8 +1,6 @@
 //! The default policy: quotas from the projected bucket level, split by
 //! demand, one slot ahead.
 
-use std::collections::BTreeMap;
-
 use smallvec::SmallVec;
 
 use super::{Assignment, Grant, Policy};
@@ -47,12 +45,12 @@ const MAX_IDLE_KEYS: usize = 10_000;
 ///    shared as if every node had its even part of it, and at least a small
 ///    floor: a user under its limit who arrives at another node is not
 ///    refused there while the next slot's quota catches up, and one at its
-///    limit leaves no slack, so its busy nodes keep the whole budget. A user nobody
-///    used lately gets, on every active node, a slot's worth of its rate (or
-///    an even split of the budget, if larger; up to 10,000 such keys), so a
-///    burst after a quiet period is throttled from its first request instead
-///    of failing open, and a user who lives on one node is not refused under
-///    its limit.
+///    limit leaves no slack, so its busy nodes keep the whole budget. A user
+///    nobody used lately gets, on every active node, a slot's worth of its
+///    rate (or an even split of the budget, if larger; up to 10,000 such
+///    keys), so a burst after a quiet period is throttled from its first
+///    request instead of failing open, and a user who lives on one node is
+///    not refused under its limit.
 /// 4. Runs at mid-slot for the *next* slot and re-assigns the *current*
 ///    slot as soon as every active node has reported the previous one
 ///    (pushed at once over the streams), so a shift of load between nodes is
@@ -154,10 +152,9 @@ impl Policy for Projected {
     fn assign(
         &mut self,
         state: &ServiceState,
-        _book: &BTreeMap<i64, Assignment>,
         slot: i64,
         now_ms: i64,
-        out: Assignment,
+        mut out: Assignment,
     ) -> Assignment {
         let slot_secs = f64::from(state.slot.as_ms()) / 1000.0;
         let until_end = (state.slot.end_ms(slot) - now_ms).max(0) as f64 / 1000.0;
@@ -190,7 +187,6 @@ impl Policy for Projected {
             self.grants
                 .resize_with(state.id_bound(), KeyGrants::default);
         }
-        let mut out = out;
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };

@@ -1,7 +1,5 @@
 //! A baseline: the rate divided evenly between the active nodes.
 
-use std::collections::BTreeMap;
-
 use super::{Assignment, Grant, Policy};
 use crate::ledger::ServiceState;
 
@@ -32,13 +30,11 @@ impl Policy for StaticSplit {
     fn assign(
         &mut self,
         state: &ServiceState,
-        _book: &BTreeMap<i64, Assignment>,
         slot: i64,
         _now_ms: i64,
-        out: Assignment,
+        mut out: Assignment,
     ) -> Assignment {
         let recent = slot - 7;
-        let mut out = out;
         let slot_secs = f64::from(state.slot.as_ms()) / 1000.0;
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };
