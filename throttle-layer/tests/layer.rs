@@ -103,6 +103,101 @@ async fn refused_http_request_gets_429_and_headers() {
     assert_eq!(body, "Too Many Requests\n");
 }
 
+/// A refusal reuses the last one's headers only when its figures are the
+/// same: users with other limits, other resources, a gRPC request after an
+/// HTTP one, and the next slot each get their own.
+#[tokio::test]
+async fn each_refusal_carries_its_own_figures() {
+    let (clock, store) = store();
+    let q = |slot: i64| {
+        format!(
+            r#"{{"front": {{"{slot}": {{"alice": {{"requests": 0.0}}, "bob": {{"requests": 12.0}},
+                "carol": {{"requests": 100.0, "database_read": 0.0}}}}}}}}"#
+        )
+    };
+    quota(&store, &q(100));
+    quota(&store, &q(101));
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route("/pkg.Svc/Call", post(|| async { "never" }))
+        .layer(builder(&store).cost("database_read", 1).build().unwrap());
+    let refused = |user: &'static str| {
+        let app = app.clone();
+        let req = get_as(user, "/");
+        async move {
+            let res = app.oneshot(req).await.unwrap();
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{user}");
+            let h = res.headers();
+            let get = |name: &str| h.get(name).map(|v| v.to_str().unwrap().to_owned());
+            assert_eq!(get("grpc-status"), None);
+            (
+                get("ratelimit-policy").unwrap(),
+                get("ratelimit").unwrap(),
+                get("x-ratelimit-limit").unwrap(),
+                get("retry-after").unwrap(),
+            )
+        }
+    };
+    let alice = (
+        r#""requests";q=0;w=1"#.to_owned(),
+        r#""requests";r=0;t=1"#.to_owned(),
+        "0".to_owned(),
+        "1".to_owned(),
+    );
+    // Bob's 13 requests: 0..=12 consumed are not above 12.
+    for _ in 0..13 {
+        let res = app.clone().oneshot(get_as("bob", "/")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    let bob = (
+        r#""requests";q=12;w=1"#.to_owned(),
+        r#""requests";r=0;t=1"#.to_owned(),
+        "12".to_owned(),
+        "1".to_owned(),
+    );
+    let carol = (
+        r#""database_read";q=0;w=1"#.to_owned(),
+        r#""database_read";r=0;t=1"#.to_owned(),
+        "0".to_owned(),
+        "1".to_owned(),
+    );
+    for _ in 0..2 {
+        assert_eq!(refused("alice").await, alice);
+        assert_eq!(refused("alice").await, alice);
+        assert_eq!(refused("bob").await, bob);
+        assert_eq!(refused("carol").await, carol);
+    }
+    // gRPC after HTTP, for the same user: its own headers, and a pushback
+    // read at each refusal.
+    let grpc = |pushback: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = Request::post("/pkg.Svc/Call")
+                .header("x-user", "alice")
+                .header("content-type", "application/grpc")
+                .body(Body::empty())
+                .unwrap();
+            let res = app.oneshot(req).await.unwrap();
+            let h = res.headers();
+            assert_eq!(h["grpc-status"], "8");
+            assert_eq!(h["grpc-retry-pushback-ms"], pushback);
+            assert!(!h.contains_key("retry-after"));
+            assert!(!h.contains_key("ratelimit"));
+        }
+    };
+    grpc("750").await;
+    clock.set(T + 100);
+    grpc("650").await;
+    assert_eq!(refused("alice").await, alice);
+    // The next slot: bob starts again and is refused at his 14th request.
+    clock.set(T + 1_000);
+    for _ in 0..13 {
+        let res = app.clone().oneshot(get_as("bob", "/")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(refused("bob").await, bob);
+}
+
 #[tokio::test]
 async fn reject_status_and_headers_are_configurable() {
     let (_, store) = store();

@@ -5,6 +5,7 @@ use http::StatusCode;
 use tower_layer::Layer;
 
 use super::Throttle;
+use super::refusal::RefusalCache;
 use crate::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use crate::user::{MissingUser, UserKey};
 
@@ -48,6 +49,8 @@ pub(crate) struct Config {
     pub(crate) shadow: bool,
     pub(crate) reject_status: StatusCode,
     pub(crate) rate_limit_headers: bool,
+    /// The last refusal's headers, for the next with the same figures.
+    pub(crate) refusals: RefusalCache,
     pub(crate) shadow_rejected: metrics::Counter,
     pub(crate) fallback_decisions: metrics::Counter,
     pub(crate) skipped: metrics::Counter,
@@ -268,6 +271,7 @@ impl<M> ThrottleLayerBuilder<M> {
                 shadow: settings.shadow,
                 reject_status: settings.reject_status,
                 rate_limit_headers: settings.rate_limit_headers,
+                refusals: RefusalCache::default(),
                 // Handles registered once: the request path never builds a
                 // metric key.
                 shadow_rejected: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "shadow_rejected"),

@@ -87,6 +87,7 @@ mod body;
 pub mod future;
 #[allow(clippy::module_inception)]
 mod layer;
+mod refusal;
 mod service;
 
 pub use body::{RefusalBody, RequestBody, ResponseBody};

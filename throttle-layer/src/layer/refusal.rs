@@ -1,0 +1,253 @@
+//! The refusal's response head, built once per set of figures.
+//!
+//! Under attack, every refusal in a slot carries the same headers: the same
+//! resource, limit, nothing remaining, the same reset. Formatting them and
+//! inserting them one by one (each insert hashes its name) was most of a
+//! refusal's cost. The last head built is kept beside the figures it was
+//! built from, and a refusal with the same figures clones it: the response's
+//! own header map, and a reference count for each value that is not static.
+//!
+//! A head is kept once two refusals in a row have built it: where refusals
+//! keep changing figures (many users over many different quotas), keeping
+//! each head would only add a copy to every refusal.
+
+use std::fmt::Write as _;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwapOption;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use super::layer::Config;
+use crate::store::{Decision, ResourceId};
+use crate::user::RequestHead;
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// The body of an HTTP refusal (a gRPC one has none).
+const HTTP_BODY: &[u8] = b"Too Many Requests\n";
+
+/// Everything a refusal's headers are made of, but the gRPC pushback (in
+/// milliseconds, so it changes too often to be worth keeping): equal
+/// figures give equal headers. The status, the service's and resources'
+/// names and the slot length are the layer's and never change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Figures {
+    grpc: bool,
+    /// The exhausted resource the headers name, if any.
+    resource: Option<ResourceId>,
+    limit: u64,
+    remaining: u64,
+    reset_secs: u64,
+}
+
+/// The last refusal's head and its figures; see the [module docs](self).
+///
+/// An `ArcSwapOption` rather than a lock: reading it takes no lock, and two
+/// threads refusing at once do not wait for each other. A refusal with other
+/// figures builds its own head, and it replaces the kept one when the
+/// refusal before it had the same figures.
+#[derive(Debug, Default)]
+pub(crate) struct RefusalCache {
+    last: ArcSwapOption<(Figures, HeaderMap)>,
+    /// A digest of the figures of the last refusal that built its head.
+    built: AtomicU64,
+}
+
+impl RefusalCache {
+    fn get(&self, figures: &Figures) -> Option<HeaderMap> {
+        let last = self.last.load();
+        let (kept, headers) = last.as_deref()?;
+        (kept == figures).then(|| headers.clone())
+    }
+
+    /// Notes that a refusal built `headers`, and keeps them if the last
+    /// refusal to build a head had the same figures. Two threads may race
+    /// here; the worst outcome is a head kept once more or once less.
+    fn built(&self, figures: Figures, headers: &HeaderMap) {
+        let digest = foldhash::fast::FixedState::default().hash_one(figures);
+        if self.built.swap(digest, Ordering::Relaxed) == digest {
+            self.last.store(Some(Arc::new((figures, headers.clone()))));
+        }
+    }
+}
+
+fn is_grpc(head: RequestHead<'_>) -> bool {
+    head.headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// Builds the refusal: the only allocations are the response's own. Out of
+/// line: inlined, its locals made the frame of every allowed request's
+/// `decide` some 850 bytes.
+#[cold]
+#[inline(never)]
+pub(crate) fn reject(
+    cfg: &Config,
+    req: RequestHead<'_>,
+    decision: &Decision,
+) -> (http::response::Parts, &'static [u8]) {
+    let slot = cfg.store.slot_length();
+    let wait_ms = slot.until_next(cfg.store.clock().now_ms()).as_millis() as u64;
+    let grpc = is_grpc(req);
+    let named = decision.tightest.filter(|_| grpc || cfg.rate_limit_headers);
+    let figures = match (grpc, named) {
+        (false, Some(t)) => Figures {
+            grpc,
+            resource: Some(t.resource),
+            limit: t.quota.max(0.0).floor() as u64,
+            remaining: (t.quota - t.used as f64).max(0.0).floor() as u64,
+            reset_secs: wait_ms.div_ceil(1000).max(1),
+        },
+        _ => Figures {
+            grpc,
+            resource: named.map(|t| t.resource),
+            limit: 0,
+            remaining: 0,
+            reset_secs: if grpc {
+                0
+            } else {
+                wait_ms.div_ceil(1000).max(1)
+            },
+        },
+    };
+    let mut res = http::Response::new(()).into_parts().0;
+    res.headers = match cfg.refusals.get(&figures) {
+        Some(headers) => headers,
+        None => {
+            let headers = build(cfg, &figures);
+            cfg.refusals.built(figures, &headers);
+            headers
+        }
+    };
+    if grpc {
+        res.status = StatusCode::OK;
+        res.headers
+            .insert(GRPC_PUSHBACK, HeaderValue::from(wait_ms));
+        (res, b"")
+    } else {
+        res.status = cfg.reject_status;
+        (res, HTTP_BODY)
+    }
+}
+
+/// The headers for `figures`, sized for all of them at once.
+fn build(cfg: &Config, figures: &Figures) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(8);
+    let resource = figures
+        .resource
+        .and_then(|id| cfg.service.resource_name(id));
+    if figures.grpc {
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert(GRPC_STATUS, HeaderValue::from_static("8"));
+        let mut message = String::from("rate limit exceeded");
+        match &resource {
+            Some(name) => {
+                let _ = write!(
+                    message,
+                    ": {} of service {} exhausted",
+                    name,
+                    cfg.service.name()
+                );
+            }
+            None => {
+                let _ = write!(message, ": no quota for service {}", cfg.service.name());
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&percent_encode(&message)) {
+            h.insert(GRPC_MESSAGE, v);
+        }
+        return h;
+    }
+    let reset = number(figures.reset_secs);
+    h.insert(RETRY_AFTER, reset.clone());
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Some(name) = resource {
+        let window = u64::from(cfg.store.slot_length().as_ms())
+            .div_ceil(1000)
+            .max(1);
+        // Each value is written once and handed over without a copy.
+        let mut policy = sf_string(&name);
+        let mut ratelimit = policy.clone();
+        let _ = write!(policy, ";q={};w={window}", figures.limit);
+        let _ = write!(
+            ratelimit,
+            ";r={};t={}",
+            figures.remaining, figures.reset_secs
+        );
+        for (header, value) in [(RATELIMIT_POLICY, policy), (RATELIMIT, ratelimit)] {
+            if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+                h.insert(header, v);
+            }
+        }
+        h.insert(X_LIMIT, number(figures.limit));
+        h.insert(X_REMAINING, number(figures.remaining));
+        h.insert(X_RESET, reset);
+    }
+    h
+}
+
+/// A number as a header value; the usual small ones (a reset in 1 s, none
+/// remaining) without an allocation.
+fn number(n: u64) -> HeaderValue {
+    const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match DIGITS.get(n as usize) {
+        Some(d) => HeaderValue::from_static(d),
+        None => HeaderValue::from(n),
+    }
+}
+
+/// A structured-field string (RFC 8941): quoted, `"` and `\` escaped.
+fn sf_string(s: &str) -> String {
+    // Room for the parameters appended to it.
+    let mut out = String::with_capacity(s.len() + 32);
+    out.push('"');
+    for c in s.chars().filter(|c| (' '..='~').contains(c)) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// gRPC's percent-encoding of `grpc-message`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings() {
+        assert_eq!(percent_encode("a%b é"), "a%25b %C3%A9");
+        assert_eq!(sf_string("db \"read\"\n"), r#""db \"read\"""#);
+        for n in [0, 1, 9, 10, 1234, u64::MAX] {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string());
+        }
+    }
+}
