@@ -16,6 +16,8 @@
 //!   node with its answer to the next report rendered ahead, and the
 //!   retention (`Assigner::tick_and_prepare`).
 //!
+//! `--nr-slot N` keeps `N` slots of history instead of the original's 60.
+//!
 //! Encoding the reports (the nodes' work) is not timed. Slots until the
 //! history is full (`nr_slot`, 60) and a few more, until the retention
 //! hands assigns the memory of the slots it drops, are a warm-up: the
@@ -44,7 +46,10 @@ fn main() -> anyhow::Result<()> {
     let users = throttle_tests::arg("--users", 1000.0) as u64;
     let slots = throttle_tests::arg("--slots", 80.0) as i64;
     let total = fleet::total_users(nodes, users);
-    let config = LedgerConfig::default();
+    let mut config = LedgerConfig::default();
+    // Slots of history kept (the original's 60): a shorter one shows what
+    // the history costs beside the live state.
+    config.nr_slot = throttle_tests::arg("--nr-slot", f64::from(config.nr_slot)) as u32;
     let warm_up = i64::from(config.nr_slot) + 5;
     let slot_ms = i64::from(config.slot.as_ms());
     let limits = Arc::new(StaticLimits::new(fleet::limits(total)));
@@ -143,6 +148,10 @@ fn main() -> anyhow::Result<()> {
         "| resident memory, whole process | {:.0} MiB (+{:.0} MiB) | |",
         throttle_tests::rss_mib(),
         throttle_tests::rss_mib() - rss_before
+    );
+    println!(
+        "| grown, per (user, resource, node) entry | {:.0} B | |",
+        (throttle_tests::rss_mib() - rss_before) * f64::from(1 << 20) / (nodes * users * 4) as f64
     );
     Ok(())
 }
