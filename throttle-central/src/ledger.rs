@@ -1549,12 +1549,17 @@ pub(crate) mod tests {
 
     const T: i64 = 100_000; // slot 100 at 1 s slots
 
+    /// A ledger keeping `nr_slot` slots of history.
+    fn keeping(nr_slot: u32) -> Ledger {
+        Ledger::new(LedgerConfig {
+            nr_slot,
+            ..LedgerConfig::default()
+        })
+    }
+
     #[test]
     fn an_assign_into_a_recycled_assignment_keeps_none_of_its_grants() {
-        let mut l = Ledger::new(LedgerConfig {
-            nr_slot: 3,
-            ..LedgerConfig::default()
-        });
+        let mut l = keeping(3);
         l.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
         let alice = r#"{"alice": {"requests": 5}}"#;
         for node in ["n1", "n2"] {
@@ -1633,10 +1638,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_monitor_reads_the_same_quotas_once_a_slot_is_kept_compact() {
-        let mut l = Ledger::new(LedgerConfig {
-            nr_slot: 10,
-            ..LedgerConfig::default()
-        });
+        let mut l = keeping(10);
         l.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
         let range = SlotRange::default();
         let mut seen = BTreeMap::new();
@@ -1809,10 +1811,7 @@ pub(crate) mod tests {
 
     #[test]
     fn forget_drops_old_slots_and_idle_keys() {
-        let mut l = Ledger::new(LedgerConfig {
-            nr_slot: 5,
-            ..LedgerConfig::default()
-        });
+        let mut l = keeping(5);
         l.ingest(&report("n1", 100, r#"{"bob": {"requests": 1}}"#, "{}"), T)
             .unwrap();
         assert_eq!(l.key_count(), 1);
@@ -1829,10 +1828,7 @@ pub(crate) mod tests {
 
     #[test]
     fn freed_key_ids_are_reused_only_once_the_book_lets_go() {
-        let mut l = Ledger::new(LedgerConfig {
-            nr_slot: 5,
-            ..LedgerConfig::default()
-        });
+        let mut l = keeping(5);
         let one = |user: &str| format!(r#"{{"{user}": {{"requests": 1}}}}"#);
         l.ingest(&report("n1", 100, &one("bob"), "{}"), T).unwrap();
         l.forget(T + 5_000);
@@ -1873,7 +1869,7 @@ pub(crate) mod tests {
         ) {
             const RESOURCES: [&str; 3] = ["requests", "traffic_up", "db"];
             let nr_slot = 5;
-            let mut l = Ledger::new(LedgerConfig { nr_slot, ..LedgerConfig::default() });
+            let mut l = keeping(nr_slot);
             let mut model: BTreeMap<(usize, usize), i64> = BTreeMap::new();
             let mut now = T;
             for (i, (user, resource, advance)) in ops.into_iter().enumerate() {
@@ -1921,7 +1917,7 @@ pub(crate) mod tests {
             ),
         ) {
             const RESOURCES: [&str; 4] = ["requests", "up", "down", "db"];
-            let mut l = Ledger::new(LedgerConfig { nr_slot: 2, ..LedgerConfig::default() });
+            let mut l = keeping(2);
             let mut now = T;
             for (node, advance, entries) in reports {
                 now += advance * 1_000;
@@ -1985,7 +1981,7 @@ pub(crate) mod tests {
         ) {
             const RESOURCES: [&str; 4] = ["requests", "up", "down", "db"];
             let nr_slot = 3;
-            let mut l = Ledger::new(LedgerConfig { nr_slot, ..LedgerConfig::default() });
+            let mut l = keeping(nr_slot);
             // (data slot, user, resource) -> [consumption, rejection]
             let mut model: BTreeMap<(i64, usize, usize), [i64; 2]> = BTreeMap::new();
             let mut now = T;

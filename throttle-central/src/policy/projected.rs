@@ -107,9 +107,8 @@ impl NodeGrants {
     fn set(&mut self, slot: i64, grant: f64) {
         if slot > self.newest {
             // The slots skipped since `newest` had no grant.
-            let skipped = (slot - self.newest.max(slot - GRANTS as i64)) as usize;
-            for k in 1..skipped {
-                self.grants[Self::at(slot - k as i64)] = f64::NAN;
+            for skipped in (self.newest + 1).max(slot - GRANTS as i64 + 1)..slot {
+                self.grants[Self::at(skipped)] = f64::NAN;
             }
             self.newest = slot;
         } else if slot <= self.newest.saturating_sub(GRANTS as i64) {

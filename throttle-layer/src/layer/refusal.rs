@@ -87,7 +87,8 @@ fn is_grpc(head: RequestHead<'_>) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// Builds the refusal: the only allocations are the response's own. Out of
+/// The refusal: the kept head for its figures if there is one, so that
+/// the only allocations are the response's own, else one built. Out of
 /// line: inlined, its locals made the frame of every allowed request's
 /// `decide` some 850 bytes.
 #[cold]
@@ -101,24 +102,24 @@ pub(crate) fn reject(
     let wait_ms = slot.until_next(cfg.store.clock().now_ms()).as_millis() as u64;
     let grpc = is_grpc(req);
     let named = decision.tightest.filter(|_| grpc || cfg.rate_limit_headers);
-    let figures = match (grpc, named) {
-        (false, Some(t)) => Figures {
-            grpc,
-            resource: Some(t.resource),
-            limit: t.quota.max(0.0).floor() as u64,
-            remaining: (t.quota - t.used as f64).max(0.0).floor() as u64,
-            reset_secs: wait_ms.div_ceil(1000).max(1),
-        },
-        _ => Figures {
-            grpc,
-            resource: named.map(|t| t.resource),
-            limit: 0,
-            remaining: 0,
-            reset_secs: if grpc {
-                0
-            } else {
-                wait_ms.div_ceil(1000).max(1)
-            },
+    // Limit and remaining are an HTTP refusal's only; gRPC's reset is its
+    // pushback, inserted below.
+    let (limit, remaining) = match named.filter(|_| !grpc) {
+        Some(t) => (
+            t.quota.max(0.0).floor() as u64,
+            (t.quota - t.used as f64).max(0.0).floor() as u64,
+        ),
+        None => (0, 0),
+    };
+    let figures = Figures {
+        grpc,
+        resource: named.map(|t| t.resource),
+        limit,
+        remaining,
+        reset_secs: if grpc {
+            0
+        } else {
+            wait_ms.div_ceil(1000).max(1)
         },
     };
     let mut res = http::Response::new(()).into_parts().0;
