@@ -202,11 +202,12 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
     let mut n = node(central.grpc_addr(), "n1").await;
     let slot = SlotLength::from_ms(SLOT_MS).unwrap();
     // A report is answered ahead only if the mid-slot assign before it ran
-    // in time, which a loaded machine can delay: report for up to 20 slots
-    // until 3 were answered ahead.
+    // in time, which a loaded machine can delay (and a re-assign after a
+    // late report clears): report for up to 80 slots until 3 were answered
+    // ahead.
     let mut reports = 0;
     let mut c = Value::Null;
-    while reports < 20 {
+    while reports < 80 {
         // Just after the boundary, as a reporter does: the assign of the
         // mid-slot before has rendered this report's answer.
         tokio::time::sleep(slot.until_next(SystemClock.now_ms()) + Duration::from_millis(5)).await;
