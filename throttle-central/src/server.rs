@@ -22,7 +22,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -180,7 +179,6 @@ impl CentralBuilder {
         let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
         let slot = self.ledger.slot;
         let config = self.ledger.clone();
-        let closing = Arc::new(AtomicBool::new(false));
         let ledger = match self.policies {
             Some(f) => Ledger::with_policies(self.ledger, f),
             None => Ledger::new(self.ledger),
@@ -194,7 +192,6 @@ impl CentralBuilder {
             conns: BTreeMap::new(),
             next_conn: 0,
             started: Instant::now(),
-            closing: closing.clone(),
         };
         let mut tasks = vec![spawn_ledger(actor.run(rx, stop_rx.clone()))?];
         tasks.push(tokio::spawn(assigner(
@@ -217,7 +214,6 @@ impl CentralBuilder {
             slot,
             config,
             clock: self.clock.clone(),
-            closing: closing.clone(),
         };
         // Answers are small writes right after a large read: without
         // TCP_NODELAY, Nagle's algorithm holds them until the node's delayed
@@ -256,7 +252,6 @@ impl CentralBuilder {
             http_addr,
             commands,
             stop: stop_tx,
-            closing,
             tasks,
         })
     }
@@ -299,8 +294,6 @@ pub struct RunningCentral {
     http_addr: Option<SocketAddr>,
     commands: mpsc::Sender<Command>,
     stop: watch::Sender<bool>,
-    /// Set before the streams are closed; see [`AnswerAhead`].
-    closing: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -335,10 +328,7 @@ impl RunningCentral {
         rx.await.ok()
     }
 
-    async fn shutdown_with(self, snapshot: Option<(Subject, oneshot::Sender<Value>)>) {
-        // Before the close is queued: a stream that then sees the flag
-        // unset queued its report ahead of the close (see `AnswerAhead`).
-        self.closing.store(true, Ordering::SeqCst);
+    async fn shutdown_with(self, snapshot: Option<Snapshot>) {
         let _ = self.commands.send(Command::CloseAll { snapshot }).await;
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -422,12 +412,13 @@ pub(crate) enum Command {
     Report {
         conn: u64,
         report: Received,
-        /// `Ok` once the answer is queued on the stream; the report comes
-        /// back, to be freed on the stream's task rather than the ledger's.
+        /// `Ok` once the report is filed and, unless the stream answered
+        /// it, its answer queued; the report comes back, to be freed on the
+        /// stream's task rather than the ledger's.
         reply: oneshot::Sender<(Result<(), Status>, Received)>,
-        /// Set when the stream may answer the report ahead: whoever swaps
-        /// it first, the stream or the ledger, answers (see [`AnswerAhead`]).
-        claim: Option<Arc<AtomicBool>>,
+        /// The stream answered the report ahead of filing (see
+        /// [`AnswerAhead`]): the ledger files it and answers nothing.
+        answered: bool,
     },
     Tick,
     Reassign {
@@ -439,9 +430,12 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Value>,
     },
     CloseAll {
-        snapshot: Option<(Subject, oneshot::Sender<Value>)>,
+        snapshot: Option<Snapshot>,
     },
 }
+
+/// A monitor question to answer as the ledger stands when it closes.
+pub(crate) type Snapshot = (Subject, oneshot::Sender<Value>);
 
 #[derive(Debug)]
 struct Conn {
@@ -473,15 +467,18 @@ struct Conn {
 ///
 /// An answer still acknowledges a filed report, as the original's did:
 ///
-/// - the stream queues the report for the ledger first, then answers, and
-///   the ledger takes its commands in order;
-/// - shutting down sets `closing` before it queues the close, so a stream
-///   that sees `closing` unset after queuing its report queued it ahead of
-///   the close, and it will be filed before the ledger closes the streams;
-/// - when a stream sees `closing` set, it leaves the answer to the ledger,
-///   which answers after filing, or files nothing once closed;
-/// - the report's `claim` settles who answers, the stream or the ledger
-///   (should the ledger reach the report first), so it is answered once.
+/// - the stream queues the report for the ledger first, marked as answered,
+///   and answers only once it is queued;
+/// - the ledger files every report it was queued, those queued while it
+///   shuts down included: it closes its queue first, so that queuing
+///   fails from then on, then files what the queue holds, and only then
+///   closes the streams ([`Actor::close`]).
+///
+/// The stream decides before queuing, rather than racing the ledger for
+/// the answer after: the ledger's thread, woken by the report, would
+/// usually take the report first when it is idle (the scheduler runs the
+/// woken thread ahead of the one that woke it), and answer it only after
+/// filing.
 ///
 /// A report the stream cannot answer ahead (an older slot, a service
 /// outside the prepared answer, a check the ledger would fail) goes the way
@@ -509,8 +506,6 @@ struct Actor {
     conns: BTreeMap<u64, Conn>,
     next_conn: u64,
     started: Instant,
-    /// Shared with the streams; see [`AnswerAhead`].
-    closing: Arc<AtomicBool>,
 }
 
 /// A report as it reaches the ledger task.
@@ -606,22 +601,19 @@ impl Actor {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut stop: watch::Receiver<bool>) {
         self.assigner.refresh_limits(self.clock.now_ms());
         loop {
-            let cmd = tokio::select! {
+            let next = tokio::select! {
                 // Commands queued before the stop (e.g. a closing snapshot)
                 // are answered first.
                 biased;
-                cmd = rx.recv() => match cmd {
-                    Some(cmd) => cmd,
-                    None => return,
-                },
-                _ = stop.wait_for(|s| *s) => {
-                    // Reports queued before the flag was set may have been
-                    // answered ahead: file them before closing.
-                    self.closing.store(true, Ordering::SeqCst);
-                    while let Ok(cmd) = rx.try_recv() {
-                        self.handle(cmd);
-                    }
-                    self.handle(Command::CloseAll { snapshot: None });
+                cmd = rx.recv() => Some(cmd),
+                _ = stop.wait_for(|s| *s) => None,
+            };
+            let cmd = match next {
+                Some(Some(cmd)) => cmd,
+                // Every sender is gone.
+                Some(None) => return,
+                None => {
+                    self.close(&mut rx, None).await;
                     return;
                 }
             };
@@ -630,11 +622,44 @@ impl Actor {
                 // re-assignment takes this thread.
                 tokio::task::yield_now().await;
             }
-            self.handle(cmd);
+            if let Some(snapshot) = self.handle(cmd) {
+                self.close(&mut rx, snapshot).await;
+                return;
+            }
         }
     }
 
-    fn handle(&mut self, cmd: Command) {
+    /// Closes the queue, so that no stream can queue a report any more,
+    /// files every report it still holds (a stream answered some of them
+    /// ahead: see [`AnswerAhead`]), then answers `snapshot` and closes every
+    /// stream with `UNAVAILABLE`.
+    async fn close(&mut self, rx: &mut mpsc::Receiver<Command>, snapshot: Option<Snapshot>) {
+        rx.close();
+        let mut snapshots: Vec<_> = snapshot.into_iter().collect();
+        // Ends once the queue is empty and no sender holds a reserved slot.
+        while let Some(cmd) = rx.recv().await {
+            if let Some(snapshot) = self.handle(cmd) {
+                snapshots.extend(snapshot);
+            }
+        }
+        for (subject, reply) in snapshots {
+            let _ = reply.send(self.monitor(subject, SlotRange::default()));
+        }
+        // Waits for each stream that answers ahead to queue its answer
+        // (it holds this lock until then), so that no answer follows the
+        // close.
+        self.forget_answers();
+        for (_, c) in std::mem::take(&mut self.conns) {
+            self.assigner.disconnect(c.node);
+            let _ =
+                c.tx.try_send(Err(Status::unavailable("central node shutting down")));
+        }
+        gauge!("throttle_central_connections").set(0.0);
+    }
+
+    /// Carries out `cmd`; for a close, returns its snapshot's request, for
+    /// [`Actor::close`].
+    fn handle(&mut self, cmd: Command) -> Option<Option<Snapshot>> {
         match cmd {
             Command::Connect {
                 hello,
@@ -681,14 +706,13 @@ impl Actor {
                 conn,
                 report,
                 reply,
-                claim,
+                answered,
             } => {
                 // Unless the stream answered ahead, the answer is queued
                 // here, by the ledger's own task, so it precedes anything the
                 // ledger sends this stream later (such as the close on
                 // shutdown): a node that saw no answer knows its report was
                 // not filed, and sends it again.
-                let answered = claim.is_some_and(|c| c.swap(true, Ordering::SeqCst));
                 let result = self.report(conn, &report, answered).and_then(|quota| {
                     let Some(quota) = quota else { return Ok(()) };
                     let tx = self.conns.get(&conn).map(|c| &c.tx);
@@ -716,20 +740,9 @@ impl Actor {
             } => {
                 let _ = reply.send(self.monitor(subject, range));
             }
-            Command::CloseAll { snapshot } => {
-                self.closing.store(true, Ordering::SeqCst);
-                self.forget_answers();
-                if let Some((subject, reply)) = snapshot {
-                    let _ = reply.send(self.monitor(subject, SlotRange::default()));
-                }
-                for (_, c) in std::mem::take(&mut self.conns) {
-                    self.assigner.disconnect(c.node);
-                    let _ =
-                        c.tx.try_send(Err(Status::unavailable("central node shutting down")));
-                }
-                gauge!("throttle_central_connections").set(0.0);
-            }
+            Command::CloseAll { snapshot } => return Some(snapshot),
         }
+        None
     }
 
     /// Files a report and returns its answer, or `None` when the stream
@@ -961,7 +974,7 @@ async fn reloader(
 
 /// What became of a report offered to [`CentralService::answer_ahead`].
 enum Ahead {
-    /// Queued for filing, and answered unless the ledger answers it.
+    /// Queued for filing, and answered.
     Queued,
     /// Queued for filing, but the node's stream queue is full.
     Full(Status),
@@ -977,8 +990,6 @@ struct CentralService {
     /// The ledger's settings, for its check before answering ahead.
     config: LedgerConfig,
     clock: Arc<dyn Clock>,
-    /// Set before the streams are closed; see [`AnswerAhead`].
-    closing: Arc<AtomicBool>,
 }
 
 fn message(kind: central_message::Kind) -> Result<Outbound, Status> {
@@ -1171,26 +1182,26 @@ impl CentralService {
                     conn,
                     report,
                     reply,
-                    claim: None,
+                    answered: false,
                 });
             }
         };
-        let claim = Arc::new(AtomicBool::new(false));
         let command = Command::Report {
             conn,
             report,
             reply,
-            claim: Some(claim.clone()),
+            answered: true,
         };
         if let Err(e) = self.commands.try_send(command) {
-            // Not queued: queued by the caller instead, its claim untouched,
-            // so the ledger answers it after filing.
-            return Ahead::Later(e.into_inner());
+            // Not queued (a full queue, or a closed one): the caller queues
+            // it, if it still can, for the ledger to file and answer.
+            let mut command = e.into_inner();
+            if let Command::Report { answered, .. } = &mut command {
+                *answered = false;
+            }
+            return Ahead::Later(command);
         }
-        // Queued. Unset `closing` now means queued ahead of the close.
-        if self.closing.load(Ordering::SeqCst) || claim.swap(true, Ordering::SeqCst) {
-            return Ahead::Queued;
-        }
+        // Queued, so the ledger files it, even if it is closing.
         if tx.try_send(Ok(Outbound::Encoded(quota))).is_err() {
             counter!("throttle_central_pushes_dropped_total").increment(1);
             return Ahead::Full(Status::resource_exhausted("node is not reading its stream"));

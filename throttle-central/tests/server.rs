@@ -201,13 +201,12 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
     .await;
     let mut n = node(central.grpc_addr(), "n1").await;
     let slot = SlotLength::from_ms(SLOT_MS).unwrap();
-    // A report is answered ahead only if the mid-slot assign before it ran
-    // in time, which a loaded machine can delay (and a re-assign after a
-    // late report clears): report for up to 80 slots until 3 were answered
-    // ahead.
-    let mut reports = 0;
+    // Every report after the first mid-slot assign is answered ahead. The
+    // stream decides before it queues the report, so the ledger, woken by
+    // it, cannot take it first (it used to, for 7 reports in 10).
+    let reports: u64 = 12;
     let mut c = Value::Null;
-    while reports < 80 {
+    for done in 1..=reports {
         // Just after the boundary, as a reporter does: the assign of the
         // mid-slot before has rendered this report's answer.
         tokio::time::sleep(slot.until_next(SystemClock.now_ms()) + Duration::from_millis(5)).await;
@@ -216,18 +215,19 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
             .exchange(report("n1", s, r#"{"alice": {"requests": 3}}"#, "{}"))
             .await
             .unwrap();
-        reports += 1;
         assert_eq!(q.report_slot, Some(s));
         assert!(q.services["front"].slots.contains_key(&(s + 1)), "{q:?}");
         let conns = json(&central, "/v1/monitor/connections").await;
         c = conns["connections"][0].clone();
-        assert_eq!(c["reports"], reports);
-        if c["answered_ahead"].as_u64().unwrap() >= 3 {
-            break;
-        }
+        assert_eq!(c["reports"], done);
     }
+    // The first report (before the node's service was known) and, on a
+    // loaded machine, a few whose mid-slot assign ran late are not.
     let ahead = c["answered_ahead"].as_u64().unwrap();
-    assert!(ahead >= 3, "3 of {reports} reports not answered ahead: {c}");
+    assert!(
+        ahead >= reports - 4,
+        "{ahead} of {reports} reports answered ahead: {c}"
+    );
     // Every report was filed, those answered ahead included.
     let sums = json(&central, "/v1/monitor/consumption_sum").await;
     let filed: i64 = sums["front"]
@@ -236,7 +236,7 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
         .values()
         .map(|v| v["alice"]["requests"].as_i64().unwrap())
         .sum();
-    assert_eq!(filed, 3 * reports);
+    assert_eq!(filed, 3 * reports as i64);
     central.shutdown().await;
 }
 
