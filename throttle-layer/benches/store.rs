@@ -16,7 +16,10 @@
 //! - `service/*`: a whole `tower::Service` call with axum bodies: a bare
 //!   `service_fn`, the same behind `Throttle` (user from a header) allowed
 //!   and refused, and behind tower_governor's `GovernorLayer` keyed by the
-//!   same header, allowed and refused.
+//!   same header, allowed and refused. Two floors beside them: `through`,
+//!   a layer that only passes the request on, and `header`, one that also
+//!   reads the user's header as `Throttle` does: what any per-user layer
+//!   pays before it decides anything.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -258,6 +261,55 @@ impl tower_governor::key_extractor::KeyExtractor for HeaderKey {
     }
 }
 
+/// A layer that passes each request on untouched (`service/*/through`).
+#[derive(Clone)]
+struct Through<S>(S);
+
+impl<S: Service<R>, R> Service<R> for Through<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> S::Future {
+        self.0.call(req)
+    }
+}
+
+/// A layer that reads the user's header, as `Throttle` does, then passes
+/// the request on (`service/*/header`).
+#[derive(Clone)]
+struct ReadsUser<S>(S, http::HeaderName);
+
+impl<S: Service<http::Request<B>>, B> Service<http::Request<B>> for ReadsUser<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> S::Future {
+        let user = req
+            .headers()
+            .get(&self.1)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim_ascii);
+        black_box(user);
+        self.0.call(req)
+    }
+}
+
 fn request(user: &str) -> http::Request<Body> {
     http::Request::builder()
         .header("x-user", user)
@@ -336,9 +388,13 @@ fn service(c: &mut Criterion) {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     });
     call(&mut g, &rt, &names, "bare", &mut bare.clone());
+    call(&mut g, &rt, &names, "through", &mut Through(bare));
+    let x_user = http::HeaderName::from_static("x-user");
+    call(&mut g, &rt, &names, "header", &mut ReadsUser(bare, x_user));
     let handler = |_r: http::Request<Body>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     };
+    let mut refusal_head = None;
     for (name, quota) in [("throttle-allowed", 1e15), ("throttle-rejected", 0.0)] {
         let (store, _f, _r, _refresh) = store(quota);
         let layer = ThrottleLayer::builder(&store, "front")
@@ -348,8 +404,33 @@ fn service(c: &mut Criterion) {
         let mut svc = tower::ServiceBuilder::new()
             .layer(layer)
             .service_fn(handler);
+        if quota == 0.0 {
+            let res = rt.block_on(async {
+                let r = request(&names[0]);
+                svc.ready().await.unwrap().call(r).await.unwrap()
+            });
+            refusal_head = Some((res.status(), res.headers().clone()));
+        }
         call(&mut g, &rt, &names, name, &mut svc);
     }
+    // The floor under a refusal: the same response (status, its 7 headers
+    // cloned, the body) from a service that decides nothing.
+    let (status, headers) = refusal_head.expect("a refusal was taken");
+    let refusal = tower::service_fn(move |_r: http::Request<Body>| {
+        let mut res = http::Response::new(Body::from("Too Many Requests\n"));
+        *res.status_mut() = status;
+        *res.headers_mut() = headers.clone();
+        std::future::ready(Ok::<_, std::convert::Infallible>(res))
+    });
+    call_with(
+        &mut g,
+        &rt,
+        &names,
+        "call",
+        "refusal-floor",
+        request,
+        &mut refusal.clone(),
+    );
     // The same, counting response bytes: the body types change.
     let metered_handler = |_r: http::Request<throttle_layer::layer::RequestBody<Body>>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
