@@ -73,22 +73,31 @@ struct KeyGrants {
 }
 
 /// A node's grants of one key for the `GRANTS` slots up to `newest`, by
-/// slot modulo `GRANTS`; NaN where that slot had none. One slot number for
-/// all of them rather than one per grant: 48 bytes per (key, node) instead
-/// of 72.
+/// slot modulo `GRANTS`; NaN where that slot had none, and all NaN until
+/// the first grant.
+///
+/// 24 bytes per (key, node), from 48 (one `i64` slot and `f64` grants) and
+/// first 72 (a slot number per grant):
+///
+/// - a grant is kept as the `f32` the node was sent ([`Grant`]), which is
+///   what the node may admit;
+/// - the newest slot is kept as its low 32 bits, and read against the slot
+///   asked about: two slots 2^31 apart (68 years of 1 s slots) would be
+///   confused, and a key's grants are forgotten `nr_slot` slots after its
+///   node last reported it.
 #[derive(Debug, Clone, Copy)]
 struct NodeGrants {
     node: NodeId,
-    newest: i64,
-    grants: [f64; GRANTS],
+    newest: u32,
+    grants: [f32; GRANTS],
 }
 
 impl NodeGrants {
     fn new(node: NodeId) -> Self {
         Self {
             node,
-            newest: i64::MIN,
-            grants: [f64::NAN; GRANTS],
+            newest: 0,
+            grants: [f32::NAN; GRANTS],
         }
     }
 
@@ -96,22 +105,35 @@ impl NodeGrants {
         slot.rem_euclid(GRANTS as i64) as usize
     }
 
+    fn is_empty(&self) -> bool {
+        self.grants.iter().all(|g| g.is_nan())
+    }
+
+    /// How many slots `slot` comes after the newest held (negative: before
+    /// it), modulo 2^32.
+    fn after_newest(&self, slot: i64) -> i32 {
+        (slot as u32).wrapping_sub(self.newest) as i32
+    }
+
     fn get(&self, slot: i64) -> Option<f64> {
-        let held = slot <= self.newest && slot > self.newest.saturating_sub(GRANTS as i64);
+        let back = self.newest.wrapping_sub(slot as u32);
         let g = self.grants[Self::at(slot)];
-        (held && !g.is_nan()).then_some(g)
+        (back < GRANTS as u32 && !g.is_nan()).then_some(f64::from(g))
     }
 
     /// Sets the grant of `slot`; one older than the `GRANTS` slots held is
     /// not kept.
-    fn set(&mut self, slot: i64, grant: f64) {
-        if slot > self.newest {
+    fn set(&mut self, slot: i64, grant: f32) {
+        let ahead = self.after_newest(slot);
+        if self.is_empty() {
+            self.newest = slot as u32;
+        } else if ahead > 0 {
             // The slots skipped since `newest` had no grant.
-            for skipped in (self.newest + 1).max(slot - GRANTS as i64 + 1)..slot {
-                self.grants[Self::at(skipped)] = f64::NAN;
+            for back in 1..ahead.min(GRANTS as i32) {
+                self.grants[Self::at(slot - i64::from(back))] = f32::NAN;
             }
-            self.newest = slot;
-        } else if slot <= self.newest.saturating_sub(GRANTS as i64) {
+            self.newest = slot as u32;
+        } else if ahead <= -(GRANTS as i32) {
             return;
         }
         self.grants[Self::at(slot)] = grant;
@@ -287,15 +309,17 @@ impl Policy for Projected {
                     // arrives everywhere at once borrows from the bucket.
                     (budget / nodes.len() as f64).max(budget.min(rate * slot_secs))
                 };
+                // Remembered as sent: what the node may admit.
+                let grant = Grant::new(id, grant);
                 match history.iter_mut().find(|g| g.node == node) {
-                    Some(g) => g.set(slot, grant),
+                    Some(g) => g.set(slot, grant.amount),
                     None => {
                         let mut g = NodeGrants::new(node);
-                        g.set(slot, grant);
+                        g.set(slot, grant.amount);
                         history.push(g);
                     }
                 }
-                out.push(node, Grant::new(id, grant));
+                out.push(node, grant);
             }
         }
         out
@@ -303,13 +327,16 @@ impl Policy for Projected {
 
     fn forget_before(&mut self, slot: i64) {
         for key in &mut self.grants {
-            key.nodes.retain(|g| g.newest >= slot);
+            key.nodes
+                .retain(|g| !g.is_empty() && g.after_newest(slot) <= 0);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy as _;
+
     use super::*;
 
     #[test]
@@ -318,6 +345,7 @@ mod tests {
         let id = KeyId::test(3);
         let mut g = NodeGrants::new(NodeId::test(0));
         g.set(10, 5.0);
+        assert_eq!(g.get(10), Some(5.0));
         p.history(id, 0).push(g);
         assert_eq!(p.history(id, 0).len(), 1, "same key: kept");
         assert!(p.history(id, 1).is_empty(), "next generation: emptied");
@@ -326,15 +354,21 @@ mod tests {
 
     proptest::proptest! {
         /// A node's grants read back as a map of every grant set, of which
-        /// only the `GRANTS` slots up to the newest set are held.
+        /// only the `GRANTS` slots up to the newest set are held; also
+        /// where the slots' low 32 bits wrap.
         #[test]
         fn grants_read_back_for_the_slots_held(
+            start in proptest::prop_oneof![
+                proptest::strategy::Just(100i64),
+                (1i64..4).prop_map(|k| (k << 32) - 5),
+                0i64..1 << 40,
+            ],
             ops in proptest::collection::vec((-6i64..7, 0u32..1000, proptest::bool::ANY), 1..60),
         ) {
             let mut g = NodeGrants::new(NodeId::test(0));
             let mut model = std::collections::BTreeMap::new();
             let mut newest: Option<i64> = None;
-            let mut at = 100i64;
+            let mut at = start;
             for (delta, amount, set) in ops {
                 let slot = at + delta;
                 if set {
@@ -342,7 +376,7 @@ mod tests {
                         model.insert(slot, f64::from(amount));
                         newest = Some(newest.map_or(slot, |n| n.max(slot)));
                     }
-                    g.set(slot, f64::from(amount));
+                    g.set(slot, amount as f32);
                     at = at.max(slot);
                 }
                 for s in at - 8..at + 8 {
