@@ -809,8 +809,13 @@ impl Actor {
         // Re-assign after the answers already queued: the ledger task takes
         // its commands in order.
         for service in answer.complete {
-            if self.me.try_send(Command::Reassign { service }).is_err() {
+            // A closed queue means the ledger is filing its last reports
+            // before it closes: nothing is skipped that anyone would read.
+            if let Err(mpsc::error::TrySendError::Full(_)) =
+                self.me.try_send(Command::Reassign { service })
+            {
                 counter!("throttle_central_reassigns_skipped_total").increment(1);
+                tracing::warn!("re-assign skipped: the ledger's queue is full");
             }
         }
         Ok(quota)
