@@ -138,123 +138,156 @@ pub struct NodeUsage {
     pub rejection: i64,
 }
 
-/// One data slot's sums of a service, per key: `[consumption, rejection]`.
+/// One data slot's sums of a service, per key: a column of consumption
+/// and one of rejection.
 ///
 /// A column per slot rather than a list per key: filing a report writes
 /// the keys of one slot, which a column holds side by side, and dropping a
 /// slot past the retention is dropping one column instead of visiting every
-/// key. A column starts sparse and becomes a dense vector indexed by key id
-/// once it holds sums for half the keys, where the vector is the smaller of
-/// the two.
+/// key.
 ///
-/// A dense column holds its sums as `u32`s while they fit, 8 bytes a key
-/// instead of 16, and widens to `i64`s at the first that does not. The
-/// central keeps `nr_slot` = 60 columns, so that is 480 bytes less per key
-/// for sums of up to 4 G per slot, which covers request counts and most
-/// byte counts.
+/// The two kinds have a column each, because they are not alike: most keys
+/// consume in every slot, while rejections are rare (a user over its
+/// limit). The central keeps `nr_slot` = 60 slots, so a rejection column
+/// as dense as consumption's would be 240 bytes per key, nearly all zeros;
+/// sparse, it is nothing until someone is refused.
 #[derive(Debug)]
 struct SlotSums {
     slot: i64,
-    sums: Sums,
+    /// Consumption (0) and rejection (1).
+    columns: [Column; 2],
 }
 
+/// One slot's sums of one kind, per key.
+///
+/// A column starts sparse and becomes a dense vector indexed by key id
+/// once it holds sums for a quarter of the keys, where the vector (4 bytes
+/// a key) is about as small as the map (some 20 bytes an entry, with its
+/// spare room). A dense column holds its sums as `u32`s while they fit
+/// and widens to `i64`s at the first that does not: 4 bytes a key instead
+/// of 8 for sums of up to 4 G per slot, which covers request counts and
+/// most byte counts.
 #[derive(Debug)]
-enum Sums {
+enum Column {
     /// By key id.
-    Sparse(Map<KeyId, [i64; 2]>),
+    Sparse(Map<KeyId, i64>),
     /// Indexed by key id, while every sum fits; zero for a key without sums.
-    Narrow(Vec<[u32; 2]>),
+    Narrow(Vec<u32>),
     /// Indexed by key id; zero for a key without sums.
-    Dense(Vec<[i64; 2]>),
+    Dense(Vec<i64>),
 }
 
-impl SlotSums {
+impl Column {
     /// An empty column, dense if `dense` (sized for `id_bound` ids).
-    fn new(slot: i64, dense: bool, id_bound: usize) -> Self {
-        let sums = if dense {
-            Sums::Narrow(vec![[0; 2]; id_bound])
+    fn new(dense: bool, id_bound: usize) -> Self {
+        if dense {
+            Column::Narrow(vec![0; id_bound])
         } else {
-            Sums::Sparse(Map::default())
-        };
-        Self { slot, sums }
+            Column::Sparse(Map::default())
+        }
     }
 
-    /// Adds `amount` (at least 0) to the consumption (`which` 0) or
-    /// rejection (1) of `id`, in a service of `id_bound` ids.
-    fn add(&mut self, id: KeyId, which: usize, amount: i64, id_bound: usize) {
+    fn is_dense(&self) -> bool {
+        !matches!(self, Column::Sparse(_))
+    }
+
+    /// Adds `amount` (at least 0) to the sum of `id`, in a service of
+    /// `id_bound` ids.
+    fn add(&mut self, id: KeyId, amount: i64, id_bound: usize) {
         let len = id_bound.max(id.index() + 1);
-        match &mut self.sums {
-            Sums::Narrow(v) => {
+        match self {
+            Column::Narrow(v) => {
                 if v.len() <= id.index() {
-                    v.resize(len, [0; 2]);
+                    v.resize(len, 0);
                 }
-                let sum = &mut v[id.index()][which];
+                let sum = &mut v[id.index()];
                 match u32::try_from(i64::from(*sum).saturating_add(amount)) {
                     Ok(n) => *sum = n,
                     Err(_) => {
-                        let wide = v.iter().map(|s| s.map(i64::from)).collect();
-                        self.sums = Sums::Dense(wide);
-                        self.add(id, which, amount, id_bound);
+                        *self = Column::Dense(v.iter().map(|&s| i64::from(s)).collect());
+                        self.add(id, amount, id_bound);
                     }
                 }
             }
-            Sums::Dense(v) => {
+            Column::Dense(v) => {
                 if v.len() <= id.index() {
-                    v.resize(len, [0; 2]);
+                    v.resize(len, 0);
                 }
-                let sum = &mut v[id.index()][which];
+                let sum = &mut v[id.index()];
                 *sum = sum.saturating_add(amount);
             }
-            Sums::Sparse(m) if (m.len() + 1) * 2 > id_bound => {
-                let mut v = vec![[0; 2]; len];
+            Column::Sparse(m) if (m.len() + 1) * 4 > id_bound => {
+                let mut v = vec![0; len];
                 for (k, sum) in m.drain() {
                     if let Some(slot) = v.get_mut(k.index()) {
                         *slot = sum;
                     }
                 }
                 // Narrow when every sum so far fits.
-                let narrow = |[c, r]: [i64; 2]| {
-                    Ok::<_, std::num::TryFromIntError>([c.try_into()?, r.try_into()?])
+                *self = match v.iter().map(|&s| u32::try_from(s)).collect() {
+                    Ok(narrow) => Column::Narrow(narrow),
+                    Err(_) => Column::Dense(v),
                 };
-                self.sums = match v.iter().copied().map(narrow).collect() {
-                    Ok(narrow) => Sums::Narrow(narrow),
-                    Err(_) => Sums::Dense(v),
-                };
-                self.add(id, which, amount, id_bound);
+                self.add(id, amount, id_bound);
             }
-            Sums::Sparse(m) => {
-                let sum = &mut m.entry(id).or_default()[which];
+            Column::Sparse(m) => {
+                let sum = m.entry(id).or_default();
                 *sum = sum.saturating_add(amount);
             }
         }
     }
 
-    fn get(&self, id: KeyId) -> [i64; 2] {
-        match &self.sums {
-            Sums::Narrow(v) => v.get(id.index()).map(|s| s.map(i64::from)),
-            Sums::Dense(v) => v.get(id.index()).copied(),
-            Sums::Sparse(m) => m.get(&id).copied(),
+    fn get(&self, id: KeyId) -> i64 {
+        match self {
+            Column::Narrow(v) => v.get(id.index()).map(|&s| i64::from(s)),
+            Column::Dense(v) => v.get(id.index()).copied(),
+            Column::Sparse(m) => m.get(&id).copied(),
         }
         .unwrap_or_default()
     }
 
-    /// Every key with a sum, in no particular order.
-    fn iter(&self) -> Box<dyn Iterator<Item = (KeyId, [i64; 2])> + '_> {
-        match &self.sums {
-            Sums::Narrow(v) => Box::new(
+    /// Every key with a sum other than zero, in no particular order.
+    fn iter(&self) -> Box<dyn Iterator<Item = (KeyId, i64)> + '_> {
+        let nonzero = |(i, s): (usize, i64)| (s != 0).then_some((KeyId(i as u32), s));
+        match self {
+            Column::Narrow(v) => Box::new(
                 v.iter()
                     .enumerate()
-                    .filter(|(_, s)| **s != [0; 2])
-                    .map(|(i, s)| (KeyId(i as u32), s.map(i64::from))),
+                    .filter_map(move |(i, &s)| nonzero((i, i64::from(s)))),
             ),
-            Sums::Dense(v) => Box::new(
+            Column::Dense(v) => Box::new(
                 v.iter()
                     .enumerate()
-                    .filter(|(_, s)| **s != [0; 2])
-                    .map(|(i, s)| (KeyId(i as u32), *s)),
+                    .filter_map(move |(i, &s)| nonzero((i, s))),
             ),
-            Sums::Sparse(m) => Box::new(m.iter().map(|(k, s)| (*k, *s))),
+            Column::Sparse(m) => {
+                Box::new(m.iter().filter(|(_, s)| **s != 0).map(|(k, s)| (*k, *s)))
+            }
         }
+    }
+}
+
+impl SlotSums {
+    /// An empty slot, each column dense where `dense` says (sized for
+    /// `id_bound` ids).
+    fn new(slot: i64, dense: [bool; 2], id_bound: usize) -> Self {
+        Self {
+            slot,
+            columns: dense.map(|d| Column::new(d, id_bound)),
+        }
+    }
+
+    /// Adds `amount` (at least 0) to the consumption (`which` 0) or
+    /// rejection (1) of `id`, in a service of `id_bound` ids.
+    fn add(&mut self, id: KeyId, which: usize, amount: i64, id_bound: usize) {
+        if let Some(column) = self.columns.get_mut(which) {
+            column.add(id, amount, id_bound);
+        }
+    }
+
+    /// The consumption (`which` 0) or rejection (1) of `id`.
+    fn get(&self, id: KeyId, which: usize) -> i64 {
+        self.columns.get(which).map_or(0, |c| c.get(id))
     }
 }
 
@@ -1144,7 +1177,7 @@ impl Ledger {
             .sums
             .iter()
             .find(|c| c.slot == slot)
-            .map_or(0, |c| c.get(id)[usize::from(rejection)])
+            .map_or(0, |c| c.get(id, usize::from(rejection)))
     }
 
     /// Number of (service, user, resource) keys held.
@@ -1176,18 +1209,15 @@ impl Ledger {
         for (service, svc) in &self.services {
             let slots = out.entry(service).or_default();
             for column in svc.state.sums.iter().filter(|c| range.contains(c.slot)) {
-                for (id, sum) in column.iter() {
-                    let amount = sum[usize::from(rejection)];
-                    if amount != 0 {
-                        let key = svc.state.key(id);
-                        *slots
-                            .entry(column.slot.to_string())
-                            .or_default()
-                            .entry(key.user())
-                            .or_default()
-                            .entry(key.resource())
-                            .or_default() += amount;
-                    }
+                for (id, amount) in column.columns[usize::from(rejection)].iter() {
+                    let key = svc.state.key(id);
+                    *slots
+                        .entry(column.slot.to_string())
+                        .or_default()
+                        .entry(key.user())
+                        .or_default()
+                        .entry(key.resource())
+                        .or_default() += amount;
                 }
             }
         }
@@ -1326,11 +1356,11 @@ impl ServiceState {
             _ => {
                 // As dense as the newest column: the same keys mostly report
                 // again, and filling a map only to turn it into a vector
-                // halfway costs more than the filing.
+                // part way costs more than the filing.
                 let dense = self
                     .sums
                     .back()
-                    .is_some_and(|c| matches!(c.sums, Sums::Narrow(_) | Sums::Dense(_)));
+                    .map_or([false; 2], |c| c.columns.each_ref().map(Column::is_dense));
                 let i = at.map_or(0, |i| i + 1);
                 let column = SlotSums::new(slot, dense, self.keys.len());
                 self.sums.insert(i, column);
@@ -1504,31 +1534,51 @@ pub(crate) mod tests {
     #[test]
     fn a_dense_column_is_narrow_until_a_sum_outgrows_u32() {
         let ids = 8;
-        let mut column = SlotSums::new(5, false, ids);
-        for i in 0..5 {
-            column.add(KeyId::test(i), 0, 7, ids);
-        }
+        let mut column = Column::new(false, ids);
+        column.add(KeyId::test(0), 7, ids);
+        column.add(KeyId::test(1), 7, ids);
+        assert!(matches!(column, Column::Sparse(_)), "a quarter: sparse");
+        column.add(KeyId::test(2), 7, ids);
         assert!(
-            matches!(column.sums, Sums::Narrow(_)),
-            "dense from half the keys, narrow"
+            matches!(column, Column::Narrow(_)),
+            "dense from a quarter of the keys, narrow"
         );
-        column.add(KeyId::test(1), 1, i64::from(u32::MAX) - 1, ids);
+        column.add(KeyId::test(1), i64::from(u32::MAX) - 8, ids);
         assert!(
-            matches!(column.sums, Sums::Narrow(_)),
+            matches!(column, Column::Narrow(_)),
             "u32::MAX - 1 still fits"
         );
-        column.add(KeyId::test(1), 1, 2, ids);
-        assert!(matches!(column.sums, Sums::Dense(_)));
-        assert_eq!(column.get(KeyId::test(1)), [7, i64::from(u32::MAX) + 1]);
-        assert_eq!(column.get(KeyId::test(4)), [7, 0]);
-        let mut big = SlotSums::new(5, false, 2);
-        big.add(KeyId::test(0), 0, 1 << 40, 2);
-        big.add(KeyId::test(1), 0, 1, 2);
-        assert!(
-            matches!(big.sums, Sums::Dense(_)),
-            "a sum too big to narrow"
-        );
+        column.add(KeyId::test(1), 2, ids);
+        assert!(matches!(column, Column::Dense(_)));
+        assert_eq!(column.get(KeyId::test(1)), i64::from(u32::MAX) + 1);
+        assert_eq!(column.get(KeyId::test(2)), 7);
+        assert_eq!(column.get(KeyId::test(3)), 0);
+        let mut big = Column::new(false, 2);
+        big.add(KeyId::test(0), 1 << 40, 2);
+        big.add(KeyId::test(1), 1, 2);
+        assert!(matches!(big, Column::Dense(_)), "a sum too big to narrow");
         assert_eq!(big.iter().count(), 2);
+    }
+
+    #[test]
+    fn rejections_stay_sparse_while_consumption_is_dense() {
+        let ids = 100;
+        let mut sums = SlotSums::new(5, [false; 2], ids);
+        for i in 0..ids as u32 {
+            sums.add(KeyId::test(i), 0, 3, ids);
+        }
+        sums.add(KeyId::test(7), 1, 2, ids);
+        sums.add(KeyId::test(7), 1, 1, ids);
+        assert!(sums.columns[0].is_dense());
+        assert!(!sums.columns[1].is_dense(), "one key refused of 100");
+        assert_eq!(
+            (sums.get(KeyId::test(7), 0), sums.get(KeyId::test(7), 1)),
+            (3, 3)
+        );
+        assert_eq!(sums.get(KeyId::test(8), 1), 0);
+        let refused: Vec<_> = sums.columns[1].iter().collect();
+        assert_eq!(refused, [(KeyId::test(7), 3)]);
+        assert_eq!(sums.columns[0].iter().count(), ids);
     }
 
     fn limit(user: &str, resource: &str, rate: f64) -> Limit {
