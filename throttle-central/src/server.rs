@@ -40,7 +40,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::assigner::{Assigner, Encoded, Filed, Prepared, Push};
+use crate::assigner::{Assigner, Encoded, Filed, Push};
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{
     FromNode, Ledger, LedgerConfig, NodeId, PolicyFactory, ReportError, ReportSource, SlotRange,
@@ -728,11 +728,7 @@ impl Actor {
                 let _ = reply.send((result, report));
             }
             Command::Tick => self.tick(),
-            Command::Reassign { service } => {
-                let pushes = self.assigner.reassign(&service, self.clock.now_ms());
-                self.forget_answers();
-                self.deliver(pushes);
-            }
+            Command::Reassign { service } => self.reassign(&service),
             Command::Monitor {
                 subject,
                 range,
@@ -824,23 +820,6 @@ impl Actor {
     /// Gives every stream the answer to its node's report due at the next
     /// slot boundary, `report_slot` (see [`AnswerAhead`]), from those
     /// rendered with the tick; a stream of a node without one has none.
-    fn prepare_answers(&self, report_slot: i64, prepared: Vec<Prepared<Encoded>>) {
-        let rendered: BTreeMap<NodeId, Ready> = prepared
-            .into_iter()
-            .map(|(node, quota, services)| {
-                let ready = Ready {
-                    report_slot,
-                    services: services.into(),
-                    quota,
-                };
-                (node, ready)
-            })
-            .collect();
-        for c in self.conns.values() {
-            *c.ahead.ready.lock() = rendered.get(&c.node).cloned();
-        }
-    }
-
     /// Clears every stream's answer rendered ahead: grants changed.
     fn forget_answers(&self) {
         for c in self.conns.values() {
@@ -848,34 +827,75 @@ impl Actor {
         }
     }
 
-    /// Queues each push on every stream of its node, never waiting.
-    fn deliver(&self, pushes: Vec<Push<bytes::Bytes>>) {
-        if pushes.is_empty() {
-            return;
-        }
-        // Each node's streams, found once rather than by a scan per push.
+    /// Each node's streams, found once rather than by a scan per push.
+    fn streams(conns: &BTreeMap<u64, Conn>) -> BTreeMap<NodeId, Vec<&Conn>> {
         let mut streams: BTreeMap<NodeId, Vec<&Conn>> = BTreeMap::new();
-        for c in self.conns.values() {
+        for c in conns.values() {
             streams.entry(c.node).or_default().push(c);
         }
-        for (node, quota) in pushes {
-            // Encoded once; a node with two streams (for a moment, while it
-            // reconnects) shares the bytes.
-            for c in streams.get(&node).into_iter().flatten() {
-                if c.tx.try_send(Ok(Outbound::Encoded(quota.clone()))).is_err() {
-                    counter!("throttle_central_pushes_dropped_total").increment(1);
-                    tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
-                }
+        streams
+    }
+
+    /// Queues `quota` on every stream in `streams`, never waiting. Encoded
+    /// once; a node with two streams (for a moment, while it reconnects)
+    /// shares the bytes.
+    fn push(streams: &[&Conn], quota: &bytes::Bytes) {
+        for c in streams {
+            if c.tx.try_send(Ok(Outbound::Encoded(quota.clone()))).is_err() {
+                counter!("throttle_central_pushes_dropped_total").increment(1);
+                tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
             }
         }
     }
 
+    /// Queues each push on every stream of its node.
+    fn deliver(&self, pushes: Vec<Push<bytes::Bytes>>) {
+        if pushes.is_empty() {
+            return;
+        }
+        let streams = Self::streams(&self.conns);
+        for (node, quota) in pushes {
+            Self::push(streams.get(&node).map_or(&[][..], Vec::as_slice), &quota);
+        }
+    }
+
+    /// Re-assigns `service`: the answers rendered ahead are cleared, and
+    /// each node's push is queued as soon as it is rendered.
+    fn reassign(&mut self, service: &str) {
+        self.forget_answers();
+        let now = self.clock.now_ms();
+        let streams = Self::streams(&self.conns);
+        self.assigner.reassign_each(service, now, |node, quota| {
+            Self::push(streams.get(&node).map_or(&[][..], Vec::as_slice), &quota);
+        });
+    }
+
+    /// The mid-slot assign. Node by node, as each is rendered: its streams'
+    /// answers ahead are replaced, then its push is queued (in that order,
+    /// so an answer never overtakes a newer push). Only one node's push
+    /// and answer are held here at a time, and the first nodes' go out
+    /// while the others' are rendered.
     fn tick(&mut self) {
         let now = self.clock.now_ms();
-        let (pushes, prepared) = self.assigner.tick_and_prepare(now);
         let report_slot = self.assigner.ledger().config().slot.slot_at(now) + 1;
-        self.prepare_answers(report_slot, prepared);
-        self.deliver(pushes);
+        let mut streams = Self::streams(&self.conns);
+        self.assigner.tick_each(now, |node, quota, answer| {
+            let ready = answer.map(|(quota, services)| Ready {
+                report_slot,
+                services: services.into(),
+                quota,
+            });
+            let streams = streams.remove(&node).unwrap_or_default();
+            for c in &streams {
+                *c.ahead.ready.lock() = ready.clone();
+            }
+            Self::push(&streams, &quota);
+        });
+        // Streams of a node the assigner no longer serves answer nothing
+        // ahead.
+        for c in streams.into_values().flatten() {
+            *c.ahead.ready.lock() = None;
+        }
     }
 
     fn monitor(&mut self, subject: Subject, range: SlotRange) -> Value {

@@ -11,10 +11,15 @@
 //! - at each boundary (+50 ms), every node's report is filed, read in place
 //!   from its bytes, as when its answer went out ahead (`Assigner::file`);
 //! - once all are in, the slot is re-assigned and a push rendered for
-//!   every node (`Assigner::reassign`);
+//!   every node (`Assigner::reassign_each`);
 //! - at mid-slot, the assign of the next slot, a push rendered for every
 //!   node with its answer to the next report rendered ahead, and the
-//!   retention (`Assigner::tick_and_prepare`).
+//!   retention (`Assigner::tick_each`).
+//!
+//! Each push is counted and dropped as soon as it is rendered (the server
+//! queues it on the node's stream, whose task writes it out); each answer
+//! rendered ahead is kept until the next assign replaces it, as the server
+//! keeps it for the node's next report.
 //!
 //! `--nr-slot N` keeps `N` slots of history instead of the original's 60.
 //!
@@ -74,6 +79,8 @@ fn main() -> anyhow::Result<()> {
     let rss_before = throttle_tests::rss_mib();
     let mut times: Vec<[Duration; 3]> = Vec::new();
     let mut pushed_bytes = 0usize;
+    let mut answers: Vec<Option<_>> =
+        vec![None; ids.iter().map(|n| n.index() + 1).max().unwrap_or(0)];
     for slot in first + 1..=first + slots {
         let boundary = slot * slot_ms;
         let raw: Vec<RawReport> = reports
@@ -94,15 +101,19 @@ fn main() -> anyhow::Result<()> {
         t[0] = started.elapsed();
         let started = Instant::now();
         for service in &complete {
-            let pushes = assigner.reassign(service, boundary + 60);
-            pushed_bytes += pushes.iter().map(|(_, q)| q.len()).sum::<usize>();
+            assigner.reassign_each(service, boundary + 60, |_, push| {
+                pushed_bytes += push.len();
+            });
         }
         t[1] = started.elapsed();
         let started = Instant::now();
-        let (pushes, answers) = assigner.tick_and_prepare(boundary + slot_ms / 2);
-        pushed_bytes += pushes.iter().map(|(_, q)| q.len()).sum::<usize>();
+        assigner.tick_each(boundary + slot_ms / 2, |node, push, answer| {
+            pushed_bytes += push.len();
+            // Kept until the next assign replaces it, as the server keeps
+            // each stream's answer ahead.
+            answers[node.index()] = answer;
+        });
         t[2] = started.elapsed();
-        drop((pushes, answers));
         let total: Duration = t.iter().sum();
         eprintln!(
             "slot {:>3}: {:>6.1} ms ({})",
