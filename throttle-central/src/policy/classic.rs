@@ -111,7 +111,7 @@ mod tests {
     use proptest::prelude::*;
     use throttle_proto::legacy::report_from_json;
 
-    fn usage(node: u32, slot: i64, consumption: i64, rejection: i64) -> NodeUsage {
+    fn usage(node: u32, slot: i64, consumption: i64, rejection: u32) -> NodeUsage {
         NodeUsage {
             node: NodeId::test(node),
             slot,
@@ -239,7 +239,7 @@ mod tests {
     }
 
     fn entries() -> impl Strategy<Value = Vec<NodeUsage>> {
-        prop::collection::vec((0i64..12, 0i64..1_000, 0i64..1_000), 0..12).prop_map(|v| {
+        prop::collection::vec((0i64..12, 0i64..1_000, 0u32..1_000), 0..12).prop_map(|v| {
             v.into_iter()
                 .enumerate()
                 .map(|(i, (slot, c, r))| NodeUsage {
