@@ -504,7 +504,7 @@ struct Skeleton {
     /// The encoded users.
     block: Vec<u8>,
     /// Per grant, where its amount is in `block`.
-    amounts_at: Vec<usize>,
+    amounts_at: Vec<u32>,
 }
 
 impl Service {
@@ -522,7 +522,10 @@ impl Service {
         let skeleton = skeletons.entry(node).or_default();
         if skeleton.reused == self.state.reused && same_keys(&skeleton.keys, grants) {
             let amounts = skeleton.amounts_at.iter().zip(grants);
-            if out.append_users(&skeleton.block, amounts.map(|(&at, g)| (at, g.amount()))) {
+            if out.append_users(
+                &skeleton.block,
+                amounts.map(|(&at, g)| (at as usize, g.amount())),
+            ) {
                 return;
             }
         }
@@ -532,10 +535,11 @@ impl Service {
         skeleton
             .block
             .extend_from_slice(&out.users_so_far()[start..]);
-        for at in &mut skeleton.amounts_at {
-            *at -= start;
-        }
         skeleton.keys.clear();
+        if u32::try_from(skeleton.block.len()).is_err() {
+            // Offsets past 4 GiB were not noted: copy nothing from it.
+            return;
+        }
         skeleton.keys.extend(grants.iter().map(|g| g.key));
         skeleton.reused = self.state.reused;
     }
