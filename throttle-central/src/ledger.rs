@@ -372,8 +372,11 @@ impl Key {
     }
 }
 
-/// A user's keys: its resources' names (interned) and where they are.
-type UserKeys = SmallVec<[(Arc<str>, KeyId); 4]>;
+/// A user's keys. Their resources' names are read from the keys: a name
+/// beside each id would make a user's entry in the name index 120 bytes
+/// instead of 40, for lookups that filing mostly does without
+/// ([`NodeUsers`]).
+type UserKeys = SmallVec<[KeyId; 4]>;
 
 /// Slots after it is freed before a key's id may be reused: the book holds
 /// assignments up to a policy's lead (at most 2) ahead of the current slot,
@@ -1345,10 +1348,14 @@ impl ServiceState {
 
     /// The key of (`user`, `resource`), if held.
     pub fn find(&self, user: &str, resource: &str) -> Option<KeyId> {
-        let keys = self.users.get(user)?;
+        self.key_of(self.users.get(user)?, resource)
+    }
+
+    /// Which of a user's `keys` is of `resource`.
+    fn key_of(&self, keys: &UserKeys, resource: &str) -> Option<KeyId> {
         keys.iter()
-            .find(|(r, _)| **r == *resource)
-            .map(|(_, id)| *id)
+            .copied()
+            .find(|id| *self.keys[id.index()].resource == *resource)
     }
 
     fn key_mut(&mut self, id: KeyId) -> &mut Key {
@@ -1406,10 +1413,7 @@ impl ServiceState {
         out.clear();
         if let Some(keys) = self.users.get(user) {
             let found = resources.clone().all(|r| {
-                let id = keys
-                    .iter()
-                    .find(|(name, _)| **name == *r)
-                    .map(|(_, id)| *id);
+                let id = self.key_of(keys, r);
                 out.extend(id);
                 id.is_some()
             });
@@ -1447,9 +1451,9 @@ impl ServiceState {
                 u
             }
         };
-        let id = self.alloc(user.clone(), resource.clone());
+        let id = self.alloc(user.clone(), resource);
         if let Some(keys) = self.users.get_mut(&user) {
-            keys.push((resource, id));
+            keys.push(id);
         }
         id
     }
@@ -1501,7 +1505,7 @@ impl ServiceState {
             let id = KeyId(i as u32);
             self.freed.push_back((id, current + REUSE_AFTER));
             if let Some(keys) = self.users.get_mut(&*key.user) {
-                keys.retain(|(_, k)| *k != id);
+                keys.retain(|k| *k != id);
                 if keys.is_empty() {
                     self.users.remove(&*key.user);
                 }
