@@ -1154,9 +1154,11 @@ impl Ledger {
         self.reported = self.reported.split_off(&cutoff);
         for svc in self.services.values_mut() {
             // Reports are answered, and pushes sent, for the current slot
-            // and the next (the previous one standing in until the next is
-            // assigned): older slots are only read by the monitor.
-            svc.forget_book(cutoff, current - 1);
+            // and the next (for a lead-1 policy, the current one standing
+            // in until the next is assigned): older slots are only read by
+            // the monitor, and a report older than the previous slot is
+            // answered for a slot already past, which its node never reads.
+            svc.forget_book(cutoff, current);
             svc.policy.forget_before(cutoff);
             svc.state
                 .forget(cutoff, cutoff + i64::from(self.config.nr_slot));
