@@ -146,6 +146,9 @@ fn resource_entry_len(name: &str) -> usize {
 pub struct QuotaEncoder {
     /// Encoded `services` entries of the services already ended.
     services: Vec<u8>,
+    /// Where each (service, slot) ended put its users in `services`, in
+    /// the order begun.
+    blocks: Vec<std::ops::Range<usize>>,
     /// The (service, slot) under way and its encoded `users` entries.
     open: Option<(String, i64)>,
     users: Vec<u8>,
@@ -275,13 +278,26 @@ impl QuotaEncoder {
         put_key(buf, ENTRY_KEY, WireType::Varint);
         encode_varint(slot as u64, buf);
         put_delimited_header(buf, ENTRY_VALUE, self.users.len());
+        let start = buf.len();
         buf.extend_from_slice(&self.users);
+        self.blocks.push(start..buf.len());
         self.users.clear();
     }
 
     /// The encoded [`v1::CentralMessage`], answering the report of
     /// `report_slot` if given.
-    pub fn finish(mut self, report_slot: Option<i64>) -> Bytes {
+    pub fn finish(self, report_slot: Option<i64>) -> Bytes {
+        self.finish_with_users(report_slot).0
+    }
+
+    /// [`finish`](Self::finish), and where each (service, slot) begun put
+    /// its users in the message, in the order begun: a slice of the
+    /// message there is that block, with no copy (what
+    /// [`append_users`](Self::append_users) may append again).
+    pub fn finish_with_users(
+        mut self,
+        report_slot: Option<i64>,
+    ) -> (Bytes, Vec<std::ops::Range<usize>>) {
         self.end();
         let report_len = report_slot.map_or(0, |s| {
             key_len(QUOTA_REPORT_SLOT) + encoded_len_varint(s as u64)
@@ -289,12 +305,18 @@ impl QuotaEncoder {
         let quota_len = self.services.len() + report_len;
         let mut out = Vec::with_capacity(delimited_len(CENTRAL_MESSAGE_QUOTA, quota_len));
         put_delimited_header(&mut out, CENTRAL_MESSAGE_QUOTA, quota_len);
+        let shift = out.len();
         out.extend_from_slice(&self.services);
         if let Some(s) = report_slot {
             put_key(&mut out, QUOTA_REPORT_SLOT, WireType::Varint);
             encode_varint(s as u64, &mut out);
         }
-        out.into()
+        let blocks = self
+            .blocks
+            .into_iter()
+            .map(|b| b.start + shift..b.end + shift)
+            .collect();
+        (out.into(), blocks)
     }
 }
 
@@ -1075,6 +1097,28 @@ mod tests {
         assert_eq!(inbound, Inbound::Hello(hello));
         assert_eq!(inbound.encode_to_vec(), msg.encode_to_vec());
         assert_eq!(Inbound::decode(&[][..]).unwrap(), Inbound::Empty);
+    }
+
+    #[test]
+    fn a_finished_message_names_where_each_service_put_its_users() {
+        let encode = || {
+            let mut q = QuotaEncoder::new();
+            q.begin("front", 7);
+            q.user("alice", [("requests", 2.0)]);
+            let front = q.users_so_far().to_vec();
+            q.begin("empty", 7);
+            q.begin("other", 8);
+            q.user("bob", [("up", 1e6), ("requests", 0.5)]);
+            let other = q.users_so_far().to_vec();
+            (q, front, other)
+        };
+        let (q, front, other) = encode();
+        let (message, blocks) = q.finish_with_users(Some(300));
+        assert_eq!(blocks.len(), 3, "one per service begun");
+        assert_eq!(&message[blocks[0].clone()], &front[..]);
+        assert!(blocks[1].is_empty());
+        assert_eq!(&message[blocks[2].clone()], &other[..]);
+        assert_eq!(message, encode().0.finish(Some(300)), "the same message");
     }
 
     #[test]

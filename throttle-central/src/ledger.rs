@@ -504,8 +504,11 @@ struct Skeleton {
     /// [`ServiceState::reused`] then: a key's names change only when its
     /// id is reused.
     reused: u64,
-    /// The encoded users.
-    block: Vec<u8>,
+    /// The encoded users: a slice of the last message they were encoded
+    /// into, which is held anyway while it waits to be sent, and after
+    /// the mid-slot assign until the node's next report (the answer
+    /// rendered ahead), rather than a copy of its own.
+    block: Bytes,
     /// Per grant, where its amount is in `block`.
     amounts_at: Vec<u32>,
 }
@@ -513,14 +516,16 @@ struct Skeleton {
 impl Service {
     /// Encodes `grants` of `node` as the users of the (service, slot) `out`
     /// has begun: from the node's [`Skeleton`] when it has the same keys,
-    /// else anew, making the skeleton.
+    /// else anew, making the skeleton. Returns whether the node has a
+    /// skeleton of these users, whose block the caller then points at the
+    /// users in the finished message ([`Ledger::encode_quota_for`]).
     fn encode_users(
         &self,
         out: &mut QuotaEncoder,
         node: NodeId,
         grants: &[Grant],
         order: &mut Vec<(usize, u32)>,
-    ) {
+    ) -> bool {
         let mut skeletons = self.skeletons.borrow_mut();
         let skeleton = skeletons.entry(node).or_default();
         if skeleton.reused == self.state.reused && same_keys(&skeleton.keys, grants) {
@@ -529,22 +534,20 @@ impl Service {
                 &skeleton.block,
                 amounts.map(|(&at, g)| (at as usize, g.amount())),
             ) {
-                return;
+                return true;
             }
         }
         let start = out.users_so_far().len();
         encode_grants(out, &self.state, grants, order, &mut skeleton.amounts_at);
-        skeleton.block.clear();
-        skeleton
-            .block
-            .extend_from_slice(&out.users_so_far()[start..]);
+        skeleton.block = Bytes::new();
         skeleton.keys.clear();
-        if u32::try_from(skeleton.block.len()).is_err() {
+        if u32::try_from(out.users_so_far().len() - start).is_err() {
             // Offsets past 4 GiB were not noted: copy nothing from it.
-            return;
+            return false;
         }
         skeleton.keys.extend(grants.iter().map(|g| g.key));
         skeleton.reused = self.state.reused;
+        true
     }
 
     /// Runs the policy for `slot` and keeps the result, replacing any
@@ -1135,16 +1138,28 @@ impl Ledger {
     ) -> Bytes {
         let mut out = QuotaEncoder::new();
         let mut order = Vec::new();
+        // Per service begun, in order: the service whose skeleton of this
+        // node takes its users block from the message.
+        let mut skeletons: SmallVec<[Option<&Service>; 4]> = SmallVec::new();
         for (name, slot) in services {
             out.begin(name, slot);
-            let Some(svc) = self.services.get(name) else {
-                continue;
+            let svc = self.services.get(name);
+            let grants = svc.and_then(|svc| svc.policy.grants_for(&svc.book, node, slot));
+            let kept = match (svc, grants) {
+                (Some(svc), Some(grants)) => svc.encode_users(&mut out, node, grants, &mut order),
+                _ => false,
             };
-            if let Some(grants) = svc.policy.grants_for(&svc.book, node, slot) {
-                svc.encode_users(&mut out, node, grants, &mut order);
+            skeletons.push(svc.filter(|_| kept));
+        }
+        let (message, blocks) = out.finish_with_users(report_slot);
+        for (svc, block) in skeletons.into_iter().zip(blocks) {
+            if let Some(svc) = svc
+                && let Some(skeleton) = svc.skeletons.borrow_mut().get_mut(&node)
+            {
+                skeleton.block = message.slice(block);
             }
         }
-        out.finish(report_slot)
+        message
     }
 
     /// Forgets everything older than `nr_slot` slots before `now_ms`.

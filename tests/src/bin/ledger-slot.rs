@@ -18,8 +18,8 @@
 //!
 //! Each push is counted and dropped as soon as it is rendered (the server
 //! queues it on the node's stream, whose task writes it out); each answer
-//! rendered ahead is kept until the next assign replaces it, as the server
-//! keeps it for the node's next report.
+//! rendered ahead is kept until a re-assign clears it or the next assign
+//! replaces it, as the server keeps it for the node's next report.
 //!
 //! `--nr-slot N` keeps `N` slots of history instead of the original's 60.
 //!
@@ -101,6 +101,8 @@ fn main() -> anyhow::Result<()> {
         t[0] = started.elapsed();
         let started = Instant::now();
         for service in &complete {
+            // The server lets go of every answer ahead before re-assigning.
+            answers.fill(None);
             assigner.reassign_each(service, boundary + 60, |_, push| {
                 pushed_bytes += push.len();
             });
