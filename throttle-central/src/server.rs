@@ -817,9 +817,6 @@ impl Actor {
         Ok(quota)
     }
 
-    /// Gives every stream the answer to its node's report due at the next
-    /// slot boundary, `report_slot` (see [`AnswerAhead`]), from those
-    /// rendered with the tick; a stream of a node without one has none.
     /// Clears every stream's answer rendered ahead: grants changed.
     fn forget_answers(&self) {
         for c in self.conns.values() {
@@ -870,11 +867,12 @@ impl Actor {
         });
     }
 
-    /// The mid-slot assign. Node by node, as each is rendered: its streams'
-    /// answers ahead are replaced, then its push is queued (in that order,
-    /// so an answer never overtakes a newer push). Only one node's push
-    /// and answer are held here at a time, and the first nodes' go out
-    /// while the others' are rendered.
+    /// The mid-slot assign. Node by node, as each is rendered: its streams
+    /// get the answer to the node's report due at the next slot boundary
+    /// (see [`AnswerAhead`]; none if none was rendered), then its push is
+    /// queued (in that order, so an answer never overtakes a newer push).
+    /// Only one node's push and answer are held here at a time, and the
+    /// first nodes' go out while the others' are rendered.
     fn tick(&mut self) {
         let now = self.clock.now_ms();
         let report_slot = self.assigner.ledger().config().slot.slot_at(now) + 1;
