@@ -26,7 +26,7 @@
 //! the one thread they share, not the central node.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
@@ -225,12 +225,17 @@ fn main() -> anyhow::Result<()> {
         let answered = Arc::new(AtomicU64::new(0));
         let late_pushes = Arc::new(AtomicU64::new(0));
         let pushes = Arc::new(AtomicU64::new(0));
+        // Set once the warm-up is over: only reports sent from then on are
+        // counted, with their answers and round trips, so an answer to a
+        // report sent before the window never counts in it.
+        let measuring = Arc::new(AtomicBool::new(false));
         let end = Instant::now() + Duration::from_secs(seconds + warm_up);
         let mut tasks = Vec::new();
         let started = Instant::now();
         for n in 0..nodes {
             let (url, rtts, sent, answered, late, pushes) =
                 (url.clone(), rtts.clone(), sent.clone(), answered.clone(), late_pushes.clone(), pushes.clone());
+            let measuring = measuring.clone();
             tasks.push(tokio::spawn(async move {
                 let client_usage = fleet::usage(n, users, total_users);
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
@@ -242,7 +247,8 @@ fn main() -> anyhow::Result<()> {
                 };
                 let _ = tx.send(Inbound::Hello(hello)).await;
                 let Ok(mut inbound) = exchange(url, rx).await else { return };
-                let in_flight: Arc<Mutex<Option<(i64, Instant)>>> = Arc::default();
+                // The report awaiting its answer: slot, sent at, counted.
+                let in_flight: Arc<Mutex<Option<(i64, Instant, bool)>>> = Arc::default();
                 let reader = {
                     let in_flight = in_flight.clone();
                     tokio::spawn(async move {
@@ -253,7 +259,7 @@ fn main() -> anyhow::Result<()> {
                             let now_slot = slot.slot_at(CoarseClock.now_ms());
                             match m.report_slot {
                                 Some(s) => {
-                                    if let Some((want, at)) = *in_flight.lock()
+                                    if let Some((want, at, true)) = *in_flight.lock()
                                         && want == s
                                     {
                                         rtts.lock().push(at.elapsed().as_micros() as u64);
@@ -285,8 +291,11 @@ fn main() -> anyhow::Result<()> {
                     if slot.slot_at(CoarseClock.now_ms()) != s {
                         continue;
                     }
-                    *in_flight.lock() = Some((s, Instant::now()));
-                    sent.fetch_add(1, Ordering::Relaxed);
+                    let counted = measuring.load(Ordering::Relaxed);
+                    *in_flight.lock() = Some((s, Instant::now(), counted));
+                    if counted {
+                        sent.fetch_add(1, Ordering::Relaxed);
+                    }
                     if tx.send(report).await.is_err() {
                         break;
                     }
@@ -306,10 +315,8 @@ fn main() -> anyhow::Result<()> {
             threads_cpu_seconds("nodes"),
             Instant::now(),
         );
-        rtts.lock().clear();
-        let (sent0, answered0, late0, pushes0) = (
-            sent.load(Ordering::Relaxed),
-            answered.load(Ordering::Relaxed),
+        measuring.store(true, Ordering::Relaxed);
+        let (late0, pushes0) = (
             late_pushes.load(Ordering::Relaxed),
             pushes.load(Ordering::Relaxed),
         );
@@ -333,8 +340,8 @@ fn main() -> anyhow::Result<()> {
         println!("| report -> answer p99 | {:.2} ms |", pct(0.99));
         println!(
             "| reports answered / sent | {} / {} |",
-            answered.load(Ordering::Relaxed) - answered0,
-            sent.load(Ordering::Relaxed) - sent0
+            answered.load(Ordering::Relaxed),
+            sent.load(Ordering::Relaxed)
         );
         println!(
             "| quota pushes arriving after their slot began | {} of {} |",
