@@ -233,12 +233,26 @@ pub mod fleet {
     /// What node `node` reports for each slot: `users` of the `total`
     /// users, 1 to 5 of each resource.
     pub fn usage(node: u64, users: u64, total: u64) -> v1::Usage {
+        usage_scaled(node, users, total, 1)
+    }
+
+    /// [`usage`], with every resource but `requests` `scale` times larger
+    /// (bytes rather than requests).
+    pub fn usage_scaled(node: u64, users: u64, total: u64, scale: i64) -> v1::Usage {
         let users = (0..users)
             .map(|j| {
                 let u = (node * users + j) % total;
                 let resources = RESOURCES
                     .iter()
-                    .map(|r| (r.to_string(), 1 + (u % 5) as i64))
+                    .map(|r| {
+                        let n = 1 + (u % 5) as i64;
+                        let n = if *r == "requests" {
+                            n
+                        } else {
+                            n.saturating_mul(scale)
+                        };
+                        (r.to_string(), n)
+                    })
                     .collect();
                 (format!("user-{u:07}"), v1::Amounts { resources })
             })

@@ -180,6 +180,65 @@ enum Column {
     Narrow(Vec<u32>),
     /// Indexed by key id; zero for a key without sums.
     Dense(Vec<i64>),
+    /// A dense column of a slot no report files into any more, kept for
+    /// the monitor ([`Column::pack`]).
+    Packed(Packed),
+}
+
+/// A dense column's sums as LEB128 varints, in key order: most sums of a
+/// slot are small (a user's requests in one second take one byte, its
+/// bytes two or three), against 4 bytes each as `u32`s, and 57 of the 60
+/// slots kept are only ever read again. Every [`Packed::BLOCK`]th sum's
+/// offset is kept, so reading one key decodes at most a block.
+#[derive(Debug)]
+struct Packed {
+    bytes: Box<[u8]>,
+    /// The offset in `bytes` of the sums of ids `k * BLOCK`.
+    blocks: Box<[u32]>,
+    len: usize,
+}
+
+impl Packed {
+    const BLOCK: usize = 32;
+
+    /// Packs `sums` (each at least 0), or `None` past 4 GiB of bytes.
+    fn new(sums: impl ExactSizeIterator<Item = i64>) -> Option<Self> {
+        let len = sums.len();
+        let mut bytes = Vec::with_capacity(len + len / 2);
+        let mut blocks = Vec::with_capacity(len.div_ceil(Self::BLOCK));
+        for (i, sum) in sums.enumerate() {
+            if i % Self::BLOCK == 0 {
+                blocks.push(u32::try_from(bytes.len()).ok()?);
+            }
+            prost::encoding::encode_varint(sum.max(0) as u64, &mut bytes);
+        }
+        Some(Self {
+            bytes: bytes.into_boxed_slice(),
+            blocks: blocks.into_boxed_slice(),
+            len,
+        })
+    }
+
+    /// The sums from id `from` on, in order.
+    fn from(&self, from: usize) -> impl Iterator<Item = i64> + '_ {
+        let block = from / Self::BLOCK;
+        let start = self
+            .blocks
+            .get(block)
+            .map_or(self.bytes.len(), |&b| b as usize);
+        let mut rest = &self.bytes[start.min(self.bytes.len())..];
+        let count = self.len.saturating_sub(block * Self::BLOCK);
+        std::iter::from_fn(move || {
+            // Written by `new`: a decoding error cannot happen, and would
+            // read as the end.
+            (!rest.is_empty())
+                .then(|| prost::encoding::decode_varint(&mut rest).ok())
+                .flatten()
+                .map(|v| i64::try_from(v).unwrap_or(i64::MAX))
+        })
+        .take(count)
+        .skip(from % Self::BLOCK)
+    }
 }
 
 impl Column {
@@ -221,6 +280,11 @@ impl Column {
                 let sum = &mut v[id.index()];
                 *sum = sum.saturating_add(amount);
             }
+            Column::Packed(p) => {
+                // A report far later than reports come: unpacked again.
+                *self = Column::Dense(p.from(0).collect());
+                self.add(id, amount, id_bound);
+            }
             Column::Sparse(m) if (m.len() + 1) * 4 > id_bound => {
                 let mut v = vec![0; len];
                 for (k, sum) in m.drain() {
@@ -246,9 +310,24 @@ impl Column {
         match self {
             Column::Narrow(v) => v.get(id.index()).map(|&s| i64::from(s)),
             Column::Dense(v) => v.get(id.index()).copied(),
+            Column::Packed(p) => p.from(id.index()).next(),
             Column::Sparse(m) => m.get(&id).copied(),
         }
         .unwrap_or_default()
+    }
+
+    /// Packs a dense column that no report will add to any more
+    /// ([`Packed`]) where that is smaller (sums from 2^28 up take 5 bytes
+    /// as varints); a sparse one is left as it is.
+    fn pack(&mut self) {
+        let (packed, size) = match self {
+            Column::Narrow(v) => (Packed::new(v.iter().map(|&s| i64::from(s))), v.len() * 4),
+            Column::Dense(v) => (Packed::new(v.iter().copied()), v.len() * 8),
+            Column::Packed(_) | Column::Sparse(_) => (None, 0),
+        };
+        if let Some(p) = packed.filter(|p| p.bytes.len() + p.blocks.len() * 4 < size) {
+            *self = Column::Packed(p);
+        }
     }
 
     /// Every key with a sum other than zero, in no particular order.
@@ -265,6 +344,7 @@ impl Column {
                     .enumerate()
                     .filter_map(move |(i, &s)| nonzero((i, s))),
             ),
+            Column::Packed(p) => Box::new(p.from(0).enumerate().filter_map(nonzero)),
             Column::Sparse(m) => {
                 Box::new(m.iter().filter(|(_, s)| **s != 0).map(|(k, s)| (*k, *s)))
             }
@@ -1507,6 +1587,13 @@ impl ServiceState {
         while self.sums.front().is_some_and(|c| c.slot < cutoff) {
             self.sums.pop_front();
         }
+        // Reports file into the data slot before theirs (and a late one
+        // into the slot before that): older columns are only read.
+        for column in self.sums.iter_mut().filter(|c| c.slot < current - 2) {
+            for c in &mut column.columns {
+                c.pack();
+            }
+        }
         for (i, key) in self.keys.iter_mut().enumerate() {
             if !key.live {
                 continue;
@@ -1605,6 +1692,45 @@ pub(crate) mod tests {
         big.add(KeyId::test(1), 1, 2);
         assert!(matches!(big, Column::Dense(_)), "a sum too big to narrow");
         assert_eq!(big.iter().count(), 2);
+    }
+
+    #[test]
+    fn a_packed_column_reads_back_every_sum() {
+        let ids = 100;
+        let sum = |i: u32| match i % 7 {
+            0 => 0,
+            1 => 1 << 40,
+            n => i64::from(n * i * 31),
+        };
+        let mut column = Column::new(true, ids);
+        for i in 0..ids as u32 {
+            column.add(KeyId::test(i), sum(i), ids);
+        }
+        let before: Vec<_> = column.iter().collect();
+        column.pack();
+        assert!(matches!(column, Column::Packed(_)));
+        for i in 0..ids as u32 + 40 {
+            let want = if i < ids as u32 { sum(i) } else { 0 };
+            assert_eq!(column.get(KeyId::test(i)), want, "id {i}");
+        }
+        assert_eq!(column.iter().collect::<Vec<_>>(), before);
+        // A report filed into it after all: unpacked, nothing lost.
+        column.add(KeyId::test(5), 2, ids);
+        assert_eq!(column.get(KeyId::test(5)), sum(5) + 2);
+        assert_eq!(column.get(KeyId::test(99)), sum(99));
+        // Sums past 2^28 take 5 bytes as varints: kept as u32s.
+        let mut big = Column::new(true, ids);
+        for i in 0..ids as u32 {
+            big.add(KeyId::test(i), 1 << 30, ids);
+        }
+        big.pack();
+        assert!(matches!(big, Column::Narrow(_)));
+        // A sparse column stays sparse.
+        let mut sparse = Column::new(false, ids);
+        sparse.add(KeyId::test(3), 4, ids);
+        sparse.pack();
+        assert!(matches!(sparse, Column::Sparse(_)));
+        assert_eq!(sparse.get(KeyId::test(3)), 4);
     }
 
     #[test]

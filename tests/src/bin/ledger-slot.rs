@@ -22,6 +22,8 @@
 //! replaces it, as the server keeps it for the node's next report.
 //!
 //! `--nr-slot N` keeps `N` slots of history instead of the original's 60.
+//! `--scale N` makes every amount but the requests `N` times larger (the
+//! fleet reports 1 to 5 of each resource per user and node).
 //!
 //! Encoding the reports (the nodes' work) is not timed. Slots until the
 //! history is full (`nr_slot`, 60) and a few more, until the retention
@@ -51,6 +53,10 @@ fn main() -> anyhow::Result<()> {
     let users = throttle_tests::arg("--users", 1000.0) as u64;
     let slots = throttle_tests::arg("--slots", 80.0) as i64;
     let total = fleet::total_users(nodes, users);
+    // Amounts of every resource but requests this many times larger: the
+    // fleet's 1 to 5 a node are small, and the sums kept for the monitor
+    // take less room the smaller they are.
+    let scale = throttle_tests::arg("--scale", 1.0) as i64;
     let mut config = LedgerConfig::default();
     // Slots of history kept (the original's 60): a shorter one shows what
     // the history costs beside the live state.
@@ -72,7 +78,11 @@ fn main() -> anyhow::Result<()> {
         .map(|n| v1::Report {
             node_id: fleet::node_id(n),
             slot_number: 0,
-            consumption: [("front".to_string(), fleet::usage(n, users, total))].into(),
+            consumption: [(
+                "front".to_string(),
+                fleet::usage_scaled(n, users, total, scale),
+            )]
+            .into(),
             rejection: [("front".to_string(), v1::Usage::default())].into(),
         })
         .collect();
