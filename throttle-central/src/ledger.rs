@@ -161,6 +161,9 @@ struct SlotSums {
     slot: i64,
     /// Consumption (0) and rejection (1).
     columns: [Column; 2],
+    /// Packed once no report files into it ([`Column::pack`]): tried once,
+    /// not at every retention pass.
+    settled: bool,
 }
 
 /// One slot's sums of one kind, per key.
@@ -359,6 +362,7 @@ impl SlotSums {
         Self {
             slot,
             columns: dense.map(|d| Column::new(d, id_bound)),
+            settled: false,
         }
     }
 
@@ -1589,10 +1593,15 @@ impl ServiceState {
         }
         // Reports file into the data slot before theirs (and a late one
         // into the slot before that): older columns are only read.
-        for column in self.sums.iter_mut().filter(|c| c.slot < current - 2) {
-            for c in &mut column.columns {
+        for sums in self
+            .sums
+            .iter_mut()
+            .filter(|c| !c.settled && c.slot < current - 2)
+        {
+            for c in &mut sums.columns {
                 c.pack();
             }
+            sums.settled = true;
         }
         for (i, key) in self.keys.iter_mut().enumerate() {
             if !key.live {

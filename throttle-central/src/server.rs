@@ -852,8 +852,13 @@ impl Actor {
         }
         let streams = Self::streams(&self.conns);
         for (node, quota) in pushes {
-            Self::push(streams.get(&node).map_or(&[][..], Vec::as_slice), &quota);
+            Self::push_to(&streams, node, &quota);
         }
+    }
+
+    /// Queues `quota` on every stream of `node` in `streams`.
+    fn push_to(streams: &BTreeMap<NodeId, Vec<&Conn>>, node: NodeId, quota: &bytes::Bytes) {
+        Self::push(streams.get(&node).map_or(&[][..], Vec::as_slice), quota);
     }
 
     /// Re-assigns `service`: the answers rendered ahead are cleared, and
@@ -863,7 +868,7 @@ impl Actor {
         let now = self.clock.now_ms();
         let streams = Self::streams(&self.conns);
         self.assigner.reassign_each(service, now, |node, quota| {
-            Self::push(streams.get(&node).map_or(&[][..], Vec::as_slice), &quota);
+            Self::push_to(&streams, node, &quota);
         });
     }
 

@@ -138,29 +138,24 @@ async fn each_refusal_carries_its_own_figures() {
             )
         }
     };
-    let alice = (
-        r#""requests";q=0;w=1"#.to_owned(),
-        r#""requests";r=0;t=1"#.to_owned(),
-        "0".to_owned(),
-        "1".to_owned(),
-    );
+    // The headers of a refusal on `resource` with quota `q`, nothing
+    // remaining, reset in 1 s.
+    let expected = |resource: &str, q: u32| {
+        (
+            format!(r#""{resource}";q={q};w=1"#),
+            format!(r#""{resource}";r=0;t=1"#),
+            q.to_string(),
+            "1".to_owned(),
+        )
+    };
+    let alice = expected("requests", 0);
     // Bob's 13 requests: 0..=12 consumed are not above 12.
     for _ in 0..13 {
         let res = app.clone().oneshot(get_as("bob", "/")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
     }
-    let bob = (
-        r#""requests";q=12;w=1"#.to_owned(),
-        r#""requests";r=0;t=1"#.to_owned(),
-        "12".to_owned(),
-        "1".to_owned(),
-    );
-    let carol = (
-        r#""database_read";q=0;w=1"#.to_owned(),
-        r#""database_read";r=0;t=1"#.to_owned(),
-        "0".to_owned(),
-        "1".to_owned(),
-    );
+    let bob = expected("requests", 12);
+    let carol = expected("database_read", 0);
     for _ in 0..2 {
         assert_eq!(refused("alice").await, alice);
         assert_eq!(refused("alice").await, alice);
