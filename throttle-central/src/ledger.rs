@@ -45,7 +45,7 @@ use smallvec::SmallVec;
 use crate::bucket::Bucket;
 use crate::limits::Limit;
 use crate::policy::{
-    Assignment, Grant, KeptAssignment, Policy, Projected, encode_grants, same_keys, to_user_quotas,
+    Assignment, Grant, Policy, Projected, QuotaHistory, encode_grants, same_keys, to_user_quotas,
 };
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
@@ -562,7 +562,7 @@ struct Service {
     /// (the previous one on).
     book: BTreeMap<i64, Assignment>,
     /// The older slots of the retention, compact, for the monitor.
-    kept: BTreeMap<i64, KeptAssignment>,
+    kept: QuotaHistory,
     /// An assignment the book let go, for the next assign to fill: at
     /// 1,000 nodes x 1,000 users an assignment is 4 M grants, and
     /// allocating them afresh twice a slot was page faults and copies.
@@ -644,22 +644,20 @@ impl Service {
     }
 
     /// Moves the assignments of slots before `open_from` to the compact
-    /// [`KeptAssignment`]s, keeping one for the next assign to fill, and
+    /// [`QuotaHistory`], keeping one for the next assign to fill, and
     /// drops everything before `cutoff`.
     fn forget_book(&mut self, cutoff: i64, open_from: i64) {
         let open = self.book.split_off(&open_from);
         let closed = std::mem::replace(&mut self.book, open);
         for (slot, assignment) in closed {
             if slot >= cutoff {
-                let previous = self.kept.values().next_back();
-                let kept = KeptAssignment::keep(&assignment, previous);
-                self.kept.insert(slot, kept);
+                self.kept.keep(slot, &assignment);
             }
             if self.spare.is_none() {
                 self.spare = Some(assignment);
             }
         }
-        self.kept = self.kept.split_off(&cutoff);
+        self.kept.forget_before(cutoff);
     }
 }
 
@@ -669,7 +667,7 @@ impl fmt::Debug for Service {
             .field("keys", &self.state.key_count())
             .field("policy", &self.policy.name())
             .field("book_slots", &self.book.len())
-            .field("kept_slots", &self.kept.len())
+            .field("kept_slots", &self.kept.slots().count())
             .finish()
     }
 }
@@ -949,7 +947,7 @@ impl Ledger {
                     },
                     policy,
                     book: BTreeMap::new(),
-                    kept: BTreeMap::new(),
+                    kept: QuotaHistory::default(),
                     spare: None,
                     skeletons: RefCell::default(),
                 },
@@ -1404,9 +1402,11 @@ impl Ledger {
         let mut out = serde_json::Map::new();
         for (service, svc) in &self.services {
             let mut slots = serde_json::Map::new();
-            for (slot, kept) in svc.kept.iter().filter(|(s, _)| range.contains(**s)) {
-                slots.insert(slot.to_string(), self.quota_json(&svc.state, kept.iter()));
-            }
+            svc.kept.read(range.start, |slot, quotas| {
+                if range.contains(slot) {
+                    slots.insert(slot.to_string(), self.quota_json(&svc.state, quotas.iter()));
+                }
+            });
             for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
                 let grants = assignment.iter().map(|(n, g)| (n, g.iter().copied()));
                 slots.insert(slot.to_string(), self.quota_json(&svc.state, grants));
@@ -1891,7 +1891,7 @@ pub(crate) mod tests {
             assert!(svc.book.len() <= 3, "only the slots still answered");
         }
         let quotas = l.monitor_quota(range)["front"].clone();
-        let kept: Vec<i64> = l.services["front"].kept.keys().copied().collect();
+        let kept: Vec<i64> = l.services["front"].kept.slots().collect();
         assert!(kept.len() >= 8, "{kept:?}");
         for (slot, q) in seen.iter().filter(|(s, _)| **s >= 110) {
             assert_eq!(&quotas[slot.to_string()], q, "slot {slot}");

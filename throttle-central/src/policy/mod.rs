@@ -11,14 +11,15 @@
 //!   active nodes; a baseline for comparisons.
 
 mod classic;
+mod history;
 mod projected;
 mod split;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
 
 pub use classic::Classic;
+pub use history::{QuotaHistory, SlotQuotas};
 pub use projected::Projected;
 pub use split::StaticSplit;
 use throttle_proto::v1;
@@ -31,7 +32,7 @@ use crate::ledger::{KeyId, NodeId, ServiceState};
 /// 8 bytes and `Copy`: the key is named by its id in the service's arena,
 /// so building a slot's million grants touches no reference count, and the
 /// amount is kept as an `f32`, which is also what the retention keeps of
-/// older slots ([`KeptAssignment`]).
+/// older slots ([`QuotaHistory`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
     /// The (user, resource) key.
@@ -104,66 +105,6 @@ impl Assignment {
             .enumerate()
             .filter(|(_, g)| !g.is_empty())
             .map(|(i, g)| (NodeId::from_index(i), g.as_slice()))
-    }
-}
-
-/// An assignment kept only to be read back (the monitor's `quota`), in half
-/// the memory: per node, the grants' amounts, and their keys in a list
-/// shared with the node's previous kept slot when it names the same keys,
-/// as it does while the node's users stay.
-///
-/// The retention keeps 60 slots of quotas; at 1,000 nodes x 1,000 users that is
-/// 240 M grants, 1.9 GB as [`Grant`]s and 0.96 GB as kept amounts.
-#[derive(Debug, Default)]
-pub struct KeptAssignment {
-    nodes: Vec<(NodeId, KeptGrants)>,
-}
-
-#[derive(Debug)]
-struct KeptGrants {
-    keys: Arc<[KeyId]>,
-    amounts: Box<[f32]>,
-}
-
-impl KeptAssignment {
-    /// Keeps `assignment`, sharing each node's key list with `previous`
-    /// (the slot kept before) where it names the same keys.
-    pub fn keep(assignment: &Assignment, previous: Option<&KeptAssignment>) -> Self {
-        let nodes = assignment
-            .iter()
-            .map(|(node, grants)| {
-                let earlier = previous.and_then(|p| p.grants_of(node));
-                let keys = match earlier {
-                    Some(k) if same_keys(&k.keys, grants) => k.keys.clone(),
-                    _ => grants.iter().map(|g| g.key).collect(),
-                };
-                let amounts = grants.iter().map(|g| g.amount).collect();
-                (node, KeptGrants { keys, amounts })
-            })
-            .collect();
-        Self { nodes }
-    }
-
-    /// The grants of `node`: the nodes are in index order, as an
-    /// [`Assignment`] lists them.
-    fn grants_of(&self, node: NodeId) -> Option<&KeptGrants> {
-        let i = self
-            .nodes
-            .binary_search_by_key(&node.index(), |(n, _)| n.index())
-            .ok()?;
-        Some(&self.nodes[i].1)
-    }
-
-    /// Every node with grants, and its grants.
-    pub fn iter(&self) -> impl Iterator<Item = (NodeId, impl Iterator<Item = Grant> + '_)> {
-        self.nodes.iter().map(|(node, g)| {
-            let grants = g
-                .keys
-                .iter()
-                .zip(&g.amounts)
-                .map(|(&key, &amount)| Grant { key, amount });
-            (*node, grants)
-        })
     }
 }
 
@@ -332,37 +273,6 @@ mod tests {
         assert_eq!(amount(f64::NAN), 0.0, "no quota left");
         assert_eq!(amount(f64::INFINITY), f64::INFINITY);
         assert_eq!(std::mem::size_of::<Grant>(), 8);
-    }
-
-    #[test]
-    fn a_kept_assignment_reads_back_its_grants_and_shares_key_lists() {
-        let (n0, n1) = (NodeId::test(0), NodeId::test(2));
-        let assignment = |amounts: &[(NodeId, u32, f64)]| {
-            let mut a = Assignment::default();
-            for &(node, key, q) in amounts {
-                a.push(node, Grant::new(KeyId::test(key), q));
-            }
-            a
-        };
-        let read = |k: &KeptAssignment| -> Vec<(NodeId, Vec<Grant>)> {
-            k.iter().map(|(n, g)| (n, g.collect())).collect()
-        };
-        let first = assignment(&[(n0, 1, 5.0), (n0, 4, 7.5), (n1, 1, 2.0)]);
-        let a = KeptAssignment::keep(&first, None);
-        let want: Vec<_> = first.iter().map(|(n, g)| (n, g.to_vec())).collect();
-        assert_eq!(read(&a), want);
-        // Same keys, other amounts: n0's list is shared; n1's keys changed.
-        let second = assignment(&[(n0, 1, 6.0), (n0, 4, 1.0), (n1, 3, 2.0)]);
-        let b = KeptAssignment::keep(&second, Some(&a));
-        let want: Vec<_> = second.iter().map(|(n, g)| (n, g.to_vec())).collect();
-        assert_eq!(read(&b), want);
-        assert!(Arc::ptr_eq(&a.nodes[0].1.keys, &b.nodes[0].1.keys));
-        assert!(!Arc::ptr_eq(&a.nodes[1].1.keys, &b.nodes[1].1.keys));
-        assert_eq!(
-            read(&a)[1].1,
-            first.get(n1).unwrap(),
-            "the first is unchanged"
-        );
     }
 
     proptest! {
