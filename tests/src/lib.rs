@@ -239,13 +239,29 @@ pub mod fleet {
     /// [`usage`], with every resource but `requests` `scale` times larger
     /// (bytes rather than requests).
     pub fn usage_scaled(node: u64, users: u64, total: u64, scale: i64) -> v1::Usage {
+        usage_in_slot(node, users, total, scale, None)
+    }
+
+    /// [`usage_scaled`] in one slot: with `Some(slot)`, each user's 1 to 5
+    /// of each resource on each node is drawn anew for every slot, as a
+    /// user's use moves from second to second, rather than the same every
+    /// slot.
+    pub fn usage_in_slot(
+        node: u64,
+        users: u64,
+        total: u64,
+        scale: i64,
+        slot: Option<i64>,
+    ) -> v1::Usage {
         let users = (0..users)
             .map(|j| {
                 let u = (node * users + j) % total;
                 let resources = RESOURCES
                     .iter()
-                    .map(|r| {
-                        let n = 1 + (u % 5) as i64;
+                    .zip(0u64..)
+                    .map(|(r, i)| {
+                        let draw = slot.map_or(u, |s| mix(u, s as u64, i + 4 * node));
+                        let n = 1 + (draw % 5) as i64;
                         let n = if *r == "requests" {
                             n
                         } else {
@@ -258,6 +274,17 @@ pub mod fleet {
             })
             .collect();
         v1::Usage { users }
+    }
+
+    /// A well-mixed number from three (splitmix64's finalizer).
+    fn mix(a: u64, b: u64, c: u64) -> u64 {
+        let mut z = a
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(b.wrapping_mul(0xBF58_476D_1CE4_E5B9))
+            .wrapping_add(c.wrapping_mul(0x94D0_49BB_1331_11EB));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// A limit of 1,000 per second on every resource for each of `total`

@@ -23,7 +23,10 @@
 //!
 //! `--nr-slot N` keeps `N` slots of history instead of the original's 60.
 //! `--scale N` makes every amount but the requests `N` times larger (the
-//! fleet reports 1 to 5 of each resource per user and node).
+//! fleet reports 1 to 5 of each resource per user and node). `--vary 1`
+//! draws each user's amounts anew every slot, rather than the same every
+//! slot: quotas then change from slot to slot, and the history kept for
+//! the monitor takes more room.
 //!
 //! Encoding the reports (the nodes' work) is not timed. Slots until the
 //! history is full (`nr_slot`, 60) and a few more, until the retention
@@ -57,6 +60,7 @@ fn main() -> anyhow::Result<()> {
     // fleet's 1 to 5 a node are small, and the sums kept for the monitor
     // take less room the smaller they are.
     let scale = throttle_tests::arg("--scale", 1.0) as i64;
+    let vary = throttle_tests::arg("--vary", 0.0) != 0.0;
     let mut config = LedgerConfig::default();
     // Slots of history kept (the original's 60): a shorter one shows what
     // the history costs beside the live state.
@@ -95,8 +99,13 @@ fn main() -> anyhow::Result<()> {
         let boundary = slot * slot_ms;
         let raw: Vec<RawReport> = reports
             .iter_mut()
-            .map(|r| {
+            .zip(0..)
+            .map(|(r, n)| {
                 r.slot_number = slot;
+                if vary {
+                    let usage = fleet::usage_in_slot(n, users, total, scale, Some(slot));
+                    r.consumption.insert("front".to_string(), usage);
+                }
                 RawReport::parse(r.encode_to_vec().into())
             })
             .collect::<Result<_, _>>()?;
