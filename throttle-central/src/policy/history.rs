@@ -1,14 +1,4 @@
-//! The quotas of past slots, kept for the monitor.
-//!
-//! The retention keeps 60 slots of quotas, one per (user, resource, node)
-//! and slot: at 1,000 nodes x 1,000 users, 240 M amounts, 0.96 GB as
-//! `f32`s. Most of a node's quotas are the same from one slot to the next
-//! (a user whose use is steady, or idle, keeps its share of a full
-//! bucket), so only the newest slot is kept whole: each older one keeps,
-//! per node, which of its amounts differ from the node's in the slot after
-//! it, and by which bits. Reading a slot back means reading every newer one
-//! first, which the monitor, the only reader, does anyway when it lists a
-//! range; dropping the oldest slots needs nothing else.
+//! The quotas of past slots, kept for the monitor ([`QuotaHistory`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,7 +8,17 @@ use prost::encoding::{decode_varint, encode_varint};
 use super::{Assignment, Grant, same_keys};
 use crate::ledger::{KeyId, NodeId};
 
-/// The quotas of the slots the book let go; see the [module docs](self).
+/// The quotas of the slots the book let go, for the monitor.
+///
+/// The retention keeps 60 slots of quotas, one per (user, resource, node)
+/// and slot: at 1,000 nodes x 1,000 users, 240 M amounts, 0.96 GB as
+/// `f32`s. Most of a node's quotas are the same from one slot to the next
+/// (a user whose use is steady, or idle, keeps its share of a full
+/// bucket), so only the newest slot is kept whole: each older one keeps,
+/// per node, which of its amounts differ from the node's in the slot after
+/// it, and how far. Reading a slot back means reading every newer one
+/// first, which the monitor, the only reader, does anyway when it lists a
+/// range; dropping the oldest slots needs nothing else.
 #[derive(Debug, Default)]
 pub struct QuotaHistory {
     /// slot -> its nodes in index order, as an [`Assignment`] lists them.
@@ -183,21 +183,21 @@ fn grants_of(nodes: &[(NodeId, KeptGrants)], node: NodeId) -> Option<&KeptGrants
 
 /// `old` as its changes against `new` (as long, same keys), if that is
 /// smaller than `old`: a bitmap with one bit per amount, set where the two
-/// differ, then for each amount that does, in order, the XOR of the two
-/// amounts' bits as a LEB128 varint (an amount a little off the one after
-/// shares its sign, exponent and top bits: 1 to 5 bytes).
+/// differ, then for each amount that does, in order, how far apart the two
+/// amounts' bits are ([`step`]) as a LEB128 varint.
 ///
-/// Where quotas move every slot, most XORs take 4 bytes and the changes
-/// would be no smaller: once the varints so far pass the pace at which
-/// they would end up as large as `old` (by more than [`GIVE_UP_SLACK`]
-/// bytes), the rest are not encoded.
+/// Where quotas move every slot by as much as they do in `ledger-slot
+/// --vary`, most steps take 4 bytes and the changes would be no smaller:
+/// once the varints so far pass the pace at which they would end up as
+/// large as `old` (by more than [`GIVE_UP_SLACK`] bytes), the rest are not
+/// encoded.
 fn changes(old: &[f32], new: &[f32]) -> Option<Box<[u8]>> {
     let bitmap = old.len().div_ceil(8);
     // Smaller than `old` means varints under 31/8 bytes per amount.
     let at_most = |amounts: usize| (amounts * 31).div_ceil(8);
     let mut out = vec![0u8; bitmap];
     for (i, (a, b)) in old.iter().zip(new).enumerate() {
-        let x = a.to_bits() ^ b.to_bits();
+        let x = step(*b, *a);
         if x != 0 {
             out[i / 8] |= 1 << (i % 8);
             encode_varint(u64::from(x), &mut out);
@@ -210,6 +210,23 @@ fn changes(old: &[f32], new: &[f32]) -> Option<Box<[u8]>> {
     Some(out.into_boxed_slice())
 }
 
+/// How far `to`'s bits are from `from`'s, as integers, zigzag-encoded
+/// (0, -1, 1, -2... as 0, 1, 2, 3...). The bits of positive floats order
+/// as their values do, 2^23 apart per doubling: an amount 1% off the one
+/// after is about 2^16 away (3 varint bytes), 10% off about 2^19 (3), and
+/// one crossing a power of two stays as near, where the XOR of the bits
+/// would take 4 bytes.
+fn step(from: f32, to: f32) -> u32 {
+    let d = to.to_bits().wrapping_sub(from.to_bits()) as i32;
+    ((d << 1) ^ (d >> 31)) as u32
+}
+
+/// The amount [`step`] `z` away from `from`.
+fn step_from(from: f32, z: u32) -> f32 {
+    let d = ((z >> 1) as i32) ^ -((z & 1) as i32);
+    f32::from_bits(from.to_bits().wrapping_add(d as u32))
+}
+
 /// How far ahead of the break-even pace a node's changes may run before
 /// they are given up ([`changes`]): a run of changed amounts among steady
 /// ones is no reason to.
@@ -218,12 +235,12 @@ const GIVE_UP_SLACK: usize = 256;
 /// Turns `amounts`, the amounts of the slot after, into the ones whose
 /// [`changes`] against them `c` are.
 fn apply(c: &[u8], amounts: &mut [f32]) {
-    let (bitmap, mut xors) = c.split_at(amounts.len().div_ceil(8).min(c.len()));
+    let (bitmap, mut steps) = c.split_at(amounts.len().div_ceil(8).min(c.len()));
     for (byte, chunk) in bitmap.iter().zip(amounts.chunks_mut(8)) {
         for (bit, amount) in chunk.iter_mut().enumerate() {
             if byte & (1 << bit) != 0 {
-                let x = decode_varint(&mut xors).unwrap_or(0) as u32;
-                *amount = f32::from_bits(amount.to_bits() ^ x);
+                let z = decode_varint(&mut steps).unwrap_or(0) as u32;
+                *amount = step_from(*amount, z);
             }
         }
     }
@@ -365,7 +382,26 @@ mod tests {
         })
     }
 
+    #[test]
+    fn a_small_move_is_a_small_step() {
+        let bytes =
+            |from: f32, to: f32| prost::encoding::encoded_len_varint(u64::from(step(from, to)));
+        assert_eq!(step(3.0, 3.0), 0);
+        assert_eq!(bytes(1000.0, 1010.0), 3, "1% up");
+        assert_eq!(bytes(1010.0, 1000.0), 3, "1% down");
+        assert_eq!(bytes(1000.0, 1000.25), 2);
+        // Across a power of two: the XOR of the bits would take 4 bytes.
+        assert_eq!(bytes(1020.0, 1030.0), 3);
+    }
+
     proptest! {
+        /// A step leads back to the amount it was taken to, for any bits.
+        #[test]
+        fn a_step_leads_back(from in any::<u32>(), to in any::<u32>()) {
+            let (from, to) = (f32::from_bits(from), f32::from_bits(to));
+            prop_assert_eq!(step_from(from, step(from, to)).to_bits(), to.to_bits());
+        }
+
         /// Whatever is kept, forgotten or kept again out of order, every
         /// slot kept reads back as it was kept.
         #[test]
