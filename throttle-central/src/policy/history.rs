@@ -57,36 +57,41 @@ impl QuotaHistory {
             self.make_whole();
         }
         let previous = self.slots.range(..slot).next_back().map(|(_, p)| p);
-        let nodes: Vec<(NodeId, KeptGrants)> = assignment
+        let fresh: Vec<(NodeId, NodeQuotas)> = assignment
             .iter()
             .map(|(node, grants)| {
-                let earlier = previous.and_then(|p| grants_of(p, node));
-                let keys = match earlier {
+                let keys = match previous.and_then(|p| of_node(p, node)) {
                     Some(k) if same_keys(&k.keys, grants) => k.keys.clone(),
                     _ => grants.iter().map(|g| g.key).collect(),
                 };
-                let amounts = Amounts::Whole(grants.iter().map(|g| g.amount).collect());
-                (node, KeptGrants { keys, amounts })
+                let amounts = grants.iter().map(|g| g.amount).collect();
+                (node, NodeQuotas { keys, amounts })
             })
             .collect();
         if in_order && let Some(previous) = self.slots.values_mut().next_back() {
             for (node, kept) in previous.iter_mut() {
-                let Amounts::Whole(old) = &kept.amounts else {
-                    continue;
-                };
-                let Some(now) =
-                    grants_of(&nodes, *node).filter(|n| Arc::ptr_eq(&n.keys, &kept.keys))
-                else {
-                    continue;
-                };
-                let Amounts::Whole(new) = &now.amounts else {
-                    continue;
-                };
-                if let Some(c) = changes(old, new) {
+                if let Amounts::Whole(old) = &kept.amounts
+                    && let Some(now) =
+                        of_node(&fresh, *node).filter(|n| Arc::ptr_eq(&n.keys, &kept.keys))
+                    && let Some(c) = changes(old, &now.amounts)
+                {
                     kept.amounts = Amounts::Changes(c);
                 }
             }
         }
+        let nodes = fresh
+            .into_iter()
+            .map(|(node, q)| {
+                let amounts = Amounts::Whole(q.amounts);
+                (
+                    node,
+                    KeptGrants {
+                        keys: q.keys,
+                        amounts,
+                    },
+                )
+            })
+            .collect();
         self.slots.insert(slot, nodes);
     }
 
@@ -121,8 +126,8 @@ impl QuotaHistory {
         for nodes in self.slots.values_mut().rev() {
             let mut this = SlotQuotas::default();
             this.read(nodes, &newer);
-            for ((_, kept), (_, _, amounts)) in nodes.iter_mut().zip(&this.nodes) {
-                kept.amounts = Amounts::Whole(amounts.as_slice().into());
+            for ((_, kept), (_, q)) in nodes.iter_mut().zip(&this.nodes) {
+                kept.amounts = Amounts::Whole(q.amounts.clone());
             }
             newer = this;
         }
@@ -132,7 +137,14 @@ impl QuotaHistory {
 /// One kept slot's quotas, read back: per node, its keys and amounts.
 #[derive(Debug, Default)]
 pub struct SlotQuotas {
-    nodes: Vec<(NodeId, Arc<[KeyId]>, Vec<f32>)>,
+    nodes: Vec<(NodeId, NodeQuotas)>,
+}
+
+/// One node's quotas in one slot, whole: as kept newest, or read back.
+#[derive(Debug)]
+struct NodeQuotas {
+    keys: Arc<[KeyId]>,
+    amounts: Box<[f32]>,
 }
 
 impl SlotQuotas {
@@ -140,41 +152,40 @@ impl SlotQuotas {
     fn read(&mut self, nodes: &[(NodeId, KeptGrants)], newer: &SlotQuotas) {
         self.nodes.clear();
         for (node, kept) in nodes {
-            let mut amounts = Vec::with_capacity(kept.keys.len());
-            match &kept.amounts {
-                Amounts::Whole(a) => amounts.extend_from_slice(a),
+            let amounts = match &kept.amounts {
+                Amounts::Whole(a) => a.clone(),
                 Amounts::Changes(c) => {
-                    let after = newer
-                        .nodes
-                        .binary_search_by_key(&node.index(), |(n, _, _)| n.index())
-                        .ok()
-                        .map(|i| &newer.nodes[i].2);
+                    let after = of_node(&newer.nodes, *node).map(|q| &q.amounts);
                     // A slot is re-kept as changes only against a newer
                     // slot naming the same keys for the node, and slots
                     // are dropped oldest first: it is always there.
                     debug_assert!(after.is_some_and(|a| a.len() == kept.keys.len()));
-                    amounts.extend_from_slice(after.map_or(&[][..], Vec::as_slice));
+                    let mut amounts = after.map_or_else(Box::default, Box::clone);
                     apply(c, &mut amounts);
+                    amounts
                 }
-            }
-            self.nodes.push((*node, kept.keys.clone(), amounts));
+            };
+            let keys = kept.keys.clone();
+            self.nodes.push((*node, NodeQuotas { keys, amounts }));
         }
     }
 
     /// Every node with grants, and its grants.
     pub fn iter(&self) -> impl Iterator<Item = (NodeId, impl Iterator<Item = Grant> + '_)> {
-        self.nodes.iter().map(|(node, keys, amounts)| {
-            let grants = keys
+        self.nodes.iter().map(|(node, q)| {
+            let grants = q
+                .keys
                 .iter()
-                .zip(amounts)
+                .zip(&q.amounts)
                 .map(|(&key, &amount)| Grant { key, amount });
             (*node, grants)
         })
     }
 }
 
-/// The kept grants of `node`, if it has any: `nodes` are in index order.
-fn grants_of(nodes: &[(NodeId, KeptGrants)], node: NodeId) -> Option<&KeptGrants> {
+/// What `nodes`, in index order as an [`Assignment`] lists them, hold for
+/// `node`.
+fn of_node<T>(nodes: &[(NodeId, T)], node: NodeId) -> Option<&T> {
     let i = nodes
         .binary_search_by_key(&node.index(), |(n, _)| n.index())
         .ok()?;
