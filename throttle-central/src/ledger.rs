@@ -45,7 +45,8 @@ use smallvec::SmallVec;
 use crate::bucket::Bucket;
 use crate::limits::Limit;
 use crate::policy::{
-    Assignment, Grant, Policy, Projected, QuotaHistory, encode_grants, same_keys, to_user_quotas,
+    Assignment, Grant, Granted, Policy, Projected, QuotaHistory, encode_grants, same_keys,
+    to_user_quotas,
 };
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
@@ -639,7 +640,8 @@ impl Service {
     fn assign(&mut self, slot: i64, now_ms: i64) {
         let mut out = self.spare.take().unwrap_or_default();
         out.clear();
-        let assignment = self.policy.assign(&self.state, slot, now_ms, out);
+        let granted = Granted::new(&self.book, &self.kept);
+        let assignment = self.policy.assign(&self.state, granted, slot, now_ms, out);
         self.spare = self.book.insert(slot, assignment);
     }
 
@@ -1898,6 +1900,48 @@ pub(crate) mod tests {
             assert!(q["n1"]["alice"]["requests"].as_f64().is_some(), "{q}");
         }
         assert!(quotas.get("108").is_none(), "past the retention");
+    }
+
+    /// Between assigns, as at every mid-slot, the book and the history
+    /// still hold the grants of the slots the next assign weighs (the
+    /// default policy's four slots before it), and give them back node by
+    /// node, key by key.
+    #[test]
+    fn the_slots_an_assign_weighs_are_still_held_when_it_runs() {
+        let mut l = keeping(10);
+        let limits = [
+            limit("alice", "requests", 100.0),
+            limit("carol", "requests", 40.0),
+        ];
+        l.apply_limits("front", &limits, T);
+        let mut seen: BTreeMap<i64, Vec<(NodeId, Vec<Grant>)>> = BTreeMap::new();
+        for slot in 100..116 {
+            let now = slot * 1_000;
+            for (node, used) in [("n1", 5 + slot % 7), ("n2", 30 + slot % 3)] {
+                let r =
+                    format!(r#"{{"alice": {{"requests": {used}}}, "carol": {{"requests": 9}}}}"#);
+                l.ingest(&report(node, slot, &r, "{}"), now).unwrap();
+            }
+            let assigned = l.assign(now + 500)["front"];
+            let svc = &l.services["front"];
+            let grants = svc.book[&assigned].iter();
+            seen.insert(assigned, grants.map(|(n, g)| (n, g.to_vec())).collect());
+            l.forget(now + 500);
+            let svc = &l.services["front"];
+            let granted = Granted::new(&svc.book, &svc.kept);
+            let next = assigned + 1;
+            for y in (next - 4..next).filter(|y| seen.contains_key(y)) {
+                let mut found = granted.slot(y);
+                for (node, grants) in &seen[&y] {
+                    assert_eq!(grants.len(), 2, "alice and carol");
+                    for g in grants {
+                        let got = found.get(*node, g.key).map(f64::from);
+                        assert_eq!(got, Some(g.amount()), "slot {y} for {next}");
+                    }
+                }
+            }
+        }
+        assert!(seen.len() >= 15);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The original assign algorithm (SPEC §5), kept exactly.
 
-use super::{Assignment, Grant, Policy};
+use super::{Assignment, Grant, Granted, Policy};
 use crate::ledger::{NodeUsage, ServiceState};
 
 /// Slots in the weighting window.
@@ -86,6 +86,7 @@ impl Policy for Classic {
     fn assign(
         &mut self,
         state: &ServiceState,
+        _granted: Granted<'_>,
         slot: i64,
         now_ms: i64,
         mut out: Assignment,

@@ -1,6 +1,8 @@
 //! The quotas of past slots, kept for the monitor ([`QuotaHistory`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc;
 
 use prost::encoding::{decode_varint, encode_varint};
@@ -104,6 +106,26 @@ impl QuotaHistory {
     /// The slots kept, oldest first.
     pub fn slots(&self) -> impl Iterator<Item = i64> + '_ {
         self.slots.keys().copied()
+    }
+
+    /// The quotas of `node` in `slot`, if kept: its grants' keys and
+    /// amounts. Reads the node's amounts back through the newer slots
+    /// alone (borrowed where `slot` keeps them whole), for a reader that
+    /// wants a few nodes of a recent slot rather than all of them.
+    pub(crate) fn of_node(&self, slot: i64, node: NodeId) -> Option<(&[KeyId], Cow<'_, [f32]>)> {
+        let kept = of_node(self.slots.get(&slot)?, node)?;
+        let amounts = match &kept.amounts {
+            Amounts::Whole(a) => Cow::Borrowed(&a[..]),
+            Amounts::Changes(c) => {
+                let newer = self.slots.range((Excluded(slot), Unbounded)).next()?.0;
+                // Changes are against the node's amounts in the next slot
+                // kept, which names the same keys (see `SlotQuotas::read`).
+                let (_, mut amounts) = self.of_node(*newer, node)?;
+                apply(c, amounts.to_mut());
+                amounts
+            }
+        };
+        Some((&kept.keys[..], amounts))
     }
 
     /// Calls `f` with the quotas of every slot kept from `from` on, newest
@@ -434,6 +456,18 @@ mod tests {
                     model = model.split_off(&(slot - 3));
                 }
                 prop_assert_eq!(&read_all(&h), &model);
+                // A node's quotas read alone are the same.
+                for (slot, nodes) in &model {
+                    for n in (0..4).map(NodeId::test) {
+                        let alone = h.of_node(*slot, n).map(|(keys, amounts)| {
+                            keys.iter().zip(amounts.iter())
+                                .map(|(&key, &amount)| Grant { key, amount })
+                                .collect::<Vec<_>>()
+                        });
+                        let want = nodes.iter().find(|(m, _)| *m == n).map(|(_, g)| g.clone());
+                        prop_assert_eq!(alone, want, "slot {} node {:?}", slot, n);
+                    }
+                }
             }
         }
     }

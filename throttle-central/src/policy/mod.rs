@@ -15,6 +15,7 @@ mod history;
 mod projected;
 mod split;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -105,6 +106,114 @@ impl Assignment {
             .enumerate()
             .filter(|(_, g)| !g.is_empty())
             .map(|(i, g)| (NodeId::from_index(i), g.as_slice()))
+    }
+}
+
+/// The grants nodes got for slots before the one being assigned, as the
+/// ledger holds them: the book's slots (the previous one on) and the
+/// older ones the [`QuotaHistory`] keeps. A policy that weighs what was
+/// granted but not yet reported ([`Projected`]) reads them here rather
+/// than keeping a copy of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct Granted<'a> {
+    book: &'a BTreeMap<i64, Assignment>,
+    kept: &'a QuotaHistory,
+}
+
+impl<'a> Granted<'a> {
+    /// The grants of the slots in `book`, and of the older slots in `kept`.
+    pub fn new(book: &'a BTreeMap<i64, Assignment>, kept: &'a QuotaHistory) -> Self {
+        Self { book, kept }
+    }
+
+    /// A reader of `slot`'s grants.
+    pub fn slot(&self, slot: i64) -> SlotGrants<'a> {
+        let source = match self.book.get(&slot) {
+            Some(assignment) => Source::Book(assignment),
+            None => Source::Kept(self.kept, slot),
+        };
+        SlotGrants {
+            source,
+            nodes: Vec::new(),
+        }
+    }
+}
+
+/// One slot's grants, looked up for keys in increasing id order, as a pass
+/// over a service's keys asks for them.
+///
+/// Each node's grants are listed in key order (an assign pushes them as it
+/// walks the keys), so each node's lookups resume where its last one
+/// stopped: a pass over every key reads each node's list once, in order.
+/// Asked out of order, a lookup finds nothing rather than a wrong grant.
+///
+/// A node's grants are found on its first lookup: the history reads back
+/// a slot kept as changes for that node alone, so a pass that only asks
+/// about the few nodes whose reports are late reads little of it.
+#[derive(Debug)]
+pub struct SlotGrants<'a> {
+    source: Source<'a>,
+    /// By node index, once looked up: the node's grants and how far its
+    /// lookups have read.
+    nodes: Vec<Option<(Column<'a>, usize)>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Source<'a> {
+    Book(&'a Assignment),
+    Kept(&'a QuotaHistory, i64),
+}
+
+/// A node's grants in one slot, as the book or the history holds them.
+#[derive(Debug)]
+enum Column<'a> {
+    Grants(&'a [Grant]),
+    Kept(&'a [KeyId], Cow<'a, [f32]>),
+}
+
+impl Column<'_> {
+    fn key(&self, i: usize) -> Option<KeyId> {
+        match self {
+            Column::Grants(g) => g.get(i).map(|g| g.key),
+            Column::Kept(k, _) => k.get(i).copied(),
+        }
+    }
+
+    fn amount(&self, i: usize) -> Option<f32> {
+        match self {
+            Column::Grants(g) => g.get(i).map(|g| g.amount),
+            Column::Kept(_, a) => a.get(i).copied(),
+        }
+    }
+}
+
+impl SlotGrants<'_> {
+    /// What `node` was granted of `key` in this slot, if anything. `key`
+    /// must not come before the key of the node's previous lookup.
+    pub fn get(&mut self, node: NodeId, key: KeyId) -> Option<f32> {
+        let i = node.index();
+        if self.nodes.len() <= i {
+            self.nodes.resize_with(i + 1, || None);
+        }
+        let (column, at) = match &mut self.nodes[i] {
+            Some(found) => found,
+            empty => {
+                let column = match self.source {
+                    Source::Book(assignment) => Column::Grants(assignment.get(node).unwrap_or(&[])),
+                    Source::Kept(kept, slot) => match kept.of_node(slot, node) {
+                        Some((keys, amounts)) => Column::Kept(keys, amounts),
+                        None => Column::Grants(&[]),
+                    },
+                };
+                empty.insert((column, 0))
+            }
+        };
+        while column.key(*at).is_some_and(|k| k < key) {
+            *at += 1;
+        }
+        (column.key(*at) == Some(key))
+            .then(|| column.amount(*at))
+            .flatten()
     }
 }
 
@@ -218,9 +327,13 @@ pub trait Policy: Send + fmt::Debug {
     /// `out` is empty: an assignment the book let go, cleared, whose
     /// vectors keep their capacity, so an assign in the steady state
     /// allocates nothing.
+    ///
+    /// `granted` holds what nodes were granted for recent slots before
+    /// `slot` (and, when `slot` is re-assigned, what it was assigned).
     fn assign(
         &mut self,
         state: &ServiceState,
+        granted: Granted<'_>,
         slot: i64,
         now_ms: i64,
         out: Assignment,
@@ -276,6 +389,67 @@ mod tests {
     }
 
     proptest! {
+        /// A slot's grants, looked up node by node for keys in increasing
+        /// order, are the grants it gave, whether the book holds the slot
+        /// or the history does (whole or as changes); asked out of order,
+        /// a lookup finds the grant or nothing.
+        #[test]
+        fn slot_grants_find_each_grant_asked_in_key_order(
+            keys in prop::collection::btree_set((0u32..4, 0u32..12), 0..30),
+            // Per slot: the same keys with these amounts, or other grants.
+            slots in prop::collection::vec(
+                prop::option::weighted(
+                    0.3,
+                    prop::collection::btree_map((0u32..4, 0u32..12), 0u32..4, 0..30),
+                ),
+                5,
+            ),
+            amounts in prop::collection::vec(prop::collection::vec(0u32..4, 30), 5),
+            mut asks in prop::collection::vec((0u32..5, 0u32..13), 0..60),
+        ) {
+            let slots: Vec<BTreeMap<(u32, u32), u32>> = slots
+                .into_iter()
+                .zip(&amounts)
+                .map(|(other, amounts)| {
+                    other.unwrap_or_else(|| keys.iter().copied().zip(amounts.iter().copied()).collect())
+                })
+                .collect();
+            let assignment = |grants: &BTreeMap<(u32, u32), u32>| {
+                let mut a = Assignment::default();
+                // By node, then key: each node's grants in key order.
+                for (&(node, key), &q) in grants {
+                    a.push(NodeId::test(node), Grant::new(KeyId::test(key), f64::from(q)));
+                }
+                a
+            };
+            let (mut book, mut kept) = (BTreeMap::new(), QuotaHistory::default());
+            for (slot, grants) in (10..).zip(&slots) {
+                if slot < 13 {
+                    kept.keep(slot, &assignment(grants));
+                } else {
+                    book.insert(slot, assignment(grants));
+                }
+            }
+            let granted = Granted::new(&book, &kept);
+            let mut unordered = asks.clone();
+            unordered.reverse();
+            asks.sort_by_key(|&(_, key)| key);
+            for (slot, grants) in (10..).zip(&slots) {
+                let want = |node: u32, key: u32| grants.get(&(node, key)).map(|&q| q as f32);
+                let mut found = granted.slot(slot);
+                for &(node, key) in &asks {
+                    let got = found.get(NodeId::test(node), KeyId::test(key));
+                    prop_assert_eq!(got, want(node, key), "slot {} ({}, {})", slot, node, key);
+                }
+                let mut found = granted.slot(slot);
+                for &(node, key) in &unordered {
+                    let got = found.get(NodeId::test(node), KeyId::test(key));
+                    prop_assert!(got.is_none() || got == want(node, key));
+                }
+            }
+            prop_assert_eq!(granted.slot(9).get(NodeId::test(0), KeyId::test(0)), None);
+        }
+
         /// The kept amount is the largest `f32` not above the computed one,
         /// and a node's whole-unit decision is the same with either below
         /// 2^24 units.

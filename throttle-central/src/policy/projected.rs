@@ -1,15 +1,13 @@
 //! The default policy: quotas from the projected bucket level, split by
 //! demand, one slot ahead.
 
-use smallvec::SmallVec;
-
-use super::{Assignment, Grant, Policy};
-use crate::ledger::{Key, KeyId, NodeId, NodeUsage, ServiceState};
+use super::{Assignment, Grant, Granted, Policy, SlotGrants};
+use crate::ledger::{Key, NodeId, NodeUsage, ServiceState};
 
 /// Data slots a node's latest report stays relevant.
 const WINDOW: i64 = 5;
-/// Slots of grants remembered per node.
-const GRANTS: usize = 4;
+/// Slots before the one assigned whose grants are weighed.
+const GRANTS: i64 = 4;
 /// A node with rejections wants at least this much more than it consumed.
 const HUNGRY_GROWTH: f64 = 1.2;
 /// The part of a key's slack (the budget its busy nodes' demand leaves)
@@ -58,105 +56,12 @@ const MAX_IDLE_KEYS: usize = 10_000;
 ///    node's current grants as a stand-in for the next slot until that slot
 ///    is assigned.
 #[derive(Debug, Default)]
-pub struct Projected {
-    /// Per key id, recent grants per node: read in the order of the keys,
-    /// beside them.
-    grants: Vec<KeyGrants>,
-}
-
-/// One key's recent grants; `generation` tells whether they are the grants
-/// of the key now holding that id.
-#[derive(Debug, Default)]
-struct KeyGrants {
-    generation: u32,
-    nodes: SmallVec<[NodeGrants; 3]>,
-}
-
-/// A node's grants of one key for the `GRANTS` slots up to `newest`, by
-/// slot modulo `GRANTS`; NaN where that slot had none, and all NaN until
-/// the first grant.
-///
-/// 24 bytes per (key, node), from 48 (one `i64` slot and `f64` grants) and
-/// first 72 (a slot number per grant):
-///
-/// - a grant is kept as the `f32` the node was sent ([`Grant`]), which is
-///   what the node may admit;
-/// - the newest slot is kept as its low 32 bits, and read against the slot
-///   asked about: two slots 2^31 apart (68 years of 1 s slots) would be
-///   confused, and a key's grants are forgotten `nr_slot` slots after its
-///   node last reported it.
-#[derive(Debug, Clone, Copy)]
-struct NodeGrants {
-    node: NodeId,
-    newest: u32,
-    grants: [f32; GRANTS],
-}
-
-impl NodeGrants {
-    fn new(node: NodeId) -> Self {
-        Self {
-            node,
-            newest: 0,
-            grants: [f32::NAN; GRANTS],
-        }
-    }
-
-    fn at(slot: i64) -> usize {
-        slot.rem_euclid(GRANTS as i64) as usize
-    }
-
-    fn is_empty(&self) -> bool {
-        self.grants.iter().all(|g| g.is_nan())
-    }
-
-    /// How many slots `slot` comes after the newest held (negative: before
-    /// it), modulo 2^32.
-    fn after_newest(&self, slot: i64) -> i32 {
-        (slot as u32).wrapping_sub(self.newest) as i32
-    }
-
-    fn get(&self, slot: i64) -> Option<f64> {
-        let back = self.newest.wrapping_sub(slot as u32);
-        let g = self.grants[Self::at(slot)];
-        (back < GRANTS as u32 && !g.is_nan()).then_some(f64::from(g))
-    }
-
-    /// Sets the grant of `slot`; one older than the `GRANTS` slots held is
-    /// not kept.
-    fn set(&mut self, slot: i64, grant: f32) {
-        let ahead = self.after_newest(slot);
-        if self.is_empty() {
-            self.newest = slot as u32;
-        } else if ahead > 0 {
-            // The slots skipped since `newest` had no grant.
-            for back in 1..ahead.min(GRANTS as i32) {
-                self.grants[Self::at(slot - i64::from(back))] = f32::NAN;
-            }
-            self.newest = slot as u32;
-        } else if ahead <= -(GRANTS as i32) {
-            return;
-        }
-        self.grants[Self::at(slot)] = grant;
-    }
-}
+pub struct Projected;
 
 impl Projected {
     /// The policy.
     pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The recent grants of key `id`, emptied if they were another key's.
-    fn history(&mut self, id: KeyId, generation: u32) -> &mut SmallVec<[NodeGrants; 3]> {
-        if self.grants.len() <= id.index() {
-            self.grants.resize_with(id.index() + 1, KeyGrants::default);
-        }
-        let h = &mut self.grants[id.index()];
-        if h.generation != generation {
-            h.generation = generation;
-            h.nodes.clear();
-        }
-        &mut h.nodes
+        Self
     }
 }
 
@@ -203,6 +108,7 @@ impl Policy for Projected {
     fn assign(
         &mut self,
         state: &ServiceState,
+        granted: Granted<'_>,
         slot: i64,
         now_ms: i64,
         mut out: Assignment,
@@ -234,10 +140,10 @@ impl Policy for Projected {
             .take(MAX_IDLE_KEYS + 1)
             .count()
             <= MAX_IDLE_KEYS;
-        if self.grants.len() < state.id_bound() {
-            self.grants
-                .resize_with(state.id_bound(), KeyGrants::default);
-        }
+        // What each node was granted for the slots before this one, read
+        // beside the keys (see `SlotGrants`); the oldest first.
+        let mut earlier: Vec<SlotGrants<'_>> =
+            (slot - GRANTS..slot).map(|y| granted.slot(y)).collect();
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };
@@ -269,15 +175,14 @@ impl Policy for Projected {
             }
             let level = bucket.level_at(now_ms);
             let rate = bucket.rate();
-            let history = self.history(id, key.generation());
             let mut outstanding = 0.0;
             for &(node, d) in &nodes {
                 let last = newest_of(node).unwrap_or(slot - 2);
-                let first = (last + 1).max(slot - GRANTS as i64);
-                let grants = history.iter().find(|g| g.node == node);
+                let first = (last + 1).max(slot - GRANTS);
                 for y in first..slot {
-                    outstanding += match grants.and_then(|g| g.get(y)) {
-                        Some(g) => g.min(d),
+                    let grant = earlier[(y - (slot - GRANTS)) as usize].get(node, id);
+                    outstanding += match grant {
+                        Some(g) => f64::from(g).min(d),
                         None => d,
                     };
                 }
@@ -309,82 +214,9 @@ impl Policy for Projected {
                     // arrives everywhere at once borrows from the bucket.
                     (budget / nodes.len() as f64).max(budget.min(rate * slot_secs))
                 };
-                // Remembered as sent: what the node may admit.
-                let grant = Grant::new(id, grant);
-                match history.iter_mut().find(|g| g.node == node) {
-                    Some(g) => g.set(slot, grant.amount),
-                    None => {
-                        let mut g = NodeGrants::new(node);
-                        g.set(slot, grant.amount);
-                        history.push(g);
-                    }
-                }
-                out.push(node, grant);
+                out.push(node, Grant::new(id, grant));
             }
         }
         out
-    }
-
-    fn forget_before(&mut self, slot: i64) {
-        for key in &mut self.grants {
-            key.nodes
-                .retain(|g| !g.is_empty() && g.after_newest(slot) <= 0);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::strategy::Strategy as _;
-
-    use super::*;
-
-    #[test]
-    fn a_reused_key_id_starts_without_grants() {
-        let mut p = Projected::new();
-        let id = KeyId::test(3);
-        let mut g = NodeGrants::new(NodeId::test(0));
-        g.set(10, 5.0);
-        assert_eq!(g.get(10), Some(5.0));
-        p.history(id, 0).push(g);
-        assert_eq!(p.history(id, 0).len(), 1, "same key: kept");
-        assert!(p.history(id, 1).is_empty(), "next generation: emptied");
-        assert!(p.history(KeyId::test(0), 0).is_empty());
-    }
-
-    proptest::proptest! {
-        /// A node's grants read back as a map of every grant set, of which
-        /// only the `GRANTS` slots up to the newest set are held; also
-        /// where the slots' low 32 bits wrap.
-        #[test]
-        fn grants_read_back_for_the_slots_held(
-            start in proptest::prop_oneof![
-                proptest::strategy::Just(100i64),
-                (1i64..4).prop_map(|k| (k << 32) - 5),
-                0i64..1 << 40,
-            ],
-            ops in proptest::collection::vec((-6i64..7, 0u32..1000, proptest::bool::ANY), 1..60),
-        ) {
-            let mut g = NodeGrants::new(NodeId::test(0));
-            let mut model = std::collections::BTreeMap::new();
-            let mut newest: Option<i64> = None;
-            let mut at = start;
-            for (delta, amount, set) in ops {
-                let slot = at + delta;
-                if set {
-                    if newest.is_none_or(|n| slot > n - GRANTS as i64) {
-                        model.insert(slot, f64::from(amount));
-                        newest = Some(newest.map_or(slot, |n| n.max(slot)));
-                    }
-                    g.set(slot, amount as f32);
-                    at = at.max(slot);
-                }
-                for s in at - 8..at + 8 {
-                    let held = newest.is_some_and(|n| s <= n && s > n - GRANTS as i64);
-                    let want = model.get(&s).copied().filter(|_| held);
-                    proptest::prop_assert_eq!(g.get(s), want, "slot {}", s);
-                }
-            }
-        }
     }
 }

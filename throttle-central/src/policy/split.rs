@@ -1,6 +1,6 @@
 //! A baseline: the rate divided evenly between the active nodes.
 
-use super::{Assignment, Grant, Policy};
+use super::{Assignment, Grant, Granted, Policy};
 use crate::ledger::ServiceState;
 
 /// Each node that used a limited (user, resource) lately gets
@@ -30,6 +30,7 @@ impl Policy for StaticSplit {
     fn assign(
         &mut self,
         state: &ServiceState,
+        _granted: Granted<'_>,
         slot: i64,
         _now_ms: i64,
         mut out: Assignment,
