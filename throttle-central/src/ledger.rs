@@ -656,8 +656,10 @@ struct Service {
 /// million keys), sorts the grants by user and writes every name.
 #[derive(Debug, Default)]
 struct Skeleton {
-    /// The grants' keys, in the grants' order.
-    keys: Vec<KeyId>,
+    /// The grants' keys, in the grants' order: one list with the
+    /// [`QuotaHistory`]'s slots of the node while its keys stay (4 bytes
+    /// per grant rather than 8).
+    keys: Arc<[KeyId]>,
     /// [`ServiceState::reused`] then: a key's names change only when its
     /// id is reused.
     reused: u64,
@@ -697,12 +699,16 @@ impl Service {
         let start = out.users_so_far().len();
         encode_grants(out, &self.state, grants, order, &mut skeleton.amounts_at);
         skeleton.block = Bytes::new();
-        skeleton.keys.clear();
+        skeleton.keys = Arc::default();
         if u32::try_from(out.users_so_far().len() - start).is_err() {
             // Offsets past 4 GiB were not noted: copy nothing from it.
             return false;
         }
-        skeleton.keys.extend(grants.iter().map(|g| g.key));
+        skeleton.keys = self
+            .kept
+            .newest_keys(node)
+            .filter(|k| same_keys(k, grants))
+            .unwrap_or_else(|| grants.iter().map(|g| g.key).collect());
         skeleton.reused = self.state.reused;
         true
     }
@@ -725,7 +731,9 @@ impl Service {
         let closed = std::mem::replace(&mut self.book, open);
         for (slot, assignment) in closed {
             if slot >= cutoff {
-                self.kept.keep(slot, &assignment);
+                let skeletons = self.skeletons.get_mut();
+                let keys_of = |n| skeletons.get(&n).map(|s: &Skeleton| s.keys.clone());
+                self.kept.keep(slot, &assignment, keys_of);
             }
             if self.spare.is_none() {
                 self.spare = Some(assignment);
@@ -2042,6 +2050,37 @@ pub(crate) mod tests {
             }
         }
         assert!(seen.len() >= 15);
+    }
+
+    /// While a node's users stay, the skeleton its quotas are encoded from
+    /// and every slot of its quota history hold one list of its keys.
+    #[test]
+    fn a_nodes_skeleton_and_quota_history_share_one_key_list() {
+        let mut l = keeping(10);
+        let limits = [
+            limit("alice", "requests", 100.0),
+            limit("carol", "requests", 40.0),
+        ];
+        l.apply_limits("front", &limits, T);
+        let r = r#"{"alice": {"requests": 5}, "carol": {"requests": 9}}"#;
+        for slot in 100..110 {
+            let now = slot * 1_000;
+            l.ingest(&report("n1", slot, r, "{}"), now).unwrap();
+            let assigned = l.assign(now + 500)["front"];
+            let n1 = l.node_id("n1");
+            l.encode_quota_for(n1, [("front", assigned)], Some(slot));
+            l.forget(now + 500);
+        }
+        let n1 = l.node_id("n1");
+        let svc = l.services.get_mut("front").unwrap();
+        let skeleton = svc.skeletons.get_mut()[&n1].keys.clone();
+        assert_eq!(skeleton.len(), 2, "alice's and carol's requests");
+        let newest = svc.kept.newest_keys(n1).expect("kept");
+        assert!(Arc::ptr_eq(&skeleton, &newest));
+        // The two clones here, the skeleton, and every slot kept.
+        let kept = svc.kept.slots().count();
+        assert!(kept >= 8, "{kept}");
+        assert_eq!(Arc::strong_count(&skeleton), 3 + kept);
     }
 
     #[test]

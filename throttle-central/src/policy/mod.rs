@@ -425,7 +425,7 @@ mod tests {
             let (mut book, mut kept) = (BTreeMap::new(), QuotaHistory::default());
             for (slot, grants) in (10..).zip(&slots) {
                 if slot < 13 {
-                    kept.keep(slot, &assignment(grants));
+                    kept.keep(slot, &assignment(grants), |_| None);
                 } else {
                     book.insert(slot, assignment(grants));
                 }
