@@ -2010,18 +2010,25 @@ pub(crate) mod tests {
         assert!(quotas.get("108").is_none(), "past the retention");
     }
 
-    /// Between assigns, as at every mid-slot, the book and the history
-    /// still hold the grants of the slots the next assign weighs (the
-    /// default policy's four slots before it), and give them back node by
-    /// node, key by key.
-    #[test]
-    fn the_slots_an_assign_weighs_are_still_held_when_it_runs() {
+    /// A ledger keeping 10 slots, where alice may make 100 requests a
+    /// second and carol 40.
+    fn alice_and_carol_limited() -> Ledger {
         let mut l = keeping(10);
         let limits = [
             limit("alice", "requests", 100.0),
             limit("carol", "requests", 40.0),
         ];
         l.apply_limits("front", &limits, T);
+        l
+    }
+
+    /// Between assigns, as at every mid-slot, the book and the history
+    /// still hold the grants of the slots the next assign weighs (the
+    /// default policy's four slots before it), and give them back node by
+    /// node, key by key.
+    #[test]
+    fn the_slots_an_assign_weighs_are_still_held_when_it_runs() {
+        let mut l = alice_and_carol_limited();
         let mut seen: BTreeMap<i64, Vec<(NodeId, Vec<Grant>)>> = BTreeMap::new();
         for slot in 100..116 {
             let now = slot * 1_000;
@@ -2056,12 +2063,7 @@ pub(crate) mod tests {
     /// and every slot of its quota history hold one list of its keys.
     #[test]
     fn a_nodes_skeleton_and_quota_history_share_one_key_list() {
-        let mut l = keeping(10);
-        let limits = [
-            limit("alice", "requests", 100.0),
-            limit("carol", "requests", 40.0),
-        ];
-        l.apply_limits("front", &limits, T);
+        let mut l = alice_and_carol_limited();
         let r = r#"{"alice": {"requests": 5}, "carol": {"requests": 9}}"#;
         for slot in 100..110 {
             let now = slot * 1_000;
