@@ -36,6 +36,25 @@ struct KeptGrants {
     amounts: Amounts,
 }
 
+impl KeptGrants {
+    /// The amounts, given `newer()`: the node's amounts in the next slot
+    /// kept, which changes are read against.
+    fn amounts<'a>(&'a self, newer: impl FnOnce() -> Option<Cow<'a, [f32]>>) -> Cow<'a, [f32]> {
+        match &self.amounts {
+            Amounts::Whole(a) => Cow::Borrowed(a),
+            Amounts::Changes(c) => {
+                // A slot is re-kept as changes only against a newer slot
+                // naming the same keys for the node, and slots are dropped
+                // oldest first: it is always there.
+                let mut amounts = newer().unwrap_or_default();
+                debug_assert_eq!(amounts.len(), self.keys.len());
+                apply(c, amounts.to_mut());
+                amounts
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Amounts {
     /// Every amount, in the keys' order.
@@ -130,19 +149,16 @@ impl QuotaHistory {
     /// amounts. Reads the node's amounts back through the newer slots
     /// alone (borrowed where `slot` keeps them whole), for a reader that
     /// wants a few nodes of a recent slot rather than all of them.
-    pub(crate) fn of_node(&self, slot: i64, node: NodeId) -> Option<(&[KeyId], Cow<'_, [f32]>)> {
+    pub(crate) fn node_quotas(
+        &self,
+        slot: i64,
+        node: NodeId,
+    ) -> Option<(&[KeyId], Cow<'_, [f32]>)> {
         let kept = of_node(self.slots.get(&slot)?, node)?;
-        let amounts = match &kept.amounts {
-            Amounts::Whole(a) => Cow::Borrowed(&a[..]),
-            Amounts::Changes(c) => {
-                let newer = self.slots.range((Excluded(slot), Unbounded)).next()?.0;
-                // Changes are against the node's amounts in the next slot
-                // kept, which names the same keys (see `SlotQuotas::read`).
-                let (_, mut amounts) = self.of_node(*newer, node)?;
-                apply(c, amounts.to_mut());
-                amounts
-            }
-        };
+        let amounts = kept.amounts(|| {
+            let newer = self.slots.range((Excluded(slot), Unbounded)).next()?.0;
+            self.node_quotas(*newer, node).map(|(_, a)| a)
+        });
         Some((&kept.keys[..], amounts))
     }
 
@@ -192,19 +208,8 @@ impl SlotQuotas {
     fn read(&mut self, nodes: &[(NodeId, KeptGrants)], newer: &SlotQuotas) {
         self.nodes.clear();
         for (node, kept) in nodes {
-            let amounts = match &kept.amounts {
-                Amounts::Whole(a) => a.clone(),
-                Amounts::Changes(c) => {
-                    let after = of_node(&newer.nodes, *node).map(|q| &q.amounts);
-                    // A slot is re-kept as changes only against a newer
-                    // slot naming the same keys for the node, and slots
-                    // are dropped oldest first: it is always there.
-                    debug_assert!(after.is_some_and(|a| a.len() == kept.keys.len()));
-                    let mut amounts = after.map_or_else(Box::default, Box::clone);
-                    apply(c, &mut amounts);
-                    amounts
-                }
-            };
+            let after = || of_node(&newer.nodes, *node).map(|q| Cow::Borrowed(&q.amounts[..]));
+            let amounts = kept.amounts(after).into_owned().into_boxed_slice();
             let keys = kept.keys.clone();
             self.nodes.push((*node, NodeQuotas { keys, amounts }));
         }
@@ -477,7 +482,7 @@ mod tests {
                 // A node's quotas read alone are the same.
                 for (slot, nodes) in &model {
                     for n in (0..4).map(NodeId::test) {
-                        let alone = h.of_node(*slot, n).map(|(keys, amounts)| {
+                        let alone = h.node_quotas(*slot, n).map(|(keys, amounts)| {
                             keys.iter().zip(amounts.iter())
                                 .map(|(&key, &amount)| Grant { key, amount })
                                 .collect::<Vec<_>>()

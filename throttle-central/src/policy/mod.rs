@@ -200,7 +200,7 @@ impl SlotGrants<'_> {
             empty => {
                 let column = match self.source {
                     Source::Book(assignment) => Column::Grants(assignment.get(node).unwrap_or(&[])),
-                    Source::Kept(kept, slot) => match kept.of_node(slot, node) {
+                    Source::Kept(kept, slot) => match kept.node_quotas(slot, node) {
                         Some((keys, amounts)) => Column::Kept(keys, amounts),
                         None => Column::Grants(&[]),
                     },
