@@ -45,8 +45,8 @@ use smallvec::SmallVec;
 use crate::bucket::Bucket;
 use crate::limits::Limit;
 use crate::policy::{
-    Assignment, Grant, Granted, Policy, Projected, QuotaHistory, encode_grants, same_keys,
-    to_user_quotas,
+    Assignment, Grant, Granted, NodeGrants, Policy, Projected, QuotaHistory, encode_grants,
+    same_keys, to_user_quotas,
 };
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
@@ -656,9 +656,9 @@ struct Service {
 /// million keys), sorts the grants by user and writes every name.
 #[derive(Debug, Default)]
 struct Skeleton {
-    /// The grants' keys, in the grants' order: one list with the
-    /// [`QuotaHistory`]'s slots of the node while its keys stay (4 bytes
-    /// per grant rather than 8).
+    /// The grants' keys, in the grants' order: one list with the book's
+    /// assignments and the [`QuotaHistory`]'s slots of the node while its
+    /// keys stay ([`Assignment`]).
     keys: Arc<[KeyId]>,
     /// [`ServiceState::reused`] then: a key's names change only when its
     /// id is reused.
@@ -682,13 +682,13 @@ impl Service {
         &self,
         out: &mut QuotaEncoder,
         node: NodeId,
-        grants: &[Grant],
+        grants: NodeGrants<'_>,
         order: &mut Vec<(usize, u32)>,
     ) -> bool {
         let mut skeletons = self.skeletons.borrow_mut();
         let skeleton = skeletons.entry(node).or_default();
         if skeleton.reused == self.state.reused && same_keys(&skeleton.keys, grants) {
-            let amounts = skeleton.amounts_at.iter().zip(grants);
+            let amounts = skeleton.amounts_at.iter().zip(grants.iter());
             if out.append_users(
                 &skeleton.block,
                 amounts.map(|(&at, g)| (at as usize, g.amount())),
@@ -704,11 +704,7 @@ impl Service {
             // Offsets past 4 GiB were not noted: copy nothing from it.
             return false;
         }
-        skeleton.keys = self
-            .kept
-            .newest_keys(node)
-            .filter(|k| same_keys(k, grants))
-            .unwrap_or_else(|| grants.iter().map(|g| g.key).collect());
+        skeleton.keys = grants.shared_keys().unwrap_or_else(|| grants.keys().into());
         skeleton.reused = self.state.reused;
         true
     }
@@ -717,10 +713,15 @@ impl Service {
     /// earlier assignment of that slot.
     fn assign(&mut self, slot: i64, now_ms: i64) {
         let mut out = self.spare.take().unwrap_or_default();
-        out.clear();
+        out.clear_like(self.book.values().next_back());
         let granted = Granted::new(&self.book, &self.kept);
-        let assignment = self.policy.assign(&self.state, granted, slot, now_ms, out);
+        let mut assignment = self.policy.assign(&self.state, granted, slot, now_ms, out);
+        assignment.share_keys();
         self.spare = self.book.insert(slot, assignment);
+        if let Some(spare) = &mut self.spare {
+            // Its key lists would outlive the keys they name.
+            spare.clear();
+        }
     }
 
     /// Moves the assignments of slots before `open_from` to the compact
@@ -731,12 +732,12 @@ impl Service {
         let closed = std::mem::replace(&mut self.book, open);
         for (slot, assignment) in closed {
             if slot >= cutoff {
-                let skeletons = self.skeletons.get_mut();
-                let keys_of = |n| skeletons.get(&n).map(|s: &Skeleton| s.keys.clone());
-                self.kept.keep(slot, &assignment, keys_of);
+                self.kept.keep(slot, &assignment);
             }
             if self.spare.is_none() {
-                self.spare = Some(assignment);
+                let mut spare = assignment;
+                spare.clear();
+                self.spare = Some(spare);
             }
         }
         self.kept.forget_before(cutoff);
@@ -1266,7 +1267,12 @@ impl Ledger {
     }
 
     /// The grants of `node` in (`service`, `slot`), with the service's keys.
-    fn grants(&self, node: NodeId, service: &str, slot: i64) -> Option<(&ServiceState, &[Grant])> {
+    fn grants(
+        &self,
+        node: NodeId,
+        service: &str,
+        slot: i64,
+    ) -> Option<(&ServiceState, NodeGrants<'_>)> {
         let svc = self.services.get(service)?;
         let grants = svc.policy.grants_for(&svc.book, node, slot)?;
         Some((&svc.state, grants))
@@ -1491,7 +1497,7 @@ impl Ledger {
                 }
             });
             for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
-                let grants = assignment.iter().map(|(n, g)| (n, g.iter().copied()));
+                let grants = assignment.iter().map(|(n, g)| (n, g.iter()));
                 slots.insert(slot.to_string(), self.quota_json(&svc.state, grants));
             }
             out.insert(service.to_string(), Value::Object(slots));
@@ -2040,7 +2046,12 @@ pub(crate) mod tests {
             let assigned = l.assign(now + 500)["front"];
             let svc = &l.services["front"];
             let grants = svc.book[&assigned].iter();
-            seen.insert(assigned, grants.map(|(n, g)| (n, g.to_vec())).collect());
+            seen.insert(
+                assigned,
+                grants
+                    .map(|(n, g)| (n, g.iter().collect::<Vec<_>>()))
+                    .collect(),
+            );
             l.forget(now + 500);
             let svc = &l.services["front"];
             let granted = Granted::new(&svc.book, &svc.kept);
@@ -2059,10 +2070,11 @@ pub(crate) mod tests {
         assert!(seen.len() >= 15);
     }
 
-    /// While a node's users stay, the skeleton its quotas are encoded from
-    /// and every slot of its quota history hold one list of its keys.
+    /// While a node's users stay, the book's assignments, the skeleton its
+    /// quotas are encoded from and every slot of its quota history hold
+    /// one list of its keys.
     #[test]
-    fn a_nodes_skeleton_and_quota_history_share_one_key_list() {
+    fn a_nodes_assignments_skeleton_and_quota_history_share_one_key_list() {
         let mut l = alice_and_carol_limited();
         let r = r#"{"alice": {"requests": 5}, "carol": {"requests": 9}}"#;
         for slot in 100..110 {
@@ -2079,10 +2091,21 @@ pub(crate) mod tests {
         assert_eq!(skeleton.len(), 2, "alice's and carol's requests");
         let newest = svc.kept.newest_keys(n1).expect("kept");
         assert!(Arc::ptr_eq(&skeleton, &newest));
-        // The two clones here, the skeleton, and every slot kept.
+        let booked = svc
+            .book
+            .values()
+            .map(|a| a.get(n1).and_then(|g| g.shared_keys()));
+        let booked: Vec<Arc<[KeyId]>> = booked.map(|k| k.expect("shared")).collect();
+        assert!(booked.len() >= 2, "the current slot and the next");
+        assert!(booked.iter().all(|k| Arc::ptr_eq(k, &skeleton)));
+        // The clones here, the skeleton, every assignment and slot kept.
         let kept = svc.kept.slots().count();
         assert!(kept >= 8, "{kept}");
-        assert_eq!(Arc::strong_count(&skeleton), 3 + kept);
+        let clones = 2 + booked.len();
+        assert_eq!(
+            Arc::strong_count(&skeleton),
+            clones + 1 + booked.len() + kept
+        );
     }
 
     #[test]

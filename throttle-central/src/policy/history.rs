@@ -74,15 +74,9 @@ impl QuotaHistory {
     /// the slot before it is read against.
     ///
     /// A node's keys are shared with its previous slot when it names the
-    /// same ones, else with `keys_of(node)`'s when that does (the ledger
-    /// offers the key list it encodes the node's quotas from), else
-    /// copied.
-    pub fn keep(
-        &mut self,
-        slot: i64,
-        assignment: &Assignment,
-        keys_of: impl Fn(NodeId) -> Option<Arc<[KeyId]>>,
-    ) {
+    /// same ones, else with the assignment when it shares them
+    /// ([`Assignment::share_keys`]), else copied.
+    pub fn keep(&mut self, slot: i64, assignment: &Assignment) {
         let in_order = self.slots.last_key_value().is_none_or(|(&s, _)| s < slot);
         if !in_order {
             self.make_whole();
@@ -93,9 +87,7 @@ impl QuotaHistory {
             .map(|(node, grants)| {
                 let keys = match previous.and_then(|p| of_node(p, node)) {
                     Some(k) if same_keys(&k.keys, grants) => k.keys.clone(),
-                    _ => keys_of(node)
-                        .filter(|k| same_keys(k, grants))
-                        .unwrap_or_else(|| grants.iter().map(|g| g.key).collect()),
+                    _ => grants.shared_keys().unwrap_or_else(|| grants.keys().into()),
                 };
                 let amounts = grants.iter().map(|g| g.amount).collect();
                 (node, NodeQuotas { keys, amounts })
@@ -140,6 +132,7 @@ impl QuotaHistory {
     }
 
     /// The keys of `node`'s quotas in the newest slot kept.
+    #[cfg(test)]
     pub(crate) fn newest_keys(&self, node: NodeId) -> Option<Arc<[KeyId]>> {
         let (_, nodes) = self.slots.last_key_value()?;
         of_node(nodes, node).map(|k| k.keys.clone())
@@ -325,7 +318,7 @@ mod tests {
     }
 
     fn as_kept(a: &Assignment) -> Vec<(NodeId, Vec<Grant>)> {
-        a.iter().map(|(n, g)| (n, g.to_vec())).collect()
+        a.iter().map(|(n, g)| (n, g.iter().collect())).collect()
     }
 
     #[test]
@@ -335,8 +328,8 @@ mod tests {
         // Same keys on n0, one amount changed; other keys on n1.
         let second = assignment(&[(n0, 1, 6.0), (n0, 4, 7.5), (n1, 3, 2.0)]);
         let mut h = QuotaHistory::default();
-        h.keep(10, &first, |_| None);
-        h.keep(11, &second, |_| None);
+        h.keep(10, &first);
+        h.keep(11, &second);
         let read = read_all(&h);
         assert_eq!(read[&10], as_kept(&first));
         assert_eq!(read[&11], as_kept(&second));
@@ -353,8 +346,8 @@ mod tests {
         let n = NodeId::test(0);
         let grants: Vec<_> = (0..1000).map(|k| (n, k, f64::from(k) * 1.5)).collect();
         let mut h = QuotaHistory::default();
-        h.keep(1, &assignment(&grants), |_| None);
-        h.keep(2, &assignment(&grants), |_| None);
+        h.keep(1, &assignment(&grants));
+        h.keep(2, &assignment(&grants));
         let Amounts::Changes(c) = &h.slots[&1][0].1.amounts else {
             panic!("kept whole");
         };
@@ -373,8 +366,8 @@ mod tests {
             )
         };
         let mut h = QuotaHistory::default();
-        h.keep(1, &at(1.0), |_| None);
-        h.keep(2, &at(7.0), |_| None);
+        h.keep(1, &at(1.0));
+        h.keep(2, &at(7.0));
         assert!(matches!(h.slots[&1][0].1.amounts, Amounts::Whole(_)));
         assert_eq!(read_all(&h)[&1], as_kept(&at(1.0)));
     }
@@ -405,12 +398,12 @@ mod tests {
         let at = |q: f64| assignment(&[(n, 1, q), (n, 2, 3.0)]);
         let mut h = QuotaHistory::default();
         for (slot, q) in [(1, 1.0), (2, 2.0), (3, 3.0)] {
-            h.keep(slot, &at(q), |_| None);
+            h.keep(slot, &at(q));
         }
         // Slot 2 again, with other quotas: slot 1 was kept as its changes
         // against the slot 2 it replaces.
-        h.keep(2, &at(9.0), |_| None);
-        h.keep(4, &at(4.0), |_| None);
+        h.keep(2, &at(9.0));
+        h.keep(4, &at(4.0));
         let read = read_all(&h);
         for (slot, q) in [(1, 1.0), (2, 9.0), (3, 3.0), (4, 4.0)] {
             assert_eq!(read[&slot], as_kept(&at(q)), "slot {slot}");
@@ -471,7 +464,7 @@ mod tests {
                 // Mostly the next slots; sometimes one already kept.
                 slot = if gap == 0 { slot - 2 } else { slot + gap };
                 let a = assignment(&grants);
-                h.keep(slot, &a, |_| None);
+                h.keep(slot, &a);
                 let kept = as_kept(&a);
                 model.insert(slot, kept.into_iter().filter(|(_, g)| !g.is_empty()).collect());
                 if forget {

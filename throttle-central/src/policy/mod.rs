@@ -18,6 +18,7 @@ mod split;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 pub use classic::Classic;
 pub use history::{QuotaHistory, SlotQuotas};
@@ -68,10 +69,55 @@ impl Grant {
 /// Quotas of one slot, per node. Compact: the protobuf message for a node is
 /// encoded only when it is sent ([`encode_grants`], or [`to_user_quotas`]
 /// for a message).
-#[derive(Debug, Clone, Default, PartialEq)]
+///
+/// A node's grants name the same keys in the same order from one assign
+/// to the next while its users stay, so each node's keys are one list
+/// shared with the assignments before it (and the [`QuotaHistory`], and
+/// the skeleton its quotas are encoded from): an assignment begun with
+/// [`Assignment::clear_like`] follows the keys of the one given, and keeps
+/// keys of its own only for a node whose grants stop following them. Each
+/// grant then takes 4 bytes (its amount) in each of the assignments the
+/// book holds, rather than 8.
+#[derive(Debug, Clone, Default)]
 pub struct Assignment {
-    /// Indexed by node id; a node without grants has an empty vector.
-    nodes: Vec<Vec<Grant>>,
+    /// Indexed by node id; a node without grants has no amounts.
+    nodes: Vec<NodeColumn>,
+}
+
+/// One node's grants in an [`Assignment`].
+#[derive(Debug, Clone, Default)]
+struct NodeColumn {
+    /// While `own` is `None`, the grants' keys are the first
+    /// `amounts.len()` of these.
+    shared: Arc<[KeyId]>,
+    /// The grants' keys, once they stopped following `shared`'s.
+    own: Option<Vec<KeyId>>,
+    amounts: Vec<f32>,
+}
+
+impl NodeColumn {
+    fn keys(&self) -> &[KeyId] {
+        match &self.own {
+            Some(own) => own,
+            None => &self.shared[..self.amounts.len()],
+        }
+    }
+
+    fn grants(&self) -> NodeGrants<'_> {
+        let shared =
+            (self.own.is_none() && self.shared.len() == self.amounts.len()).then_some(&self.shared);
+        NodeGrants {
+            keys: self.keys(),
+            shared,
+            amounts: &self.amounts,
+        }
+    }
+}
+
+impl PartialEq for Assignment {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
 }
 
 impl Assignment {
@@ -79,33 +125,140 @@ impl Assignment {
     pub fn push(&mut self, node: NodeId, grant: Grant) {
         let i = node.index();
         if i >= self.nodes.len() {
-            self.nodes.resize_with(i + 1, Vec::new);
+            self.nodes.resize_with(i + 1, NodeColumn::default);
         }
-        self.nodes[i].push(grant);
+        let column = &mut self.nodes[i];
+        let at = column.amounts.len();
+        match &mut column.own {
+            Some(own) => own.push(grant.key),
+            None if column.shared.get(at) == Some(&grant.key) => {}
+            None => {
+                let mut own = Vec::with_capacity(column.shared.len().max(at + 1));
+                own.extend_from_slice(&column.shared[..at]);
+                own.push(grant.key);
+                column.own = Some(own);
+            }
+        }
+        column.amounts.push(grant.amount);
     }
 
-    /// Removes every grant, keeping the memory for the next assign.
+    /// Removes every grant, keeping the memory of the amounts for the next
+    /// assign.
     pub fn clear(&mut self) {
-        for grants in &mut self.nodes {
-            grants.clear();
+        self.clear_like(None);
+    }
+
+    /// Removes every grant, as [`Assignment::clear`], and has each node's
+    /// next grants follow its keys in `like` (a recent assignment): while
+    /// they name the same keys in the same order, they share its list.
+    pub fn clear_like(&mut self, like: Option<&Assignment>) {
+        for (i, column) in self.nodes.iter_mut().enumerate() {
+            column.amounts.clear();
+            column.own = None;
+            column.shared = like
+                .and_then(|l| l.nodes.get(i))
+                .and_then(|c| c.grants().shared)
+                .cloned()
+                .unwrap_or_default();
+        }
+        if let Some(like) = like {
+            for column in like.nodes.iter().skip(self.nodes.len()) {
+                let shared = column.grants().shared.cloned().unwrap_or_default();
+                self.nodes.push(NodeColumn {
+                    shared,
+                    ..NodeColumn::default()
+                });
+            }
+        }
+    }
+
+    /// Makes each node's keys one shared list, so that whatever keeps them
+    /// beside this assignment (the history, a skeleton, the next assign)
+    /// shares them rather than copying: the keys of a node whose grants
+    /// stopped following the shared list, or ended before its end, are
+    /// moved into a list of their own.
+    pub fn share_keys(&mut self) {
+        for column in &mut self.nodes {
+            if column.amounts.is_empty() {
+                column.own = None;
+                column.shared = Arc::default();
+            } else if column.own.is_some() || column.shared.len() != column.amounts.len() {
+                column.shared = Arc::from(column.keys());
+                column.own = None;
+            }
         }
     }
 
     /// The grants of `node`, if it has any.
-    pub fn get(&self, node: NodeId) -> Option<&[Grant]> {
+    pub fn get(&self, node: NodeId) -> Option<NodeGrants<'_>> {
         self.nodes
             .get(node.index())
-            .filter(|g| !g.is_empty())
-            .map(Vec::as_slice)
+            .filter(|c| !c.amounts.is_empty())
+            .map(NodeColumn::grants)
     }
 
     /// Every node with grants, and its grants.
-    pub fn iter(&self) -> impl Iterator<Item = (NodeId, &[Grant])> {
+    pub fn iter(&self) -> impl Iterator<Item = (NodeId, NodeGrants<'_>)> {
         self.nodes
             .iter()
             .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(i, g)| (NodeId::from_index(i), g.as_slice()))
+            .filter(|(_, c)| !c.amounts.is_empty())
+            .map(|(i, c)| (NodeId::from_index(i), c.grants()))
+    }
+}
+
+/// One node's grants in an [`Assignment`]: its keys and, in the same
+/// order, its amounts.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeGrants<'a> {
+    keys: &'a [KeyId],
+    /// The list `keys` is, when it is one shared list.
+    shared: Option<&'a Arc<[KeyId]>>,
+    amounts: &'a [f32],
+}
+
+impl PartialEq for NodeGrants<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.keys == other.keys && self.amounts == other.amounts
+    }
+}
+
+impl<'a> NodeGrants<'a> {
+    /// How many grants.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The grants' keys.
+    pub fn keys(&self) -> &'a [KeyId] {
+        self.keys
+    }
+
+    /// The `i`th grant.
+    pub fn get(&self, i: usize) -> Option<Grant> {
+        Some(Grant {
+            key: *self.keys.get(i)?,
+            amount: *self.amounts.get(i)?,
+        })
+    }
+
+    /// The grants, in order.
+    pub fn iter(self) -> impl Iterator<Item = Grant> + 'a {
+        let (keys, amounts) = (self.keys, self.amounts);
+        keys.iter()
+            .zip(amounts)
+            .map(|(&key, &amount)| Grant { key, amount })
+    }
+
+    /// The keys as the one list the assignment shares, if they are (see
+    /// [`Assignment::share_keys`]).
+    pub fn shared_keys(&self) -> Option<Arc<[KeyId]>> {
+        self.shared.cloned()
     }
 }
 
@@ -164,27 +317,12 @@ enum Source<'a> {
     Kept(&'a QuotaHistory, i64),
 }
 
-/// A node's grants in one slot, as the book or the history holds them.
+/// A node's grants in one slot, as the book or the history holds them:
+/// its keys and, in the same order, its amounts.
 #[derive(Debug)]
-enum Column<'a> {
-    Grants(&'a [Grant]),
-    Kept(&'a [KeyId], Cow<'a, [f32]>),
-}
-
-impl Column<'_> {
-    fn key(&self, i: usize) -> Option<KeyId> {
-        match self {
-            Column::Grants(g) => g.get(i).map(|g| g.key),
-            Column::Kept(k, _) => k.get(i).copied(),
-        }
-    }
-
-    fn amount(&self, i: usize) -> Option<f32> {
-        match self {
-            Column::Grants(g) => g.get(i).map(|g| g.amount),
-            Column::Kept(_, a) => a.get(i).copied(),
-        }
-    }
+struct Column<'a> {
+    keys: &'a [KeyId],
+    amounts: Cow<'a, [f32]>,
 }
 
 impl SlotGrants<'_> {
@@ -198,42 +336,46 @@ impl SlotGrants<'_> {
         let (column, at) = match &mut self.nodes[i] {
             Some(found) => found,
             empty => {
-                let column = match self.source {
-                    Source::Book(assignment) => Column::Grants(assignment.get(node).unwrap_or(&[])),
-                    Source::Kept(kept, slot) => match kept.node_quotas(slot, node) {
-                        Some((keys, amounts)) => Column::Kept(keys, amounts),
-                        None => Column::Grants(&[]),
+                let (keys, amounts) = match self.source {
+                    Source::Book(assignment) => match assignment.get(node) {
+                        Some(g) => (g.keys, Cow::Borrowed(g.amounts)),
+                        None => (&[][..], Cow::Borrowed(&[][..])),
                     },
+                    Source::Kept(kept, slot) => kept
+                        .node_quotas(slot, node)
+                        .unwrap_or((&[], Cow::Borrowed(&[]))),
                 };
+                let column = Column { keys, amounts };
                 empty.insert((column, 0))
             }
         };
-        while column.key(*at).is_some_and(|k| k < key) {
+        while column.keys.get(*at).is_some_and(|&k| k < key) {
             *at += 1;
         }
-        (column.key(*at) == Some(key))
-            .then(|| column.amount(*at))
+        (column.keys.get(*at) == Some(&key))
+            .then(|| column.amounts.get(*at).copied())
             .flatten()
     }
 }
 
 /// Whether `grants` name the keys of `keys`, in that order: a node's grants
 /// do from one assign to the next while its users stay.
-pub(crate) fn same_keys(keys: &[KeyId], grants: &[Grant]) -> bool {
-    keys.len() == grants.len() && keys.iter().zip(grants).all(|(k, g)| *k == g.key)
+pub(crate) fn same_keys(keys: &[KeyId], grants: NodeGrants<'_>) -> bool {
+    std::ptr::eq(keys, grants.keys) || keys == grants.keys
 }
 
 /// Sorts `order` so that each user's grants form one run: (the user's name
 /// address, index in `grants`). A user's keys share its name's allocation,
 /// so this gathers them without comparing names. Protobuf map entries must
 /// not repeat a user.
-fn gather_by_user(state: &ServiceState, grants: &[Grant], order: &mut Vec<(usize, u32)>) {
+fn gather_by_user(state: &ServiceState, grants: NodeGrants<'_>, order: &mut Vec<(usize, u32)>) {
     order.clear();
     order.extend(
         grants
+            .keys
             .iter()
             .enumerate()
-            .map(|(i, g)| (state.key(g.key).user().as_ptr() as usize, i as u32)),
+            .map(|(i, &k)| (state.key(k).user().as_ptr() as usize, i as u32)),
     );
     order.sort_unstable();
 }
@@ -241,13 +383,16 @@ fn gather_by_user(state: &ServiceState, grants: &[Grant], order: &mut Vec<(usize
 /// One user's run of `order`: its name and its (resource, amount) pairs.
 fn user_run<'a>(
     state: &'a ServiceState,
-    grants: &'a [Grant],
+    grants: NodeGrants<'a>,
     run: &'a [(usize, u32)],
 ) -> (&'a str, impl Iterator<Item = (&'a str, f64)> + Clone) {
-    let user = state.key(grants[run[0].1 as usize].key).user();
+    let user = state.key(grants.keys[run[0].1 as usize]).user();
     let resources = run.iter().map(move |&(_, i)| {
-        let g = grants[i as usize];
-        (state.key(g.key).resource(), g.amount())
+        let i = i as usize;
+        (
+            state.key(grants.keys[i]).resource(),
+            f64::from(grants.amounts[i]),
+        )
     });
     (user, resources)
 }
@@ -262,7 +407,7 @@ fn user_run<'a>(
 pub fn encode_grants(
     out: &mut QuotaEncoder,
     state: &ServiceState,
-    grants: &[Grant],
+    grants: NodeGrants<'_>,
     order: &mut Vec<(usize, u32)>,
     amounts_at: &mut Vec<u32>,
 ) {
@@ -283,7 +428,7 @@ pub fn encode_grants(
 
 /// The protobuf form of one node's grants. The users' map is built from
 /// one sorted list rather than one insertion per grant.
-pub fn to_user_quotas(state: &ServiceState, grants: &[Grant]) -> v1::UserQuotas {
+pub fn to_user_quotas(state: &ServiceState, grants: NodeGrants<'_>) -> v1::UserQuotas {
     let mut order = Vec::with_capacity(grants.len());
     gather_by_user(state, grants, &mut order);
     let users: Vec<(String, v1::ResourceQuotas)> = order
@@ -325,8 +470,9 @@ pub trait Policy: Send + fmt::Debug {
     /// Computes every node's quota for `slot` into `out` and returns it.
     ///
     /// `out` is empty: an assignment the book let go, cleared, whose
-    /// vectors keep their capacity, so an assign in the steady state
-    /// allocates nothing.
+    /// vectors keep their capacity, and begun like the book's newest
+    /// ([`Assignment::clear_like`]), so an assign in the steady state
+    /// allocates nothing: push each node's grants in key order.
     ///
     /// `granted` holds what nodes were granted for recent slots before
     /// `slot` (and, when `slot` is re-assigned, what it was assigned).
@@ -353,7 +499,7 @@ pub trait Policy: Send + fmt::Debug {
         book: &'a BTreeMap<i64, Assignment>,
         node: NodeId,
         slot: i64,
-    ) -> Option<&'a [Grant]> {
+    ) -> Option<NodeGrants<'a>> {
         match book.get(&slot) {
             Some(a) => a.get(node),
             None if self.lead() <= 1 => book.get(&(slot - 1))?.get(node),
@@ -425,7 +571,7 @@ mod tests {
             let (mut book, mut kept) = (BTreeMap::new(), QuotaHistory::default());
             for (slot, grants) in (10..).zip(&slots) {
                 if slot < 13 {
-                    kept.keep(slot, &assignment(grants), |_| None);
+                    kept.keep(slot, &assignment(grants));
                 } else {
                     book.insert(slot, assignment(grants));
                 }
@@ -448,6 +594,56 @@ mod tests {
                 }
             }
             prop_assert_eq!(granted.slot(9).get(NodeId::test(0), KeyId::test(0)), None);
+        }
+
+        /// An assignment begun like another reads back exactly the grants
+        /// pushed into it, before and after its keys are made shared, and
+        /// a node whose keys are the other's shares that one's list.
+        #[test]
+        fn an_assignment_begun_like_another_holds_what_was_pushed(
+            like in prop::collection::btree_map(0u32..4, prop::collection::btree_set(0u32..12, 0..8), 0..4),
+            pushed in prop::collection::btree_map(0u32..5, prop::collection::btree_map(0u32..12, 0u32..9, 0..8), 0..5),
+            used_before in prop::collection::btree_map((0u32..6, 0u32..12), 0u32..9, 0..20),
+        ) {
+            let mut before = Assignment::default();
+            for (&node, keys) in &like {
+                for &key in keys {
+                    before.push(NodeId::test(node), Grant::new(KeyId::test(key), 1.0));
+                }
+            }
+            before.share_keys();
+            // Recycled: it held other grants before.
+            let mut a = Assignment::default();
+            for (&(node, key), &q) in &used_before {
+                a.push(NodeId::test(node), Grant::new(KeyId::test(key), f64::from(q)));
+            }
+            a.clear_like(Some(&before));
+            for (&node, grants) in &pushed {
+                for (&key, &q) in grants {
+                    a.push(NodeId::test(node), Grant::new(KeyId::test(key), f64::from(q)));
+                }
+            }
+            let want: Vec<(NodeId, Vec<Grant>)> = pushed
+                .iter()
+                .filter(|(_, g)| !g.is_empty())
+                .map(|(&n, g)| {
+                    let g = g.iter().map(|(&k, &q)| Grant::new(KeyId::test(k), f64::from(q)));
+                    (NodeId::test(n), g.collect())
+                })
+                .collect();
+            let read = |a: &Assignment| -> Vec<(NodeId, Vec<Grant>)> {
+                a.iter().map(|(n, g)| (n, g.iter().collect())).collect()
+            };
+            prop_assert_eq!(read(&a), want.clone());
+            a.share_keys();
+            prop_assert_eq!(read(&a), want);
+            for (node, grants) in a.iter() {
+                let shared = grants.shared_keys().expect("shared once made so");
+                let like = before.get(node).and_then(|g| g.shared_keys());
+                if let Some(like) = like.filter(|l| l[..] == shared[..]) {
+                    prop_assert!(Arc::ptr_eq(&like, &shared), "{:?}", node);
+                }
+            }
         }
 
         /// The kept amount is the largest `f32` not above the computed one,
