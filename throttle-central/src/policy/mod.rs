@@ -96,6 +96,18 @@ struct NodeColumn {
 }
 
 impl NodeColumn {
+    /// Goes on in a list of its own, whose next key is `key`: the grants
+    /// no longer name the shared list's keys.
+    #[cold]
+    #[inline(never)]
+    fn stop_following(&mut self, key: KeyId) {
+        let at = self.amounts.len();
+        let mut own = Vec::with_capacity(self.shared.len().max(at + 1));
+        own.extend_from_slice(&self.shared[..at]);
+        own.push(key);
+        self.own = Some(own);
+    }
+
     fn keys(&self) -> &[KeyId] {
         match &self.own {
             Some(own) => own,
@@ -121,25 +133,28 @@ impl PartialEq for Assignment {
 }
 
 impl Assignment {
-    /// Gives `node` a grant.
+    /// Gives `node` a grant. Inlined into a policy's pass over the keys,
+    /// where it runs once per grant: a million times an assign.
+    #[inline]
     pub fn push(&mut self, node: NodeId, grant: Grant) {
         let i = node.index();
         if i >= self.nodes.len() {
-            self.nodes.resize_with(i + 1, NodeColumn::default);
+            self.add_nodes(i + 1);
         }
         let column = &mut self.nodes[i];
         let at = column.amounts.len();
         match &mut column.own {
-            Some(own) => own.push(grant.key),
             None if column.shared.get(at) == Some(&grant.key) => {}
-            None => {
-                let mut own = Vec::with_capacity(column.shared.len().max(at + 1));
-                own.extend_from_slice(&column.shared[..at]);
-                own.push(grant.key);
-                column.own = Some(own);
-            }
+            Some(own) => own.push(grant.key),
+            None => column.stop_following(grant.key),
         }
         column.amounts.push(grant.amount);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn add_nodes(&mut self, len: usize) {
+        self.nodes.resize_with(len, NodeColumn::default);
     }
 
     /// Removes every grant, keeping the memory of the amounts for the next
