@@ -190,8 +190,8 @@ impl Assignment {
     /// Makes each node's keys one shared list, so that whatever keeps them
     /// beside this assignment (the history, a skeleton, the next assign)
     /// shares them rather than copying: the keys of a node whose grants
-    /// stopped following the shared list, or ended before its end, are
-    /// moved into a list of their own.
+    /// stopped following the shared list, or ended before its end, become
+    /// a new shared list.
     pub fn share_keys(&mut self) {
         for column in &mut self.nodes {
             if column.amounts.is_empty() {
@@ -252,14 +252,6 @@ impl<'a> NodeGrants<'a> {
     /// The grants' keys.
     pub fn keys(&self) -> &'a [KeyId] {
         self.keys
-    }
-
-    /// The `i`th grant.
-    pub fn get(&self, i: usize) -> Option<Grant> {
-        Some(Grant {
-            key: *self.keys.get(i)?,
-            amount: *self.amounts.get(i)?,
-        })
     }
 
     /// The grants, in order.
