@@ -233,19 +233,14 @@ pub mod fleet {
     /// What node `node` reports for each slot: `users` of the `total`
     /// users, 1 to 5 of each resource.
     pub fn usage(node: u64, users: u64, total: u64) -> v1::Usage {
-        usage_scaled(node, users, total, 1)
+        usage_in_slot(node, users, total, 1, None)
     }
 
     /// [`usage`], with every resource but `requests` `scale` times larger
-    /// (bytes rather than requests).
-    pub fn usage_scaled(node: u64, users: u64, total: u64, scale: i64) -> v1::Usage {
-        usage_in_slot(node, users, total, scale, None)
-    }
-
-    /// [`usage_scaled`] in one slot: with `Some(slot)`, each user's 1 to 5
-    /// of each resource on each node is drawn anew for every slot, as a
-    /// user's use moves from second to second, rather than the same every
-    /// slot.
+    /// (bytes rather than requests), in one slot: with `Some(slot)`, each
+    /// user's 1 to 5 of each resource on each node is drawn anew for every
+    /// slot, as a user's use moves from second to second, rather than the
+    /// same every slot.
     pub fn usage_in_slot(
         node: u64,
         users: u64,

@@ -45,8 +45,8 @@ use smallvec::SmallVec;
 use crate::bucket::Bucket;
 use crate::limits::Limit;
 use crate::policy::{
-    Assignment, Grant, Granted, NodeGrants, Policy, Projected, QuotaHistory, encode_grants,
-    same_keys, to_user_quotas,
+    Assignment, Granted, NodeGrants, Policy, Projected, QuotaHistory, encode_grants, same_keys,
+    to_user_quotas,
 };
 
 /// Hash map with a fast, seeded hasher: names come from the network, so the
@@ -717,10 +717,18 @@ impl Service {
         let granted = Granted::new(&self.book, &self.kept);
         let mut assignment = self.policy.assign(&self.state, granted, slot, now_ms, out);
         assignment.share_keys();
-        self.spare = self.book.insert(slot, assignment);
-        if let Some(spare) = &mut self.spare {
-            // Its key lists would outlive the keys they name.
-            spare.clear();
+        if let Some(replaced) = self.book.insert(slot, assignment) {
+            self.keep_spare(replaced);
+        }
+    }
+
+    /// Keeps `assignment` for the next assign to fill, cleared (its key
+    /// lists would otherwise outlive the keys they name), unless one is
+    /// kept already.
+    fn keep_spare(&mut self, mut assignment: Assignment) {
+        if self.spare.is_none() {
+            assignment.clear();
+            self.spare = Some(assignment);
         }
     }
 
@@ -734,11 +742,7 @@ impl Service {
             if slot >= cutoff {
                 self.kept.keep(slot, &assignment);
             }
-            if self.spare.is_none() {
-                let mut spare = assignment;
-                spare.clear();
-                self.spare = Some(spare);
-            }
+            self.keep_spare(assignment);
         }
         self.kept.forget_before(cutoff);
     }
@@ -1467,15 +1471,15 @@ impl Ledger {
     }
 
     /// One slot of the monitor's quotas: node -> user -> resource -> quota.
-    fn quota_json<G: Iterator<Item = Grant>>(
+    fn quota_json<'a>(
         &self,
         state: &ServiceState,
-        grants: impl Iterator<Item = (NodeId, G)>,
+        grants: impl Iterator<Item = (NodeId, NodeGrants<'a>)>,
     ) -> Value {
         let mut nodes: BTreeMap<&str, BTreeMap<&str, BTreeMap<&str, f64>>> = BTreeMap::new();
         for (n, grants) in grants {
             let users = nodes.entry(self.node_name(n)).or_default();
-            for g in grants {
+            for g in grants.iter() {
                 let key = state.key(g.key);
                 users
                     .entry(key.user())
@@ -1497,8 +1501,10 @@ impl Ledger {
                 }
             });
             for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
-                let grants = assignment.iter().map(|(n, g)| (n, g.iter()));
-                slots.insert(slot.to_string(), self.quota_json(&svc.state, grants));
+                slots.insert(
+                    slot.to_string(),
+                    self.quota_json(&svc.state, assignment.iter()),
+                );
             }
             out.insert(service.to_string(), Value::Object(slots));
         }
@@ -1763,6 +1769,7 @@ impl Key {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::policy::Grant;
     use throttle_proto::legacy::report_from_json;
 
     #[test]

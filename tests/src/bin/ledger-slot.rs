@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
             slot_number: 0,
             consumption: [(
                 "front".to_string(),
-                fleet::usage_scaled(n, users, total, scale),
+                fleet::usage_in_slot(n, users, total, scale, None),
             )]
             .into(),
             rejection: [("front".to_string(), v1::Usage::default())].into(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use prost::encoding::{decode_varint, encode_varint};
 
-use super::{Assignment, Grant, same_keys};
+use super::{Assignment, NodeGrants, same_keys};
 use crate::ledger::{KeyId, NodeId};
 
 /// The quotas of the slots the book let go, for the monitor.
@@ -82,15 +82,15 @@ impl QuotaHistory {
             self.make_whole();
         }
         let previous = self.slots.range(..slot).next_back().map(|(_, p)| p);
-        let fresh: Vec<(NodeId, NodeQuotas)> = assignment
+        let fresh: Vec<(NodeId, KeptGrants)> = assignment
             .iter()
             .map(|(node, grants)| {
                 let keys = match previous.and_then(|p| of_node(p, node)) {
                     Some(k) if same_keys(&k.keys, grants) => k.keys.clone(),
                     _ => grants.shared_keys().unwrap_or_else(|| grants.keys().into()),
                 };
-                let amounts = grants.iter().map(|g| g.amount).collect();
-                (node, NodeQuotas { keys, amounts })
+                let amounts = Amounts::Whole(grants.amounts.into());
+                (node, KeptGrants { keys, amounts })
             })
             .collect();
         if in_order && let Some(previous) = self.slots.values_mut().next_back() {
@@ -98,26 +98,14 @@ impl QuotaHistory {
                 if let Amounts::Whole(old) = &kept.amounts
                     && let Some(now) =
                         of_node(&fresh, *node).filter(|n| Arc::ptr_eq(&n.keys, &kept.keys))
-                    && let Some(c) = changes(old, &now.amounts)
+                    && let Amounts::Whole(new) = &now.amounts
+                    && let Some(c) = changes(old, new)
                 {
                     kept.amounts = Amounts::Changes(c);
                 }
             }
         }
-        let nodes = fresh
-            .into_iter()
-            .map(|(node, q)| {
-                let amounts = Amounts::Whole(q.amounts);
-                (
-                    node,
-                    KeptGrants {
-                        keys: q.keys,
-                        amounts,
-                    },
-                )
-            })
-            .collect();
-        self.slots.insert(slot, nodes);
+        self.slots.insert(slot, fresh);
     }
 
     /// Drops the slots before `cutoff`. Nothing else changes: a slot is
@@ -209,13 +197,13 @@ impl SlotQuotas {
     }
 
     /// Every node with grants, and its grants.
-    pub fn iter(&self) -> impl Iterator<Item = (NodeId, impl Iterator<Item = Grant> + '_)> {
+    pub fn iter(&self) -> impl Iterator<Item = (NodeId, NodeGrants<'_>)> {
         self.nodes.iter().map(|(node, q)| {
-            let grants = q
-                .keys
-                .iter()
-                .zip(&q.amounts)
-                .map(|(&key, &amount)| Grant { key, amount });
+            let grants = NodeGrants {
+                keys: &q.keys,
+                shared: Some(&q.keys),
+                amounts: &q.amounts,
+            };
             (*node, grants)
         })
     }
@@ -300,6 +288,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::policy::Grant;
 
     fn assignment(grants: &[(NodeId, u32, f64)]) -> Assignment {
         let mut a = Assignment::default();
@@ -312,7 +301,10 @@ mod tests {
     fn read_all(h: &QuotaHistory) -> BTreeMap<i64, Vec<(NodeId, Vec<Grant>)>> {
         let mut out = BTreeMap::new();
         h.read(None, |slot, q| {
-            out.insert(slot, q.iter().map(|(n, g)| (n, g.collect())).collect());
+            out.insert(
+                slot,
+                q.iter().map(|(n, g)| (n, g.iter().collect())).collect(),
+            );
         });
         out
     }

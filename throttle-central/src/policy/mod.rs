@@ -78,14 +78,14 @@ impl Grant {
 /// keys of its own only for a node whose grants stop following them. Each
 /// grant then takes 4 bytes (its amount) in each of the assignments the
 /// book holds, rather than 8.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Assignment {
     /// Indexed by node id; a node without grants has no amounts.
     nodes: Vec<NodeColumn>,
 }
 
 /// One node's grants in an [`Assignment`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct NodeColumn {
     /// While `own` is `None`, the grants' keys are the first
     /// `amounts.len()` of these.
@@ -123,12 +123,6 @@ impl NodeColumn {
             shared,
             amounts: &self.amounts,
         }
-    }
-}
-
-impl PartialEq for Assignment {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
     }
 }
 
@@ -230,12 +224,6 @@ pub struct NodeGrants<'a> {
     /// The list `keys` is, when it is one shared list.
     shared: Option<&'a Arc<[KeyId]>>,
     amounts: &'a [f32],
-}
-
-impl PartialEq for NodeGrants<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.keys == other.keys && self.amounts == other.amounts
-    }
 }
 
 impl<'a> NodeGrants<'a> {
