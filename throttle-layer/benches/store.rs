@@ -6,7 +6,9 @@
 //!   one of 10,000 users (clock read included: the default `CoarseClock`),
 //!   against governor's
 //!   keyed `check_key` on the same keys (allowed, and rejected once the
-//!   key's burst is spent).
+//!   key's burst is spent). `admit/allowed/counter-shared` is the floor
+//!   under both: the user's count found in a papaya map and bumped with
+//!   an atomic add, nothing else.
 //! - `threads2/*`: the same from 2 threads at once; the time is per
 //!   decision per thread, so equal numbers mean perfect scaling.
 //! - Memory, printed once before the timings: resident bytes per tracked
@@ -16,20 +18,23 @@
 //! - `service/*`: a whole `tower::Service` call with axum bodies: a bare
 //!   `service_fn`, the same behind `Throttle` (user from a header) allowed
 //!   and refused, and behind tower_governor's `GovernorLayer` keyed by the
-//!   same header, allowed and refused. Two floors beside them: `through`,
-//!   a layer that only passes the request on, and `header`, one that also
-//!   reads the user's header as `Throttle` does: what any per-user layer
-//!   pays before it decides anything. Refusals with the rate-limit headers
+//!   same header, allowed and refused. Floors beside them (see [`Floor`]):
+//!   `through`, a layer that only passes the request on; `header`, one
+//!   that also reads the user's header as `Throttle` does, what any
+//!   per-user layer pays before it decides anything; `counter` and
+//!   `counter-shared`, which also bump the user's count in a plain map and
+//!   in one threads could share. Refusals with the rate-limit headers
 //!   (`throttle-rejected`, 7 headers) and without them
 //!   (`throttle-rejected-2h`, `rate_limit_headers(false)`), each beside a
 //!   `refusal-floor` that returns the same response without deciding.
 //! - `THROTTLE_BENCH_CLOCK=frozen` holds the stores' slot still, for
 //!   instruction counts under valgrind (see `bench_clock`).
 
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -159,6 +164,19 @@ fn admit(c: &mut Criterion) {
             )
         })
     });
+    // The floor of a shared per-user count (see `Floor::SharedCounter`).
+    let counts = shared_counts(&names);
+    g.bench_function("allowed/counter-shared", |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            let counts = counts.pin();
+            black_box(
+                counts
+                    .get(names[i].as_str())
+                    .map(|c| c.fetch_add(1, Ordering::Relaxed)),
+            )
+        })
+    });
     let gov = governor(u32::MAX / 2);
     g.bench_function("allowed/governor", |b| {
         b.iter(|| {
@@ -279,15 +297,75 @@ impl tower_governor::key_extractor::KeyExtractor for HeaderKey {
     }
 }
 
-/// A layer that decides nothing: it passes each request on untouched
-/// (`service/*/through`, `READ` false), or reads the user's header first,
-/// as `Throttle` does (`service/*/header`, `READ` true).
-#[derive(Clone)]
-struct Floor<S, const READ: bool>(S);
+/// The user's header, read as `Throttle` reads it.
+#[inline]
+fn user_of<B>(req: &http::Request<B>) -> Option<&str> {
+    const X_USER: http::HeaderName = http::HeaderName::from_static("x-user");
+    req.headers()
+        .get(&X_USER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim_ascii)
+}
 
-impl<S: Service<http::Request<B>>, B, const READ: bool> Service<http::Request<B>>
-    for Floor<S, READ>
-{
+/// The floors under `Throttle`: layers that do part of its work and
+/// nothing more, each passing the request on to the bare service.
+#[derive(Clone)]
+enum Floor {
+    /// `service/*/through`: passes the request on untouched.
+    Through,
+    /// `service/*/header`: reads the user's header first, what any
+    /// per-user layer pays before it decides anything.
+    Header,
+    /// `service/*/counter`: also finds the user's counter in a plain
+    /// `HashMap` and bumps it: no lock, no slot, no quota (the service is
+    /// `&mut` and on one thread here). The least a per-user count costs.
+    Counter(HashMap<Box<str>, u64, foldhash::fast::RandomState>),
+    /// `service/*/counter-shared`: the same count in a map many threads
+    /// share, as a node's must be: papaya's map (the store's) and an
+    /// atomic add, no lock. The least a shared per-user count costs.
+    SharedCounter(SharedCounts),
+}
+
+impl Floor {
+    fn count(&mut self, user: Option<&str>) {
+        match self {
+            Floor::Through => {}
+            Floor::Header => {
+                black_box(user);
+            }
+            Floor::Counter(counts) => {
+                if let Some(count) = user.and_then(|u| counts.get_mut(u)) {
+                    *count += 1;
+                    black_box(*count);
+                }
+            }
+            Floor::SharedCounter(counts) => {
+                let counts = counts.pin();
+                if let Some(count) = user.and_then(|u| counts.get(u)) {
+                    black_box(count.fetch_add(1, Ordering::Relaxed));
+                }
+            }
+        }
+    }
+}
+
+type SharedCounts = Arc<papaya::HashMap<Box<str>, AtomicU64, foldhash::fast::RandomState>>;
+
+/// A count for each of `names` in a map threads can share.
+fn shared_counts(names: &[String]) -> SharedCounts {
+    Arc::new(
+        names
+            .iter()
+            .map(|n| (n.as_str().into(), AtomicU64::new(0)))
+            .collect(),
+    )
+}
+
+/// A [`Floor`] in front of a service.
+#[derive(Clone)]
+struct Floored<S>(Floor, S);
+
+impl<S: Service<http::Request<B>>, B> Service<http::Request<B>> for Floored<S> {
     type Response = S::Response;
     type Error = S::Error;
     type Future = S::Future;
@@ -296,20 +374,14 @@ impl<S: Service<http::Request<B>>, B, const READ: bool> Service<http::Request<B>
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
+        self.1.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<B>) -> S::Future {
-        if READ {
-            const X_USER: http::HeaderName = http::HeaderName::from_static("x-user");
-            let user = req
-                .headers()
-                .get(&X_USER)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim_ascii);
-            black_box(user);
+        if !matches!(self.0, Floor::Through) {
+            self.0.count(user_of(&req));
         }
-        self.0.call(req)
+        self.1.call(req)
     }
 }
 
@@ -391,8 +463,18 @@ fn service(c: &mut Criterion) {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     });
     call(&mut g, &rt, &names, "bare", &mut bare.clone());
-    call(&mut g, &rt, &names, "through", &mut Floor::<_, false>(bare));
-    call(&mut g, &rt, &names, "header", &mut Floor::<_, true>(bare));
+    let counts = names.iter().map(|n| (n.as_str().into(), 0)).collect();
+    for (name, floor) in [
+        ("through", Floor::Through),
+        ("header", Floor::Header),
+        ("counter", Floor::Counter(counts)),
+        (
+            "counter-shared",
+            Floor::SharedCounter(shared_counts(&names)),
+        ),
+    ] {
+        call(&mut g, &rt, &names, name, &mut Floored(floor, bare));
+    }
     let handler = |_r: http::Request<Body>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     };
