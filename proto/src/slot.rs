@@ -200,7 +200,20 @@ impl SlotLength {
 
     /// Time from `unix_ms` to the start of the next slot (never zero).
     pub fn until_next(self, unix_ms: i64) -> Duration {
-        self.as_duration() - self.offset_in_slot(unix_ms)
+        Duration::from_millis(u64::from(self.ms_until_next(unix_ms)))
+    }
+
+    /// [`SlotLength::until_next`] in milliseconds, in whole-number
+    /// arithmetic only (a refusal reads it on every call).
+    #[inline]
+    pub fn ms_until_next(self, unix_ms: i64) -> u32 {
+        let into = match self.as_ms() {
+            // A constant divisor, as in `slot_at`.
+            1000 => unix_ms.rem_euclid(1000),
+            ms => unix_ms.rem_euclid(i64::from(ms)),
+        };
+        // `into` is in `0..ms`, so this is in `1..=ms`.
+        self.as_ms() - into as u32
     }
 }
 
@@ -225,6 +238,10 @@ mod tests {
     fn boundaries_and_negative_time() {
         let s = SlotLength::SECOND;
         assert_eq!(s.until_next(2_000), Duration::from_secs(1));
+        assert_eq!(s.ms_until_next(2_000), 1000);
+        assert_eq!(s.ms_until_next(2_999), 1);
+        assert_eq!(s.ms_until_next(-1), 1);
+        assert_eq!(SlotLength::from_ms(100).unwrap().ms_until_next(-150), 50);
         assert_eq!(s.slot_at(-1), -1);
         assert_eq!(s.offset_in_slot(-1), Duration::from_millis(999));
         assert_eq!(s.start_ms(i64::MAX), i64::MAX);

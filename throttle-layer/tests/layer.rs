@@ -256,7 +256,7 @@ async fn grpc_requests_are_refused_trailers_only() {
         .header("content-type", "application/grpc+proto")
         .body(Body::empty())
         .unwrap();
-    let res = app.oneshot(req).await.unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let h = res.headers();
     assert_eq!(h["grpc-status"], "8");
@@ -271,6 +271,17 @@ async fn grpc_requests_are_refused_trailers_only() {
             .to_bytes()
             .is_empty()
     );
+    // Every gRPC call is a POST: anything else with a gRPC content type
+    // gets the HTTP refusal.
+    let req = Request::get("/pkg.Svc/Call")
+        .header("x-user", "alice")
+        .header("content-type", "application/grpc")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!res.headers().contains_key("grpc-status"));
+    assert_eq!(res.headers()["retry-after"], "1");
 }
 
 /// A body of `chunks` frames of `size` bytes.

@@ -3,9 +3,10 @@
 //! Under attack, every refusal in a slot carries the same headers: the same
 //! resource, limit, nothing remaining, the same reset. Formatting them and
 //! inserting them one by one (each insert hashes its name) was most of a
-//! refusal's cost. The last head built is kept beside the figures it was
-//! built from, and a refusal with the same figures clones it: the response's
-//! own header map, and a reference count for each value that is not static.
+//! refusal's cost. The last head built (status and headers) is kept beside
+//! the figures it was built from, and a refusal with the same figures clones
+//! it: the response's own header map, and a reference count for each value
+//! that is not static.
 //!
 //! A head is kept once two refusals in a row have built it: where refusals
 //! keep changing figures (many users over many different quotas), keeping
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::response::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::layer::Config;
@@ -58,33 +60,38 @@ struct Figures {
 /// refusal before it had the same figures.
 #[derive(Debug, Default)]
 pub(crate) struct RefusalCache {
-    last: ArcSwapOption<(Figures, HeaderMap)>,
+    last: ArcSwapOption<(Figures, Parts)>,
     /// A digest of the figures of the last refusal that built its head.
     built: AtomicU64,
 }
 
 impl RefusalCache {
-    fn get(&self, figures: &Figures) -> Option<HeaderMap> {
+    fn get(&self, figures: &Figures) -> Option<Parts> {
         let last = self.last.load();
-        let (kept, headers) = last.as_deref()?;
-        (kept == figures).then(|| headers.clone())
+        let (kept, head) = last.as_deref()?;
+        (kept == figures).then(|| head.clone())
     }
 
-    /// Notes that a refusal built `headers`, and keeps them if the last
-    /// refusal to build a head had the same figures. Two threads may race
-    /// here; the worst outcome is a head kept once more or once less.
-    fn built(&self, figures: Figures, headers: &HeaderMap) {
+    /// Notes that a refusal built `head`, and keeps it if the last refusal
+    /// to build a head had the same figures. Two threads may race here; the
+    /// worst outcome is a head kept once more or once less.
+    fn built(&self, figures: Figures, head: &Parts) {
         let digest = foldhash::fast::FixedState::default().hash_one(figures);
         if self.built.swap(digest, Ordering::Relaxed) == digest {
-            self.last.store(Some(Arc::new((figures, headers.clone()))));
+            self.last.store(Some(Arc::new((figures, head.clone()))));
         }
     }
 }
 
+/// Whether the request is a gRPC call (gRPC-Web included): a POST, as
+/// every gRPC call is, with a gRPC content type. Checking the method first
+/// spares a refused GET the header lookup.
 fn is_grpc(head: RequestHead<'_>) -> bool {
-    head.headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    head.method == http::Method::POST
+        && head
+            .headers
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The refusal: the kept head for its figures if there is one, so that
@@ -97,9 +104,9 @@ pub(crate) fn reject(
     cfg: &Config,
     req: RequestHead<'_>,
     decision: &Decision,
-) -> (http::response::Parts, &'static [u8]) {
+) -> (Parts, &'static [u8]) {
     let slot = cfg.store.slot_length();
-    let wait_ms = slot.until_next(cfg.store.clock().now_ms()).as_millis() as u64;
+    let wait_ms = u64::from(slot.ms_until_next(cfg.store.clock().now_ms()));
     let grpc = is_grpc(req);
     let named = decision.tightest.filter(|_| grpc || cfg.rate_limit_headers);
     // Limit and remaining are an HTTP refusal's only; gRPC's reset is its
@@ -122,28 +129,37 @@ pub(crate) fn reject(
             wait_ms.div_ceil(1000).max(1)
         },
     };
-    let mut res = http::Response::new(()).into_parts().0;
-    res.headers = match cfg.refusals.get(&figures) {
-        Some(headers) => headers,
+    let mut res = match cfg.refusals.get(&figures) {
+        Some(head) => head,
         None => {
-            let headers = build(cfg, &figures);
-            cfg.refusals.built(figures, &headers);
-            headers
+            let head = build(cfg, &figures);
+            cfg.refusals.built(figures, &head);
+            head
         }
     };
     if grpc {
-        res.status = StatusCode::OK;
         res.headers
             .insert(GRPC_PUSHBACK, HeaderValue::from(wait_ms));
         (res, b"")
     } else {
-        res.status = cfg.reject_status;
         (res, HTTP_BODY)
     }
 }
 
+/// The head for `figures`: its status and [`headers`].
+fn build(cfg: &Config, figures: &Figures) -> Parts {
+    let mut head = http::Response::new(()).into_parts().0;
+    head.status = if figures.grpc {
+        StatusCode::OK
+    } else {
+        cfg.reject_status
+    };
+    head.headers = headers(cfg, figures);
+    head
+}
+
 /// The headers for `figures`, sized for all of them at once.
-fn build(cfg: &Config, figures: &Figures) -> HeaderMap {
+fn headers(cfg: &Config, figures: &Figures) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(8);
     let resource = figures
         .resource
