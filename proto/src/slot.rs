@@ -195,7 +195,18 @@ impl SlotLength {
 
     /// How far `unix_ms` is into its slot.
     pub fn offset_in_slot(self, unix_ms: i64) -> Duration {
-        Duration::from_millis(unix_ms.rem_euclid(i64::from(self.as_ms())) as u64)
+        Duration::from_millis(u64::from(self.ms_into_slot(unix_ms)))
+    }
+
+    /// [`SlotLength::offset_in_slot`] in milliseconds: what is left of
+    /// `unix_ms` after [`SlotLength::slot_at`]'s division (whole-number
+    /// arithmetic only, and a multiplication for the default length).
+    #[inline]
+    fn ms_into_slot(self, unix_ms: i64) -> u32 {
+        let ms = i64::from(self.as_ms());
+        // The true remainder is in `0..ms`; wrapping arithmetic gets it
+        // exactly even where `slot * ms` lies below `i64::MIN`.
+        unix_ms.wrapping_sub(self.slot_at(unix_ms).wrapping_mul(ms)) as u32
     }
 
     /// Time from `unix_ms` to the start of the next slot (never zero).
@@ -207,13 +218,8 @@ impl SlotLength {
     /// arithmetic only (a refusal reads it on every call).
     #[inline]
     pub fn ms_until_next(self, unix_ms: i64) -> u32 {
-        let into = match self.as_ms() {
-            // A constant divisor, as in `slot_at`.
-            1000 => unix_ms.rem_euclid(1000),
-            ms => unix_ms.rem_euclid(i64::from(ms)),
-        };
-        // `into` is in `0..ms`, so this is in `1..=ms`.
-        self.as_ms() - into as u32
+        // The offset is in `0..ms`, so this is in `1..=ms`.
+        self.as_ms() - self.ms_into_slot(unix_ms)
     }
 }
 
@@ -244,6 +250,8 @@ mod tests {
         assert_eq!(SlotLength::from_ms(100).unwrap().ms_until_next(-150), 50);
         assert_eq!(s.slot_at(-1), -1);
         assert_eq!(s.offset_in_slot(-1), Duration::from_millis(999));
+        assert_eq!(s.offset_in_slot(i64::MIN), Duration::from_millis(192));
+        assert_eq!(s.ms_until_next(i64::MAX), 193);
         assert_eq!(s.start_ms(i64::MAX), i64::MAX);
         assert_eq!(s.end_ms(i64::MAX), i64::MAX);
     }

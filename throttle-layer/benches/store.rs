@@ -327,21 +327,22 @@ enum Floor {
 }
 
 impl Floor {
-    fn count(&mut self, user: Option<&str>) {
+    /// This floor's part of `Throttle`'s work on `req`.
+    fn count<B>(&mut self, req: &http::Request<B>) {
         match self {
             Floor::Through => {}
             Floor::Header => {
-                black_box(user);
+                black_box(user_of(req));
             }
             Floor::Counter(counts) => {
-                if let Some(count) = user.and_then(|u| counts.get_mut(u)) {
+                if let Some(count) = user_of(req).and_then(|u| counts.get_mut(u)) {
                     *count += 1;
                     black_box(*count);
                 }
             }
             Floor::SharedCounter(counts) => {
                 let counts = counts.pin();
-                if let Some(count) = user.and_then(|u| counts.get(u)) {
+                if let Some(count) = user_of(req).and_then(|u| counts.get(u)) {
                     black_box(count.fetch_add(1, Ordering::Relaxed));
                 }
             }
@@ -351,14 +352,14 @@ impl Floor {
 
 type SharedCounts = Arc<papaya::HashMap<Box<str>, AtomicU64, foldhash::fast::RandomState>>;
 
+/// A map from each of `names` to a fresh count.
+fn per_user<M: FromIterator<(Box<str>, V)>, V>(names: &[String], count: impl Fn() -> V) -> M {
+    names.iter().map(|n| (n.as_str().into(), count())).collect()
+}
+
 /// A count for each of `names` in a map threads can share.
 fn shared_counts(names: &[String]) -> SharedCounts {
-    Arc::new(
-        names
-            .iter()
-            .map(|n| (n.as_str().into(), AtomicU64::new(0)))
-            .collect(),
-    )
+    Arc::new(per_user(names, || AtomicU64::new(0)))
 }
 
 /// A [`Floor`] in front of a service.
@@ -378,9 +379,7 @@ impl<S: Service<http::Request<B>>, B> Service<http::Request<B>> for Floored<S> {
     }
 
     fn call(&mut self, req: http::Request<B>) -> S::Future {
-        if !matches!(self.0, Floor::Through) {
-            self.0.count(user_of(&req));
-        }
+        self.0.count(&req);
         self.1.call(req)
     }
 }
@@ -463,11 +462,10 @@ fn service(c: &mut Criterion) {
         Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
     });
     call(&mut g, &rt, &names, "bare", &mut bare.clone());
-    let counts = names.iter().map(|n| (n.as_str().into(), 0)).collect();
     for (name, floor) in [
         ("through", Floor::Through),
         ("header", Floor::Header),
-        ("counter", Floor::Counter(counts)),
+        ("counter", Floor::Counter(per_user(&names, || 0))),
         (
             "counter-shared",
             Floor::SharedCounter(shared_counts(&names)),

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use throttle_layer::store::{Fallback, SlotStore};
 use throttle_layer::{MissingUser, ThrottleLayer, Usage, UserKey};
@@ -40,6 +40,18 @@ fn amount(usage: &BTreeMap<String, v1::Usage>, user: &str, resource: &str) -> i6
 
 fn builder(store: &SlotStore) -> throttle_layer::ThrottleLayerBuilder {
     ThrottleLayer::builder(store, "front").user(UserKey::header("x-user"))
+}
+
+/// A call to `/pkg.Svc/Call` by alice with `content_type`: a gRPC call when
+/// `method` is POST.
+fn call_as_alice(method: Method, content_type: &str) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri("/pkg.Svc/Call")
+        .header("x-user", "alice")
+        .header("content-type", content_type)
+        .body(Body::empty())
+        .unwrap()
 }
 
 fn get_as(user: &str, uri: &str) -> Request<Body> {
@@ -167,11 +179,7 @@ async fn each_refusal_carries_its_own_figures() {
     let grpc = |pushback: &'static str| {
         let app = app.clone();
         async move {
-            let req = Request::post("/pkg.Svc/Call")
-                .header("x-user", "alice")
-                .header("content-type", "application/grpc")
-                .body(Body::empty())
-                .unwrap();
+            let req = call_as_alice(Method::POST, "application/grpc");
             let res = app.oneshot(req).await.unwrap();
             let h = res.headers();
             assert_eq!(h["grpc-status"], "8");
@@ -251,11 +259,7 @@ async fn grpc_requests_are_refused_trailers_only() {
     let app = Router::new()
         .route("/pkg.Svc/Call", post(|| async { "never" }))
         .layer(builder(&store).build().unwrap());
-    let req = Request::post("/pkg.Svc/Call")
-        .header("x-user", "alice")
-        .header("content-type", "application/grpc+proto")
-        .body(Body::empty())
-        .unwrap();
+    let req = call_as_alice(Method::POST, "application/grpc+proto");
     let res = app.clone().oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let h = res.headers();
@@ -273,11 +277,7 @@ async fn grpc_requests_are_refused_trailers_only() {
     );
     // Every gRPC call is a POST: anything else with a gRPC content type
     // gets the HTTP refusal.
-    let req = Request::get("/pkg.Svc/Call")
-        .header("x-user", "alice")
-        .header("content-type", "application/grpc")
-        .body(Body::empty())
-        .unwrap();
+    let req = call_as_alice(Method::GET, "application/grpc");
     let res = app.oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(!res.headers().contains_key("grpc-status"));

@@ -115,6 +115,12 @@ impl NodeColumn {
         }
     }
 
+    /// The shared list when the grants' keys are all of it, else an
+    /// empty one: what an assignment begun like this one follows.
+    fn shared_list(&self) -> Arc<[KeyId]> {
+        self.grants().shared.cloned().unwrap_or_default()
+    }
+
     fn grants(&self) -> NodeGrants<'_> {
         let shared =
             (self.own.is_none() && self.shared.len() == self.amounts.len()).then_some(&self.shared);
@@ -166,15 +172,13 @@ impl Assignment {
             column.own = None;
             column.shared = like
                 .and_then(|l| l.nodes.get(i))
-                .and_then(|c| c.grants().shared)
-                .cloned()
+                .map(NodeColumn::shared_list)
                 .unwrap_or_default();
         }
         if let Some(like) = like {
             for column in like.nodes.iter().skip(self.nodes.len()) {
-                let shared = column.grants().shared.cloned().unwrap_or_default();
                 self.nodes.push(NodeColumn {
-                    shared,
+                    shared: column.shared_list(),
                     ..NodeColumn::default()
                 });
             }
