@@ -8,7 +8,8 @@
 //!   keyed `check_key` on the same keys (allowed, and rejected once the
 //!   key's burst is spent). `admit/allowed/counter-shared` is the floor
 //!   under both: the user's count found in a papaya map and bumped with
-//!   an atomic add, nothing else.
+//!   an atomic add, nothing else; `admit/allowed/slot-quota`, the least a
+//!   decision costs (see `Floor::SlotQuota`).
 //! - `threads2/*`: the same from 2 threads at once; the time is per
 //!   decision per thread, so equal numbers mean perfect scaling.
 //! - Memory, printed once before the timings: resident bytes per tracked
@@ -23,10 +24,14 @@
 //!   that also reads the user's header as `Throttle` does, what any
 //!   per-user layer pays before it decides anything; `counter` and
 //!   `counter-shared`, which also bump the user's count in a plain map and
-//!   in one threads could share. Refusals with the rate-limit headers
+//!   in one threads could share; `slot-quota`, the least a decision
+//!   costs: that count kept per slot and checked against a quota in one
+//!   compare-and-swap, lock-free. Refusals with the rate-limit headers
 //!   (`throttle-rejected`, 7 headers) and without them
 //!   (`throttle-rejected-2h`, `rate_limit_headers(false)`), each beside a
-//!   `refusal-floor` that returns the same response without deciding.
+//!   `refusal-floor` that returns the same response without deciding and
+//!   a `slot-quota-rejected` that returns it after `slot-quota`'s
+//!   decision.
 //! - `THROTTLE_BENCH_CLOCK=frozen` holds the stores' slot still, for
 //!   instruction counts under valgrind (see `bench_clock`).
 
@@ -177,6 +182,21 @@ fn admit(c: &mut Criterion) {
             )
         })
     });
+    // The floor of a decision (see `Floor::SlotQuota`).
+    let two = SlotCounts::new(&names, 2);
+    let decided: Vec<_> = (0..3).map(|_| two.admit(&names[0])).collect();
+    assert_eq!(
+        decided,
+        [Some(true), Some(true), Some(false)],
+        "the floor decides"
+    );
+    let slotted = SlotCounts::new(&names, u32::MAX);
+    g.bench_function("allowed/slot-quota", |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            black_box(slotted.admit(&names[i]))
+        })
+    });
     let gov = governor(u32::MAX / 2);
     g.bench_function("allowed/governor", |b| {
         b.iter(|| {
@@ -324,6 +344,11 @@ enum Floor {
     /// share, as a node's must be: papaya's map (the store's) and an
     /// atomic add, no lock. The least a shared per-user count costs.
     SharedCounter(SharedCounts),
+    /// `service/*/slot-quota`: the least a *decision* costs: the user's
+    /// count for the current slot (the store's clock), checked against its
+    /// quota and bumped in one compare-and-swap, rolled to a new slot in
+    /// the same swap. Lock-free, one resource, nothing kept for a report.
+    SlotQuota(SlotCounts),
 }
 
 impl Floor {
@@ -346,7 +371,71 @@ impl Floor {
                     black_box(count.fetch_add(1, Ordering::Relaxed));
                 }
             }
+            Floor::SlotQuota(counts) => {
+                black_box(user_of(req).and_then(|u| counts.admit(u)));
+            }
         }
+    }
+}
+
+/// A user's count in one slot, lock-free: the slot's low 32 bits above
+/// the count, so that one compare-and-swap checks, counts and rolls.
+struct SlotCount {
+    word: AtomicU64,
+    quota: u32,
+}
+
+impl SlotCount {
+    /// Whether one more request fits `slot`'s quota; if so it is counted.
+    #[inline]
+    fn admit(&self, slot: i64) -> bool {
+        let tag = (slot as u64) << 32;
+        let mut word = self.word.load(Ordering::Relaxed);
+        loop {
+            let used = if word & !u64::from(u32::MAX) == tag {
+                word as u32
+            } else {
+                0
+            };
+            if used >= self.quota {
+                return false;
+            }
+            let next = tag | u64::from(used + 1);
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(now) => word = now,
+            }
+        }
+    }
+}
+
+/// [`SlotCount`]s for the bench's users, read through the stores' clock.
+#[derive(Clone)]
+struct SlotCounts {
+    counts: Arc<papaya::HashMap<Box<str>, SlotCount, foldhash::fast::RandomState>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl SlotCounts {
+    fn new(names: &[String], quota: u32) -> Self {
+        let counts = per_user(names, || SlotCount {
+            word: AtomicU64::new(0),
+            quota,
+        });
+        Self {
+            counts: Arc::new(counts),
+            clock: bench_clock(),
+        }
+    }
+
+    /// The decision for `user`; `None` for a user it does not know.
+    #[inline]
+    fn admit(&self, user: &str) -> Option<bool> {
+        let slot = SlotLength::SECOND.slot_at(self.clock.now_ms());
+        Some(self.counts.pin().get(user)?.admit(slot))
     }
 }
 
@@ -470,6 +559,10 @@ fn service(c: &mut Criterion) {
             "counter-shared",
             Floor::SharedCounter(shared_counts(&names)),
         ),
+        (
+            "slot-quota",
+            Floor::SlotQuota(SlotCounts::new(&names, u32::MAX)),
+        ),
     ] {
         call(&mut g, &rt, &names, name, &mut Floored(floor, bare));
     }
@@ -505,22 +598,34 @@ fn service(c: &mut Criterion) {
         }
         call(&mut g, &rt, &names, name, &mut svc);
     }
-    for (name, status, headers) in refusal_heads {
-        let refusal = tower::service_fn(move |_r: http::Request<Body>| {
-            let mut res = http::Response::new(Body::from("Too Many Requests\n"));
-            *res.status_mut() = status;
-            *res.headers_mut() = headers.clone();
-            std::future::ready(Ok::<_, std::convert::Infallible>(res))
-        });
-        call_with(
-            &mut g,
-            &rt,
-            &names,
-            "call",
-            &name,
-            request,
-            &mut refusal.clone(),
-        );
+    for (floor, status, headers) in refusal_heads {
+        // The response alone, and the same after the floor of a decision
+        // (`Floor::SlotQuota` with no quota: every call is refused).
+        for decider in [None, Some(SlotCounts::new(&names, 0))] {
+            let name = match decider {
+                None => floor.clone(),
+                Some(_) => floor.replace("refusal-floor", "slot-quota-rejected"),
+            };
+            let headers = headers.clone();
+            let refusal = tower::service_fn(move |r: http::Request<Body>| {
+                if let Some(counts) = &decider {
+                    black_box(user_of(&r).and_then(|u| counts.admit(u)));
+                }
+                let mut res = http::Response::new(Body::from("Too Many Requests\n"));
+                *res.status_mut() = status;
+                *res.headers_mut() = headers.clone();
+                std::future::ready(Ok::<_, std::convert::Infallible>(res))
+            });
+            call_with(
+                &mut g,
+                &rt,
+                &names,
+                "call",
+                &name,
+                request,
+                &mut refusal.clone(),
+            );
+        }
     }
     // The same, counting response bytes: the body types change.
     let metered_handler = |_r: http::Request<throttle_layer::layer::RequestBody<Body>>| async {
