@@ -29,6 +29,9 @@ fn quota(store: &SlotStore, json: &str) {
     store.apply_quota(&quota_from_json(json).unwrap());
 }
 
+/// A quota of no requests for alice in slot 100.
+const ALICE_HAS_NONE: &str = r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#;
+
 fn amount(usage: &BTreeMap<String, v1::Usage>, user: &str, resource: &str) -> i64 {
     usage
         .get("front")
@@ -54,6 +57,11 @@ fn call_as_alice(method: Method, content_type: &str) -> Request<Body> {
         .unwrap()
 }
 
+/// An app answering `GET /` with "hello".
+fn hello() -> Router {
+    Router::new().route("/", get(|| async { "hello" }))
+}
+
 fn get_as(user: &str, uri: &str) -> Request<Body> {
     Request::builder()
         .uri(uri)
@@ -65,9 +73,7 @@ fn get_as(user: &str, uri: &str) -> Request<Body> {
 #[tokio::test]
 async fn allowed_requests_pass_and_are_counted() {
     let (clock, store) = store();
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(builder(&store).build().unwrap());
+    let app = hello().layer(builder(&store).build().unwrap());
     for _ in 0..3 {
         let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
@@ -85,9 +91,7 @@ async fn refused_http_request_gets_429_and_headers() {
         &store,
         r#"{"front": {"100": {"alice": {"requests": 0.0}, "bob": {"requests": 2.0}}}}"#,
     );
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(builder(&store).build().unwrap());
+    let app = hello().layer(builder(&store).build().unwrap());
     let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     let h = res.headers();
@@ -129,8 +133,7 @@ async fn each_refusal_carries_its_own_figures() {
     };
     quota(&store, &q(100));
     quota(&store, &q(101));
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
+    let app = hello()
         .route("/pkg.Svc/Call", post(|| async { "never" }))
         .layer(builder(&store).cost("database_read", 1).build().unwrap());
     let refused = |user: &'static str| {
@@ -204,18 +207,13 @@ async fn each_refusal_carries_its_own_figures() {
 #[tokio::test]
 async fn reject_status_and_headers_are_configurable() {
     let (_, store) = store();
-    quota(
-        &store,
-        r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
-    );
+    quota(&store, ALICE_HAS_NONE);
     let layer = builder(&store)
         .reject_status(StatusCode::SERVICE_UNAVAILABLE)
         .rate_limit_headers(false)
         .build()
         .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(layer);
+    let app = hello().layer(layer);
     let res = app.oneshot(get_as("alice", "/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(res.headers().contains_key("retry-after"));
@@ -226,16 +224,9 @@ async fn reject_status_and_headers_are_configurable() {
 #[tokio::test]
 async fn metered_and_plain_layers_refuse_alike() {
     let (_, store) = store();
-    quota(
-        &store,
-        r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
-    );
-    let plain = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(builder(&store).build().unwrap());
-    let metered = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(builder(&store).traffic_down().traffic_up().build().unwrap());
+    quota(&store, ALICE_HAS_NONE);
+    let plain = hello().layer(builder(&store).build().unwrap());
+    let metered = hello().layer(builder(&store).traffic_down().traffic_up().build().unwrap());
     let mut seen = Vec::new();
     for app in [plain, metered] {
         let res = app.oneshot(get_as("alice", "/")).await.unwrap();
@@ -252,10 +243,7 @@ async fn metered_and_plain_layers_refuse_alike() {
 #[tokio::test]
 async fn grpc_requests_are_refused_trailers_only() {
     let (_, store) = store();
-    quota(
-        &store,
-        r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
-    );
+    quota(&store, ALICE_HAS_NONE);
     let app = Router::new()
         .route("/pkg.Svc/Call", post(|| async { "never" }))
         .layer(builder(&store).build().unwrap());
@@ -423,13 +411,8 @@ async fn usage_without_the_layer_is_a_clear_500() {
 #[tokio::test]
 async fn shadow_mode_lets_everything_through() {
     let (clock, store) = store();
-    quota(
-        &store,
-        r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
-    );
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(builder(&store).shadow(true).build().unwrap());
+    quota(&store, ALICE_HAS_NONE);
+    let app = hello().layer(builder(&store).shadow(true).build().unwrap());
     assert_eq!(
         app.oneshot(get_as("alice", "/")).await.unwrap().status(),
         StatusCode::OK
@@ -447,10 +430,8 @@ async fn requests_without_user_are_skipped_or_anonymous() {
         &store,
         r#"{"front": {"100": {"anonymous": {"requests": 0.0}}}}"#,
     );
-    let skip = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(builder(&store).build().unwrap());
-    let anon = Router::new().route("/", get(|| async { "hello" })).layer(
+    let skip = hello().layer(builder(&store).build().unwrap());
+    let anon = hello().layer(
         builder(&store)
             .missing_user(MissingUser::As("anonymous".into()))
             .build()
@@ -492,12 +473,8 @@ async fn requests_without_user_are_skipped_or_anonymous() {
 #[tokio::test]
 async fn fallback_is_chosen_per_layer() {
     let (_, store) = store();
-    let open = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(builder(&store).build().unwrap());
-    let closed = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(builder(&store).fallback(Fallback::Deny).build().unwrap());
+    let open = hello().layer(builder(&store).build().unwrap());
+    let closed = hello().layer(builder(&store).fallback(Fallback::Deny).build().unwrap());
     assert_eq!(
         open.oneshot(get_as("alice", "/")).await.unwrap().status(),
         StatusCode::OK
@@ -633,10 +610,7 @@ mod grpc {
     #[tokio::test]
     async fn tonic_server_with_the_layer() {
         let (clock, store) = store();
-        quota(
-            &store,
-            r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#,
-        );
+        quota(&store, ALICE_HAS_NONE);
         let layer = ThrottleLayer::builder(&store, "front")
             .user(UserKey::header("x-user"))
             .handler_usage()
