@@ -174,12 +174,7 @@ fn admit(c: &mut Criterion) {
     g.bench_function("allowed/counter-shared", |b| {
         b.iter(|| {
             i = (i + 1) % USERS;
-            let counts = counts.pin();
-            black_box(
-                counts
-                    .get(names[i].as_str())
-                    .map(|c| c.fetch_add(1, Ordering::Relaxed)),
-            )
+            black_box(bump(&counts, &names[i]))
         })
     });
     // The floor of a decision (see `Floor::SlotQuota`).
@@ -346,7 +341,7 @@ enum Floor {
     /// `service/*/counter-shared`: the same count in a map many threads
     /// share, as a node's must be: papaya's map (the store's) and an
     /// atomic add, no lock. The least a shared per-user count costs.
-    SharedCounter(SharedCounts),
+    SharedCounter(Shared<AtomicU64>),
     /// `service/*/slot-quota`: the least a *decision* costs: the user's
     /// count for the current slot (the store's clock), checked against its
     /// quota and bumped in one compare-and-swap, rolled to a new slot in
@@ -369,10 +364,7 @@ impl Floor {
                 }
             }
             Floor::SharedCounter(counts) => {
-                let counts = counts.pin();
-                if let Some(count) = user_of(req).and_then(|u| counts.get(u)) {
-                    black_box(count.fetch_add(1, Ordering::Relaxed));
-                }
+                black_box(user_of(req).and_then(|u| bump(counts, u)));
             }
             Floor::SlotQuota(counts) => {
                 black_box(user_of(req).and_then(|u| counts.admit(u)));
@@ -418,18 +410,17 @@ impl SlotCount {
 /// [`SlotCount`]s for the bench's users, read through the stores' clock.
 #[derive(Clone)]
 struct SlotCounts {
-    counts: Arc<papaya::HashMap<Box<str>, SlotCount, foldhash::fast::RandomState>>,
+    counts: Shared<SlotCount>,
     clock: Arc<dyn Clock>,
 }
 
 impl SlotCounts {
     fn new(names: &[String], quota: u32) -> Self {
-        let counts = per_user(names, || SlotCount {
-            word: AtomicU64::new(0),
-            quota,
-        });
         Self {
-            counts: Arc::new(counts),
+            counts: shared(names, || SlotCount {
+                word: AtomicU64::new(0),
+                quota,
+            }),
             clock: bench_clock(),
         }
     }
@@ -442,16 +433,28 @@ impl SlotCounts {
     }
 }
 
-type SharedCounts = Arc<papaya::HashMap<Box<str>, AtomicU64, foldhash::fast::RandomState>>;
+/// A per-user map threads can share: papaya's, as the store's.
+type Shared<V> = Arc<papaya::HashMap<Box<str>, V, foldhash::fast::RandomState>>;
 
 /// A map from each of `names` to a fresh count.
 fn per_user<M: FromIterator<(Box<str>, V)>, V>(names: &[String], count: impl Fn() -> V) -> M {
     names.iter().map(|n| (n.as_str().into(), count())).collect()
 }
 
+/// [`per_user`] in a map threads can share.
+fn shared<V>(names: &[String], count: impl Fn() -> V) -> Shared<V> {
+    Arc::new(per_user(names, count))
+}
+
 /// A count for each of `names` in a map threads can share.
-fn shared_counts(names: &[String]) -> SharedCounts {
-    Arc::new(per_user(names, || AtomicU64::new(0)))
+fn shared_counts(names: &[String]) -> Shared<AtomicU64> {
+    shared(names, || AtomicU64::new(0))
+}
+
+/// Adds one to `user`'s shared count; `None` for a user it does not know.
+#[inline]
+fn bump(counts: &Shared<AtomicU64>, user: &str) -> Option<u64> {
+    Some(counts.pin().get(user)?.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A [`Floor`] in front of a service.
@@ -601,33 +604,22 @@ fn service(c: &mut Criterion) {
         }
         call(&mut g, &rt, &names, name, &mut svc);
     }
-    for (floor, status, headers) in refusal_heads {
-        // The response alone, and the same after the floor of a decision
+    for (name, status, headers) in refusal_heads {
+        let refusal = tower::service_fn(move |_r: http::Request<Body>| {
+            let mut res = http::Response::new(Body::from("Too Many Requests\n"));
+            *res.status_mut() = status;
+            *res.headers_mut() = headers.clone();
+            std::future::ready(Ok::<_, std::convert::Infallible>(res))
+        });
+        // The response alone, and the same behind the floor of a decision
         // (`Floor::SlotQuota` with no quota: every call is refused).
-        for decider in [None, Some(SlotCounts::new(&names, 0))] {
-            let name = match decider {
-                None => floor.clone(),
-                Some(_) => floor.replace("refusal-floor", "slot-quota-rejected"),
-            };
-            let headers = headers.clone();
-            let refusal = tower::service_fn(move |r: http::Request<Body>| {
-                if let Some(counts) = &decider {
-                    black_box(user_of(&r).and_then(|u| counts.admit(u)));
-                }
-                let mut res = http::Response::new(Body::from("Too Many Requests\n"));
-                *res.status_mut() = status;
-                *res.headers_mut() = headers.clone();
-                std::future::ready(Ok::<_, std::convert::Infallible>(res))
-            });
-            call_with(
-                &mut g,
-                &rt,
-                &names,
-                "call",
-                &name,
-                request,
-                &mut refusal.clone(),
-            );
+        let decided = name.replace("refusal-floor", "slot-quota-rejected");
+        for (name, floor) in [
+            (name, Floor::Through),
+            (decided, Floor::SlotQuota(SlotCounts::new(&names, 0))),
+        ] {
+            let mut svc = Floored(floor, refusal.clone());
+            call_with(&mut g, &rt, &names, "call", &name, request, &mut svc);
         }
     }
     // The same, counting response bytes: the body types change.
