@@ -73,6 +73,10 @@ fn own(res: &Response<Body>) -> usize {
     .0
 }
 
+async fn hello(_: Request<Body>) -> Result<Response<Body>, std::convert::Infallible> {
+    Ok(Response::new(Body::from("hello")))
+}
+
 #[test]
 fn a_refusal_allocates_only_its_response() {
     let clock = Arc::new(ManualClock::new(100_250));
@@ -83,9 +87,7 @@ fn a_refusal_allocates_only_its_response() {
         .user(UserKey::header("x-user"))
         .build()
         .unwrap();
-    let mut svc = layer.layer(tower::service_fn(|_: Request<Body>| async {
-        Ok::<_, std::convert::Infallible>(Response::new(Body::from("hello")))
-    }));
+    let mut svc = layer.layer(tower::service_fn(hello));
     // The first two refusals with a set of figures build their head...
     for _ in 0..2 {
         let (n, res) = refuse(&mut svc, "alice");
@@ -108,4 +110,27 @@ fn a_refusal_allocates_only_its_response() {
     assert_eq!(n, own(&res));
     assert_eq!(res.headers()["x-ratelimit-limit"], "25");
     assert_eq!(res.headers()["ratelimit-policy"], r#""requests";q=25;w=1"#);
+
+    // Layers refusing in turn on one thread each keep their own head: none
+    // pushes another's out, and none answers with another's.
+    let statuses = [429, 503, 509, 529].map(|s| StatusCode::from_u16(s).unwrap());
+    let mut services = statuses.map(|status| {
+        let layer = ThrottleLayer::builder(&store, "front")
+            .user(UserKey::header("x-user"))
+            .reject_status(status)
+            .build()
+            .unwrap();
+        layer.layer(tower::service_fn(hello))
+    });
+    for round in 0..4 {
+        for (svc, status) in services.iter_mut().zip(statuses) {
+            let (n, res) = send(svc, "alice");
+            assert_eq!(res.status(), status);
+            if round < 2 {
+                assert!(n > own(&res), "{n} allocations: the head is built");
+            } else {
+                assert_eq!(n, own(&res), "round {round}, {status}");
+            }
+        }
+    }
 }
