@@ -77,17 +77,27 @@ async fn hello(_: Request<Body>) -> Result<Response<Body>, std::convert::Infalli
     Ok(Response::new(Body::from("hello")))
 }
 
+/// A hello app behind a layer for service "front", users from `x-user`,
+/// refusing with `status`.
+fn front(
+    store: &SlotStore,
+    status: StatusCode,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible> {
+    let layer = ThrottleLayer::builder(store, "front")
+        .user(UserKey::header("x-user"))
+        .reject_status(status)
+        .build()
+        .unwrap();
+    layer.layer(tower::service_fn(hello))
+}
+
 #[test]
 fn a_refusal_allocates_only_its_response() {
     let clock = Arc::new(ManualClock::new(100_250));
     let store = SlotStore::builder().clock(clock).build();
     let quota = r#"{"front": {"100": {"alice": {"requests": 0.0}, "bob": {"requests": 25.0}}}}"#;
     store.apply_quota(&quota_from_json(quota).unwrap());
-    let layer = ThrottleLayer::builder(&store, "front")
-        .user(UserKey::header("x-user"))
-        .build()
-        .unwrap();
-    let mut svc = layer.layer(tower::service_fn(hello));
+    let mut svc = front(&store, StatusCode::TOO_MANY_REQUESTS);
     // The first two refusals with a set of figures build their head...
     for _ in 0..2 {
         let (n, res) = refuse(&mut svc, "alice");
@@ -114,14 +124,7 @@ fn a_refusal_allocates_only_its_response() {
     // Layers refusing in turn on one thread each keep their own head: none
     // pushes another's out, and none answers with another's.
     let statuses = [429, 503, 509, 529].map(|s| StatusCode::from_u16(s).unwrap());
-    let mut services = statuses.map(|status| {
-        let layer = ThrottleLayer::builder(&store, "front")
-            .user(UserKey::header("x-user"))
-            .reject_status(status)
-            .build()
-            .unwrap();
-        layer.layer(tower::service_fn(hello))
-    });
+    let mut services = statuses.map(|status| front(&store, status));
     for round in 0..4 {
         for (svc, status) in services.iter_mut().zip(statuses) {
             let (n, res) = send(svc, "alice");
