@@ -10,8 +10,8 @@
 //!
 //! The other way, a [`v1::Report`] of 1,000 users decoded by prost is 5,000
 //! `String`s and as many map nodes. [`Inbound`] keeps a report's bytes as
-//! they arrived, and [`RawReport`] checks them once and then reads names and
-//! amounts in place.
+//! they arrived, and [`RawReport`] checks them once, listing the amounts and
+//! keeping the names in one checked string, from which filing reads them.
 //!
 //! [`server`] is the central's gRPC service, generated like the one in
 //! [`v1`] but receiving [`Inbound`] and sending [`Outbound`].
@@ -647,32 +647,55 @@ struct RawEntry {
     amount: i64,
 }
 
-/// A name checked by [`RawReport::parse`], as (start, length) within
-/// `whole`: (0, 0) for an empty name (a default, which may point anywhere)
-/// or one that is not inside.
-fn name_in(whole: &[u8], part: &[u8]) -> (u32, u32) {
-    let start = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
-    match start.checked_add(part.len()) {
-        // `parse` refuses messages of 4 GiB or more, so both fit.
-        Some(end) if !part.is_empty() && end <= whole.len() => (start as u32, part.len() as u32),
-        _ => (0, 0),
+/// The names of a report as [`RawReport::parse`] checks them: each checked
+/// as UTF-8 in place, then copied after the others into one buffer, which
+/// becomes a `String` in one more check, fast over ASCII. Names are then
+/// sliced from it as `str`, where reading each from the received bytes
+/// would check its UTF-8 again: that was a third of filing a report.
+#[derive(Default)]
+struct Names(Vec<u8>);
+
+impl Names {
+    /// Keeps `name`, returning where it is: (start, length), (0, 0) for
+    /// an empty name. `parse` refuses messages of 4 GiB or more, and the
+    /// names are within one, so both fit.
+    fn keep(&mut self, name: &[u8]) -> (u32, u32) {
+        if name.is_empty() {
+            return (0, 0);
+        }
+        let start = self.0.len();
+        self.0.extend_from_slice(name);
+        (start as u32, name.len() as u32)
+    }
+
+    /// Keeps `name`, or reuses `like` if that is the same name: a user's
+    /// resources are usually named as the user's before.
+    #[inline]
+    fn keep_like(&mut self, like: Option<(u32, u32)>, name: &[u8]) -> (u32, u32) {
+        match like {
+            Some(at) if self.0.get(at.0 as usize..(at.0 + at.1) as usize) == Some(name) => at,
+            _ => self.keep(name),
+        }
+    }
+
+    fn into_string(self) -> Result<String, RawReportError> {
+        String::from_utf8(self.0).map_err(|_| RawReportError::Malformed("string is not UTF-8"))
     }
 }
 
-/// The name at `at`, checked by [`RawReport::parse`] ("" if it were not).
-fn name_at(bytes: &[u8], at: (u32, u32)) -> &str {
+/// The name at `at` in a report's names ("" if there is none there).
+fn name_at(names: &str, at: (u32, u32)) -> &str {
     let (start, len) = (at.0 as usize, at.1 as usize);
-    bytes
-        .get(start..start + len)
-        .and_then(|b| std::str::from_utf8(b).ok())
-        .unwrap_or_default()
+    names.get(start..start + len).unwrap_or_default()
 }
 
-/// A [`v1::Report`] read in place: checked once by [`RawReport::parse`],
-/// then its names and amounts are borrowed from the received bytes.
+/// A [`v1::Report`] read from its bytes: checked once by
+/// [`RawReport::parse`], which lists its users and amounts, and keeps its
+/// names, so that filing it reads neither the framing nor UTF-8 again.
 #[derive(Debug, Clone)]
 pub struct RawReport {
-    bytes: Bytes,
+    /// Every name, one after the other.
+    names: String,
     node_id: (u32, u32),
     slot_number: i64,
     usages: Vec<RawUsage>,
@@ -704,20 +727,21 @@ impl RawReport {
         // About 20 bytes per entry in reports of short names.
         let mut entries = Vec::with_capacity(whole.len() / 20);
         let mut prev_service: [Option<&[u8]>; 2] = [None, None];
+        let mut names = Names::default();
         let mut f = Fields::new(whole);
         while let Some((n, field)) = f.next_field()? {
             match (n, field) {
-                (1, Field::Bytes(b)) => node_id = name_in(whole, utf8(b)?),
+                (1, Field::Bytes(b)) => node_id = names.keep(utf8(b)?),
                 (2, Field::Varint(v)) => slot_number = v as i64,
                 (3 | 4, Field::Bytes(b)) => {
                     let rejection = n == 4;
                     let (service, usage, _) = entry(b, Value::Message)?;
                     in_order(&mut prev_service[usize::from(rejection)], service)?;
                     let first = users.len();
-                    Self::check_usage(whole, usage, &mut users, &mut entries)?;
+                    Self::check_usage(usage, &mut names, &mut users, &mut entries)?;
                     usages.push(RawUsage {
                         rejection,
-                        service: name_in(whole, service),
+                        service: names.keep(service),
                         users: first..users.len(),
                     });
                 }
@@ -728,41 +752,49 @@ impl RawReport {
             }
         }
         Ok(Self {
+            names: names.into_string()?,
             node_id,
             slot_number,
             usages,
             users,
             entries,
-            bytes,
         })
     }
 
     /// Checks a `Usage` body, listing its users and their entries.
     fn check_usage(
-        whole: &[u8],
         usage: &[u8],
+        names: &mut Names,
         users: &mut Vec<RawUser>,
         entries: &mut Vec<RawEntry>,
     ) -> Result<(), RawReportError> {
         let mut prev_user = None;
+        // The previous user's entries, whose names the next user's likely
+        // repeat.
+        let mut like = 0..0;
         let mut f = Fields::new(usage);
         while let Some(b) = map_entry(&mut f, "usage field of the wrong type")? {
             let (user, amounts, _) = entry(b, Value::Message)?;
             in_order(&mut prev_user, user)?;
-            let first = entries.len() as u32;
+            let first = entries.len();
             let mut prev_resource = None;
             let mut a = Fields::new(amounts);
             while let Some(b) = map_entry(&mut a, "amounts field of the wrong type")? {
                 let (resource, _, amount) = entry(b, Value::Integer)?;
                 in_order(&mut prev_resource, resource)?;
+                let k = entries.len() - first;
+                let like = entries
+                    .get(like.start + k..like.end)
+                    .and_then(|l| l.first());
                 entries.push(RawEntry {
-                    resource: name_in(whole, resource),
+                    resource: names.keep_like(like.map(|e| e.resource), resource),
                     amount: amount as i64,
                 });
             }
+            like = first..entries.len();
             users.push(RawUser {
-                name: name_in(whole, user),
-                entries: first..entries.len() as u32,
+                name: names.keep(user),
+                entries: first as u32..entries.len() as u32,
             });
         }
         Ok(())
@@ -770,7 +802,7 @@ impl RawReport {
 
     /// The node's id as it wrote it (may be empty).
     pub fn node_id(&self) -> &str {
-        name_at(&self.bytes, self.node_id)
+        name_at(&self.names, self.node_id)
     }
 
     /// The slot the report was sent in.
@@ -786,9 +818,9 @@ impl RawReport {
     /// Every (service, consumption or rejection) usage, in the order sent.
     pub fn usages(&self) -> impl Iterator<Item = (&str, bool, RawUsers<'_>)> {
         self.usages.iter().map(|u| {
-            let service = name_at(&self.bytes, u.service);
+            let service = name_at(&self.names, u.service);
             let users = RawUsers {
-                bytes: &self.bytes,
+                names: &self.names,
                 users: self.users[u.users.clone()].iter(),
                 entries: &self.entries,
             };
@@ -799,7 +831,7 @@ impl RawReport {
 
 /// The users of one usage of a [`RawReport`], with their amounts.
 pub struct RawUsers<'a> {
-    bytes: &'a [u8],
+    names: &'a str,
     users: std::slice::Iter<'a, RawUser>,
     entries: &'a [RawEntry],
 }
@@ -820,16 +852,16 @@ impl<'a> Iterator for RawUsers<'a> {
         let user = self.users.next()?;
         let (start, end) = (user.entries.start as usize, user.entries.end as usize);
         let amounts = RawAmounts {
-            bytes: self.bytes,
+            names: self.names,
             entries: self.entries.get(start..end).unwrap_or_default().iter(),
         };
-        Some((name_at(self.bytes, user.name), amounts))
+        Some((name_at(self.names, user.name), amounts))
     }
 }
 
 /// One user's amounts per resource in a [`RawReport`].
 pub struct RawAmounts<'a> {
-    bytes: &'a [u8],
+    names: &'a str,
     entries: std::slice::Iter<'a, RawEntry>,
 }
 
@@ -847,7 +879,7 @@ impl<'a> Iterator for RawAmounts<'a> {
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         let e = self.entries.next()?;
-        Some((name_at(self.bytes, e.resource), e.amount))
+        Some((name_at(self.names, e.resource), e.amount))
     }
 }
 
