@@ -673,7 +673,9 @@ impl Names {
     #[inline]
     fn keep_like(&mut self, like: Option<(u32, u32)>, name: &[u8]) -> (u32, u32) {
         match like {
-            Some(at) if self.0.get(at.0 as usize..(at.0 + at.1) as usize) == Some(name) => at,
+            Some(at) if self.0.get(at.0 as usize..at.0 as usize + at.1 as usize) == Some(name) => {
+                at
+            }
             _ => self.keep(name),
         }
     }
@@ -782,12 +784,11 @@ impl RawReport {
             while let Some(b) = map_entry(&mut a, "amounts field of the wrong type")? {
                 let (resource, _, amount) = entry(b, Value::Integer)?;
                 in_order(&mut prev_resource, resource)?;
-                let k = entries.len() - first;
-                let like = entries
-                    .get(like.start + k..like.end)
-                    .and_then(|l| l.first());
+                // The previous user's resource in the same place.
+                let at = like.start + (entries.len() - first);
+                let before = entries.get(at).filter(|_| at < like.end);
                 entries.push(RawEntry {
-                    resource: names.keep_like(like.map(|e| e.resource), resource),
+                    resource: names.keep_like(before.map(|e| e.resource), resource),
                     amount: amount as i64,
                 });
             }
@@ -1150,12 +1151,13 @@ mod tests {
         assert!(RawReport::parse(bytes.into()).is_ok());
     }
 
+    /// Field `field`, length-delimited, with a body under 128 bytes.
+    fn len(field: u8, body: &[u8]) -> Vec<u8> {
+        [&[field << 3 | 2, body.len() as u8][..], body].concat()
+    }
+
     #[test]
     fn a_map_value_of_the_wrong_type_is_refused_as_prost_refuses_it() {
-        /// Field `field`, length-delimited.
-        fn len(field: u8, body: &[u8]) -> Vec<u8> {
-            [&[field << 3 | 2, body.len() as u8][..], body].concat()
-        }
         /// A report with one consumption entry, service "s", whose usage has
         /// one user, "alice", whose entry's value is `value` (a field).
         fn report(value: &[u8]) -> Vec<u8> {
@@ -1183,9 +1185,6 @@ mod tests {
 
     #[test]
     fn an_entry_with_a_field_after_its_value_reads_as_prost_reads_it() {
-        fn len(field: u8, body: &[u8]) -> Vec<u8> {
-            [&[field << 3 | 2, body.len() as u8][..], body].concat()
-        }
         /// A report of service "s" whose usage has the one user entry `user`.
         fn report(user: &[u8]) -> Vec<u8> {
             len(3, &[len(1, b"s"), len(2, &len(1, user))].concat())
