@@ -300,6 +300,23 @@ pub mod fleet {
     }
 }
 
+/// CPU time the calling thread has used, to the nanosecond; `None` where
+/// the platform has no per-thread CPU clock. Read it from a task on a
+/// one-worker runtime to know what that runtime's thread used.
+pub fn thread_cpu_time() -> Option<std::time::Duration> {
+    #[cfg(unix)]
+    {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        let secs = u64::try_from(t.tv_sec).ok()?;
+        let nanos = u32::try_from(t.tv_nsec).ok()?;
+        Some(std::time::Duration::new(secs, nanos))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
 /// Resident memory of this process, in MiB (0 where `/proc` cannot tell).
 pub fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")

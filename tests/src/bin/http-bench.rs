@@ -181,11 +181,21 @@ struct Run {
     errors: u64,
     seconds: f64,
     latencies_ns: Vec<u64>,
+    /// CPU time of the server's thread over the run.
+    server_cpu: Option<Duration>,
 }
 
 impl Run {
     fn rps(&self) -> f64 {
         (self.ok + self.refused) as f64 / self.seconds
+    }
+
+    /// The server thread's CPU time per request, in microseconds: unlike
+    /// req/s, not moved by time the server spent descheduled.
+    fn cpu_us_per_request(&self) -> Option<f64> {
+        let requests = self.ok + self.refused;
+        (requests > 0).then_some(())?;
+        Some(self.server_cpu?.as_secs_f64() * 1e6 / requests as f64)
     }
 
     fn percentile(&self, p: f64) -> f64 {
@@ -282,6 +292,93 @@ fn attacker(_: usize, _: u64) -> String {
     "attacker".to_string()
 }
 
+/// CPU time the server runtime's one thread has used so far.
+async fn server_cpu(server_rt: &tokio::runtime::Handle) -> Option<Duration> {
+    server_rt
+        .spawn(async { throttle_tests::thread_cpu_time() })
+        .await
+        .ok()
+        .flatten()
+}
+
+/// One figure compared round by round.
+struct Measure {
+    what: &'static str,
+    better: &'static str,
+    of: fn(&Run) -> Option<f64>,
+    higher_is_better: bool,
+}
+
+/// Throttle against tower_governor round by round: within a round the two
+/// ran seconds apart, so the machine's slower and faster spells, which move
+/// whole runs by a few percent, cancel in each round's ratio.
+fn paired(ours: &[Run], theirs: &[Run]) -> String {
+    let n = ours.len().min(theirs.len());
+    let mut out =
+        format!("throttle (ThrottleLayer) against tower_governor, round by round ({n} rounds):\n");
+    let rows: [Measure; 2] = [
+        Measure {
+            what: "req/s",
+            better: "higher",
+            of: |r| Some(r.rps()),
+            higher_is_better: true,
+        },
+        Measure {
+            what: "server CPU per request",
+            better: "lower",
+            of: Run::cpu_us_per_request,
+            higher_is_better: false,
+        },
+    ];
+    for Measure {
+        what,
+        better,
+        of: measure,
+        higher_is_better,
+    } in rows
+    {
+        let ratios: Vec<f64> = ours[..n]
+            .iter()
+            .zip(&theirs[..n])
+            .filter_map(|(a, b)| Some(measure(a)? / measure(b)?))
+            .filter(|r| r.is_finite())
+            .collect();
+        if ratios.is_empty() {
+            continue;
+        }
+        let wins = ratios
+            .iter()
+            .filter(|&&r| if higher_is_better { r > 1.0 } else { r < 1.0 })
+            .count();
+        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        out += &format!(
+            "  {what}: median {:.1}% of tower_governor's ({:.1}%..{:.1}%); {better} in {wins} of {} rounds (one-sided sign test p = {:.3})\n",
+            100.0 * median(ratios.clone()),
+            100.0 * lo,
+            100.0 * hi,
+            ratios.len(),
+            sign_test(wins, ratios.len()),
+        );
+    }
+    out
+}
+
+/// The chance of `wins` or more of `n` fair coin flips: how likely a
+/// record this good is if neither layer were ahead.
+fn sign_test(wins: usize, n: usize) -> f64 {
+    // C(n, k) / 2^n, summed over k >= wins, built up term by term.
+    let mut term = 0.5f64.powi(n as i32);
+    let mut tail = 0.0;
+    for k in 0..=n {
+        if k >= wins {
+            tail += term;
+        }
+        term *= (n - k) as f64 / (k + 1) as f64;
+    }
+    tail.min(1.0)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -322,7 +419,10 @@ fn main() {
                     let server = start(server_rt.handle(), central_rt.handle(), *variant).await;
                     // Warm up, then measure.
                     load(server.addr, connections, warmup, user).await;
-                    let run = load(server.addr, connections, seconds, user).await;
+                    let before = server_cpu(server_rt.handle()).await;
+                    let mut run = load(server.addr, connections, seconds, user).await;
+                    let after = server_cpu(server_rt.handle()).await;
+                    run.server_cpu = after.zip(before).map(|(a, b)| a.saturating_sub(b));
                     server.task.abort();
                     run
                 });
@@ -331,12 +431,19 @@ fn main() {
         }
         println!("{title}");
         println!(
-            "| {:<26} | {:>10} | {:>8} | {:>9} | {:>9} | {:>9} | {:>7} |",
-            "variant", "req/s", "vs first", "p50 us", "p99 us", "refused %", "errors"
+            "| {:<26} | {:>10} | {:>8} | {:>9} | {:>9} | {:>13} | {:>9} | {:>7} |",
+            "variant",
+            "req/s",
+            "vs first",
+            "p50 us",
+            "p99 us",
+            "server us/req",
+            "refused %",
+            "errors"
         );
         println!(
-            "|{:-<28}|{:->12}|{:->10}|{:->11}|{:->11}|{:->11}|{:->9}|",
-            "", "", "", "", "", "", ""
+            "|{:-<28}|{:->12}|{:->10}|{:->11}|{:->11}|{:->15}|{:->11}|{:->9}|",
+            "", "", "", "", "", "", "", ""
         );
         let first = median(results[0].1.iter().map(Run::rps).collect());
         for (variant, runs) in &results {
@@ -349,17 +456,24 @@ fn main() {
                     .collect(),
             );
             let errors: u64 = runs.iter().map(|r| r.errors).sum();
+            let cpu = median(runs.iter().filter_map(Run::cpu_us_per_request).collect());
             println!(
-                "| {:<26} | {:>10.0} | {:>7.1}% | {:>9.0} | {:>9.0} | {:>8.1}% | {:>7} |",
+                "| {:<26} | {:>10.0} | {:>7.1}% | {:>9.0} | {:>9.0} | {:>13.3} | {:>8.1}% | {:>7} |",
                 variant.name(),
                 rps,
                 100.0 * rps / first,
                 p50,
                 p99,
+                cpu,
                 refused,
                 errors
             );
         }
         println!();
+        let runs_of = |v: Variant| results.iter().find(|(w, _)| *w == v).map(|(_, r)| r);
+        if let (Some(ours), Some(theirs)) = (runs_of(Variant::Throttle), runs_of(Variant::Governor))
+        {
+            println!("{}", paired(ours, theirs));
+        }
     }
 }
