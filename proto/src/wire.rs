@@ -45,6 +45,12 @@ use prost::encoding::{
 
 use crate::v1;
 
+mod node;
+pub use node::{
+    Answer, QuotaResources, QuotaUsers, RawQuota, RawQuotaError, ReportEncoder, UsageEncoder,
+    client,
+};
+
 /// The central's gRPC service, sending [`Outbound`] messages.
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 pub mod server {
@@ -410,11 +416,12 @@ pub enum RawReportError {
 enum Field<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
-    /// A fixed-width value (skipped by every message read here).
-    Fixed,
+    /// A fixed-width value: its 8 or 4 bytes, little-endian.
+    Fixed(&'a [u8]),
 }
 
 /// Reads the fields of one message body.
+#[derive(Clone)]
 struct Fields<'a> {
     buf: &'a [u8],
 }
@@ -486,19 +493,13 @@ impl<'a> Fields<'a> {
             .ok_or(RawReportError::Malformed("bad field number"))?;
         let field = match key & 7 {
             0 => Field::Varint(self.varint()?),
-            1 => {
-                self.take(8)?;
-                Field::Fixed
-            }
+            1 => Field::Fixed(self.take(8)?),
             2 => {
                 let len = usize::try_from(self.varint()?)
                     .map_err(|_| RawReportError::Malformed("length too large"))?;
                 Field::Bytes(self.take(len)?)
             }
-            5 => {
-                self.take(4)?;
-                Field::Fixed
-            }
+            5 => Field::Fixed(self.take(4)?),
             _ => return Err(RawReportError::Malformed("unsupported wire type")),
         };
         Ok(Some((number, field)))

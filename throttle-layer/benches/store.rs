@@ -49,6 +49,7 @@ use throttle_layer::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use throttle_layer::{ThrottleLayer, UserKey};
 use throttle_proto::slot::{Clock, CoarseClock, ManualClock, SlotLength};
 use throttle_proto::v1;
+use throttle_proto::wire::RawQuota;
 use tower::{Service, ServiceExt};
 
 const USERS: usize = 10_000;
@@ -723,9 +724,116 @@ fn memory(_: &mut Criterion) {
     black_box(&store);
 }
 
+/// Users active in every slot of `slot/*`: as many as `http-bench` sends.
+const SLOT_USERS: usize = 3_000;
+
+/// The table the central answers a node's report with: each of `names`
+/// gets `quota` requests in each of the two slots after `slot`.
+fn answer(names: &[String], slot: i64, quota: f64) -> Vec<u8> {
+    use prost::Message;
+    let users = v1::UserQuotas {
+        users: names
+            .iter()
+            .map(|u| {
+                let resources = [("requests".to_string(), quota)].into();
+                (u.clone(), v1::ResourceQuotas { resources })
+            })
+            .collect(),
+    };
+    v1::Quota {
+        services: [(
+            "front".to_string(),
+            v1::ServiceQuota {
+                slots: [(slot + 1, users.clone()), (slot + 2, users)].into(),
+            },
+        )]
+        .into(),
+        report_slot: Some(slot + 1),
+    }
+    .encode_to_vec()
+}
+
+/// The node's work once per slot, off the request path but on the app's
+/// runtime (the reporter runs there): the slot's counts collected and
+/// encoded into a report, and the central's answer decoded and installed.
+/// Each iteration is a new slot in which every one of [`SLOT_USERS`] users
+/// made a request (set up outside the timing).
+fn slot(c: &mut Criterion) {
+    use prost::Message;
+    let names: Vec<String> = (0..SLOT_USERS).map(|i| format!("user-{i:04}")).collect();
+    let base = 1_000_000;
+    let clock = Arc::new(ManualClock::new(base * 1000));
+    let store = SlotStore::builder()
+        .clock(clock.clone())
+        .slot(SlotLength::SECOND)
+        .build();
+    let front = store.service("front");
+    let requests = front.resource("requests").unwrap();
+    let mut now = base;
+    // A new slot in which every user made one request; the answer to its
+    // report, encoded.
+    let mut next_slot = || {
+        now += 1;
+        clock.set(now * 1000);
+        for u in &names {
+            black_box(front.admit(u, &[(requests, 1)], Fallback::Allow));
+        }
+        (now, answer(&names, now, 1e6))
+    };
+    let mut g = c.benchmark_group("slot");
+    g.throughput(Throughput::Elements(SLOT_USERS as u64));
+    // As the reporter writes a report, and as it did before it wrote them
+    // straight from the store.
+    let collect = |slot: i64| black_box(store.collect_encoded(slot, "bench-node"));
+    let collect_built = |slot: i64| {
+        let mut report = store.collect(slot);
+        report.node_id = "bench-node".into();
+        black_box(report.encode_to_vec())
+    };
+    // As the reporter installs an answer, and as it did before it read
+    // them in place.
+    let apply = |bytes: Vec<u8>| {
+        let quota = RawQuota::parse(&bytes).expect("the bench's own encoding");
+        store.apply_raw_quota(&quota);
+    };
+    let apply_decoded = |bytes: Vec<u8>| {
+        let quota = v1::Quota::decode(&bytes[..]).expect("the bench's own encoding");
+        store.apply_quota(&quota);
+    };
+    g.bench_function("report/3000 users", |b| {
+        b.iter_batched(
+            &mut next_slot,
+            |(slot, _)| collect(slot),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("report/3000 users, built for prost", |b| {
+        b.iter_batched(
+            &mut next_slot,
+            |(slot, _)| collect_built(slot),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("answer/3000 users", |b| {
+        b.iter_batched(
+            &mut next_slot,
+            |(_, bytes)| apply(bytes),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("answer/3000 users, decoded by prost", |b| {
+        b.iter_batched(
+            &mut next_slot,
+            |(_, bytes)| apply_decoded(bytes),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = memory, admit, threads2, service
+    targets = memory, admit, threads2, service, slot
 }
 criterion_main!(benches);

@@ -24,9 +24,12 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use bytes::Bytes;
 use metrics::{counter, gauge, histogram};
-use throttle_proto::v1::central_client::CentralClient;
-use throttle_proto::v1::{self, central_message, node_message};
+use prost::Message;
+use throttle_proto::v1;
+use throttle_proto::wire::client::central_client::CentralClient;
+use throttle_proto::wire::{Answer, Inbound, RawQuota};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -209,8 +212,11 @@ impl ReporterBuilder {
     }
 }
 
+/// A report kept until its answer: encoded once, sent (and sent again
+/// after a reconnection) as the same bytes.
 struct Pending {
-    report: v1::Report,
+    slot: i64,
+    report: Bytes,
     sent: Option<Instant>,
 }
 
@@ -244,10 +250,7 @@ enum Ended {
 }
 
 enum Opened {
-    Stream(
-        mpsc::Sender<v1::NodeMessage>,
-        Box<tonic::Streaming<v1::CentralMessage>>,
-    ),
+    Stream(mpsc::Sender<Inbound>, Box<tonic::Streaming<Answer>>),
     Redirect(String),
 }
 
@@ -265,7 +268,7 @@ async fn open(
     endpoint: String,
     timeout: Duration,
     queue: usize,
-    hello: v1::NodeMessage,
+    hello: Inbound,
 ) -> Result<Opened, OpenError> {
     let channel = Endpoint::from_shared(endpoint)
         .map_err(OpenError::Connect)?
@@ -281,16 +284,10 @@ async fn open(
     let first = tokio::time::timeout(Duration::from_secs(5), inbound.message())
         .await
         .map_err(|_| OpenError::NoWelcome)??;
-    match first.and_then(|m| m.kind) {
-        Some(central_message::Kind::Welcome(_)) => Ok(Opened::Stream(tx, Box::new(inbound))),
-        Some(central_message::Kind::NotLeader(nl)) => Ok(Opened::Redirect(nl.leader)),
+    match first {
+        Some(Answer::Welcome(_)) => Ok(Opened::Stream(tx, Box::new(inbound))),
+        Some(Answer::NotLeader(nl)) => Ok(Opened::Redirect(nl.leader)),
         _ => Err(OpenError::NoWelcome),
-    }
-}
-
-fn report_message(report: &v1::Report) -> v1::NodeMessage {
-    v1::NodeMessage {
-        kind: Some(node_message::Kind::Report(report.clone())),
     }
 }
 
@@ -315,31 +312,28 @@ impl Run {
     }
 
     /// Collects finished slots into reports and sends them if connected.
-    fn tick(&mut self, tx: Option<&mpsc::Sender<v1::NodeMessage>>) -> bool {
+    fn tick(&mut self, tx: Option<&mpsc::Sender<Inbound>>) -> bool {
         self.schedule();
         let finished = self.cfg.store.current_slot() - 1;
         if finished <= self.last_collected {
             return true;
         }
         self.last_collected = finished;
-        let mut report = self.cfg.store.collect(finished);
-        report.node_id.clone_from(&self.cfg.node_id);
+        let report = self.cfg.store.collect_encoded(finished, &self.cfg.node_id);
+        let slot = finished + 1;
         let mut ok = true;
         let sent = match tx {
             Some(tx) => {
-                ok = tx.try_send(report_message(&report)).is_ok();
+                ok = tx.try_send(Inbound::Report(report.clone())).is_ok();
                 ok.then(Instant::now)
             }
             None => None,
         };
-        self.pending.push_back(Pending { report, sent });
+        self.pending.push_back(Pending { slot, report, sent });
         while self.pending.len() > self.cfg.max_buffered {
             if let Some(p) = self.pending.pop_front() {
                 counter!("throttle_reports_dropped_total").increment(1);
-                tracing::warn!(
-                    slot = p.report.slot_number,
-                    "report buffer full; oldest report dropped"
-                );
+                tracing::warn!(slot = p.slot, "report buffer full; oldest report dropped");
             }
         }
         self.publish(|s| s.reports_sent += u64::from(sent.is_some()));
@@ -355,14 +349,12 @@ impl Run {
         let queue = self.cfg.max_buffered + 8;
         let services = self.cfg.store.service_names();
         self.announced = services.len();
-        let hello = v1::NodeMessage {
-            kind: Some(node_message::Kind::Hello(v1::Hello {
-                node_id: self.cfg.node_id.clone(),
-                slot_ms: self.cfg.store.slot_length().as_ms(),
-                services,
-                version: throttle_proto::VERSION.to_owned(),
-            })),
-        };
+        let hello = Inbound::Hello(v1::Hello {
+            node_id: self.cfg.node_id.clone(),
+            slot_ms: self.cfg.store.slot_length().as_ms(),
+            services,
+            version: throttle_proto::VERSION.to_owned(),
+        });
         open(endpoint, timeout, queue, hello)
     }
     fn follow(&mut self, leader: String) {
@@ -430,8 +422,8 @@ impl Run {
     async fn connected(
         &mut self,
         endpoint: &str,
-        tx: mpsc::Sender<v1::NodeMessage>,
-        mut inbound: Box<tonic::Streaming<v1::CentralMessage>>,
+        tx: mpsc::Sender<Inbound>,
+        mut inbound: Box<tonic::Streaming<Answer>>,
     ) -> Ended {
         tracing::info!(
             endpoint,
@@ -442,7 +434,7 @@ impl Run {
         let now = Instant::now();
         let mut replayed = 0;
         for p in &mut self.pending {
-            if tx.try_send(report_message(&p.report)).is_err() {
+            if tx.try_send(Inbound::Report(p.report.clone())).is_err() {
                 break;
             }
             p.sent = Some(now);
@@ -460,8 +452,8 @@ impl Run {
         loop {
             tokio::select! {
                 msg = inbound.message() => match msg {
-                    Ok(Some(v1::CentralMessage { kind: Some(central_message::Kind::Quota(q)) })) => self.quota(q),
-                    Ok(Some(v1::CentralMessage { kind: Some(central_message::Kind::NotLeader(nl)) })) => {
+                    Ok(Some(Answer::Quota(q))) => self.quota(q),
+                    Ok(Some(Answer::NotLeader(nl))) => {
                         self.follow(nl.leader);
                         break;
                     }
@@ -500,19 +492,37 @@ impl Run {
         ended
     }
 
-    fn quota(&mut self, quota: v1::Quota) {
-        self.cfg.store.apply_quota(&quota);
-        if let Some(slot) = quota.report_slot
-            && let Some(i) = self
-                .pending
-                .iter()
-                .position(|p| p.report.slot_number == slot)
+    fn quota(&mut self, bytes: Bytes) {
+        let report_slot = match RawQuota::parse(&bytes) {
+            Ok(quota) => {
+                self.cfg.store.apply_raw_quota(&quota);
+                quota.report_slot()
+            }
+            // Valid, but not to be read in place: as prost reads it.
+            Err(throttle_proto::wire::RawQuotaError::Repeated) => match v1::Quota::decode(bytes) {
+                Ok(quota) => {
+                    self.cfg.store.apply_quota(&quota);
+                    quota.report_slot
+                }
+                Err(e) => return self.malformed(&e.to_string()),
+            },
+            Err(e) => return self.malformed(&e.to_string()),
+        };
+        if let Some(slot) = report_slot
+            && let Some(i) = self.pending.iter().position(|p| p.slot == slot)
             && let Some(p) = self.pending.remove(i)
             && let Some(sent) = p.sent
         {
             histogram!("throttle_report_rtt_seconds").record(sent.elapsed().as_secs_f64());
         }
         self.publish(|s| s.quotas_received += 1);
+    }
+
+    /// A quota that is not one: nothing of it is installed, and the
+    /// stream goes on (the next answer may be whole).
+    fn malformed(&mut self, error: &str) {
+        counter!("throttle_quotas_malformed_total").increment(1);
+        tracing::error!(error, "malformed quota from the central node; ignored");
     }
 
     fn refused(&mut self, endpoint: &str, status: &tonic::Status) {
@@ -523,7 +533,7 @@ impl Run {
                 && let Some(p) = self.pending.remove(i)
             {
                 counter!("throttle_reports_dropped_total").increment(1);
-                tracing::error!(endpoint, slot = p.report.slot_number, error = %status.message(), "central node refused a report; dropped");
+                tracing::error!(endpoint, slot = p.slot, error = %status.message(), "central node refused a report; dropped");
             }
         } else {
             tracing::warn!(endpoint, code = ?status.code(), error = %status.message(), "stream to central node failed");

@@ -73,10 +73,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use compact_str::CompactString;
 use metrics::counter;
 use parking_lot::Mutex;
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
+use throttle_proto::wire::{RawQuota, ReportEncoder, UsageEncoder};
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 /// Most resources one service can count.
@@ -956,7 +958,13 @@ impl ServiceStore {
         self.with_entry(user, slot, |st| st.add(resource, amount));
     }
 
-    fn apply(&self, slot: i64, users: &v1::UserQuotas, now_slot: i64) {
+    /// Installs one (service, slot) table: `users`, each with its
+    /// (resource, quota) pairs, as prost decoded them or read in place.
+    fn apply<'a, U, R>(&self, slot: i64, users: U, now_slot: i64)
+    where
+        U: Iterator<Item = (&'a str, R)> + Clone,
+        R: Iterator<Item = (&'a str, f64)>,
+    {
         let _g = self.register.lock();
         let idx = slot.rem_euclid(QUOTA_RING as i64) as usize;
         let old = self.ring[idx].load(Ordering::Acquire);
@@ -976,8 +984,8 @@ impl ServiceStore {
         if self.users.get().is_none() {
             // The map's cell class is fixed when it is made: count this
             // table's resources first.
-            for rq in users.users.values() {
-                for resource in rq.resources.keys() {
+            for (_, resources) in users.clone() {
+                for (resource, _) in resources {
                     self.resource_locked(resource);
                 }
             }
@@ -985,13 +993,13 @@ impl ServiceStore {
         let mut quotas = [f32::NAN; MAX_RESOURCES];
         with_users!(self.user_map(), map => {
             let guard = map.guard();
-            for (user, rq) in &users.users {
+            for (user, resources) in users {
                 if user.is_empty() || user.len() > MAX_NAME_LEN {
                     continue;
                 }
                 quotas.fill(f32::NAN);
                 let mut len = 0;
-                for (resource, &q) in &rq.resources {
+                for (resource, q) in resources {
                     let Some(id) = self.resource_locked(resource) else {
                         continue;
                     };
@@ -1047,20 +1055,83 @@ impl ServiceStore {
     }
 
     fn collect(&self, slot: i64, consumption: &mut v1::Usage, rejection: &mut v1::Usage) {
+        let mut taken = Vec::new();
+        self.drain(slot, |user, c| taken.push((CompactString::from(user), *c)));
+        // Loaded after the counts are taken: any resource they count is
+        // registered by then.
         let names = self.resources.load();
-        let mut add = |user: &str, c: &Counters| {
+        let mut totals = Totals::default();
+        for (user, c) in &taken {
             for (i, name) in names.iter().enumerate() {
                 if c.consumption[i] != 0 {
-                    let e = consumption.users.entry(user.to_owned()).or_default();
+                    let e = consumption.users.entry(user.to_string()).or_default();
                     let v = e.resources.entry(name.to_string()).or_default();
                     *v = v.saturating_add(c.consumption[i]);
                 }
                 if c.rejection[i] != 0 {
-                    let e = rejection.users.entry(user.to_owned()).or_default();
+                    let e = rejection.users.entry(user.to_string()).or_default();
                     *e.resources.entry(name.to_string()).or_default() += i64::from(c.rejection[i]);
                 }
             }
+            totals.add(c, 0..names.len());
+        }
+        totals.count(&self.name, &names);
+    }
+
+    /// [`ServiceStore::collect`] written straight into `report`, as prost
+    /// would write the maps it builds: users and their resources in name
+    /// order, each user once.
+    fn collect_into(&self, slot: i64, report: &mut ReportEncoder) {
+        // Each user's name, copied out of the map, and counts; sorted by
+        // name through a list of small keys rather than moving the counts.
+        let mut users = String::new();
+        let mut counts: Vec<Counters> = Vec::new();
+        let mut order: Vec<(usize, usize, usize)> = Vec::new();
+        self.drain(slot, |user, c| {
+            order.push((users.len(), user.len(), counts.len()));
+            users.push_str(user);
+            counts.push(*c);
+        });
+        // Loaded after the counts are taken: any resource they count is
+        // registered by then.
+        let names = self.resources.load();
+        let mut by_name: Vec<usize> = (0..names.len()).collect();
+        by_name.sort_by(|&a, &b| names[a].cmp(&names[b]));
+        let name = |&(start, len, _): &(usize, usize, usize)| {
+            users.get(start..start + len).unwrap_or_default()
         };
+        order.sort_unstable_by(|a, b| name(a).cmp(name(b)));
+        let (mut consumption, mut rejection) = (UsageEncoder::new(), UsageEncoder::new());
+        let mut totals = Totals::default();
+        let mut order = order.iter().peekable();
+        while let Some(first) = order.next() {
+            // A user's counts set aside by a roll come apart from the rest.
+            let mut c = counts[first.2];
+            while let Some(more) = order.next_if(|next| name(next) == name(first)) {
+                c.merge(&counts[more.2]);
+            }
+            totals.add(&c, 0..names.len());
+            let user = name(first);
+            let used = by_name.iter().filter(|&&r| c.consumption[r] != 0);
+            if used.clone().next().is_some() {
+                consumption.user(user, used.map(|&r| (&*names[r], c.consumption[r])));
+            }
+            let refused = by_name.iter().filter(|&&r| c.rejection[r] != 0);
+            if refused.clone().next().is_some() {
+                rejection.user(
+                    user,
+                    refused.map(|&r| (&*names[r], i64::from(c.rejection[r]))),
+                );
+            }
+        }
+        report.service(&self.name, &consumption, &rejection);
+        totals.count(&self.name, &names);
+    }
+
+    /// Takes every user's counts of `slot` and before, and the overflow's,
+    /// giving each to `add` (a user may come twice: from its cells and
+    /// from the overflow); forgets users idle since `slot - 1`.
+    fn drain(&self, slot: i64, mut add: impl FnMut(&str, &Counters)) {
         with_users!(self.user_map(), map => {
             let users = map.pin();
             let mut evict = Vec::new();
@@ -1103,22 +1174,33 @@ impl ServiceStore {
                 }
             }
         });
-        let svc = self.name.to_string();
-        for (usage, name) in [
-            (&*consumption, "throttle_consumed_total"),
-            (&*rejection, "throttle_rejected_total"),
+    }
+}
+
+/// What a collection took per resource, for the `throttle_consumed_total`
+/// and `throttle_rejected_total` metrics.
+#[derive(Default)]
+struct Totals {
+    consumed: [i64; MAX_RESOURCES],
+    rejected: [i64; MAX_RESOURCES],
+}
+
+impl Totals {
+    fn add(&mut self, c: &Counters, resources: std::ops::Range<usize>) {
+        for i in resources.take(MAX_RESOURCES) {
+            self.consumed[i] = self.consumed[i].saturating_add(c.consumption[i]);
+            self.rejected[i] = self.rejected[i].saturating_add(i64::from(c.rejection[i]));
+        }
+    }
+
+    fn count(&self, service: &str, names: &[Arc<str>]) {
+        for (totals, metric) in [
+            (&self.consumed, "throttle_consumed_total"),
+            (&self.rejected, "throttle_rejected_total"),
         ] {
-            let mut totals = [0i64; MAX_RESOURCES];
-            for amounts in usage.users.values() {
-                for (r, v) in &amounts.resources {
-                    if let Some(i) = names.iter().position(|n| **n == **r) {
-                        totals[i] = totals[i].saturating_add(*v);
-                    }
-                }
-            }
-            for (i, total) in totals.iter().enumerate().filter(|(_, t)| **t > 0) {
-                counter!(name, "service" => svc.clone(), "resource" => names[i].to_string())
-                    .increment(*total as u64);
+            for (name, &total) in names.iter().zip(totals).filter(|(_, t)| **t > 0) {
+                counter!(metric, "service" => service.to_string(), "resource" => name.to_string())
+                    .increment(total as u64);
             }
         }
     }
@@ -1252,25 +1334,60 @@ impl SlotStore {
         report
     }
 
+    /// [`SlotStore::collect`] as the encoded [`v1::Report`] of `node_id`:
+    /// the bytes prost writes for that report, with no message built (what
+    /// the reporter sends).
+    pub fn collect_encoded(&self, slot: i64, node_id: &str) -> Bytes {
+        let mut services: Vec<Arc<ServiceStore>> = self.shared.services.lock().clone();
+        // A report's maps are in key order, as prost writes them.
+        services.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut report = ReportEncoder::new();
+        for s in services {
+            s.collect_into(slot, &mut report);
+        }
+        report.finish(node_id, slot + 1)
+    }
+
     /// Installs a quota from the central node: each (service, slot) table
     /// replaces any earlier one for that slot. Slots more than 16 slots in the
     /// past or future are ignored.
     pub fn apply_quota(&self, quota: &v1::Quota) {
         let now = self.current_slot();
         for (name, sq) in &quota.services {
-            if name.is_empty() || name.len() > MAX_NAME_LEN {
-                continue;
-            }
-            let service = self.service(name);
             for (&slot, users) in &sq.slots {
-                if slot.abs_diff(now) >= QUOTA_RING as u64 {
-                    counter!("throttle_quota_ignored_total").increment(1);
-                    tracing::debug!(service = %name, slot, now, "quota for a distant slot ignored");
-                    continue;
-                }
-                service.apply(slot, users, now);
+                let users = users.users.iter().map(|(user, rq)| {
+                    let resources = rq.resources.iter().map(|(r, &q)| (r.as_str(), q));
+                    (user.as_str(), resources)
+                });
+                self.apply_table(name, slot, users, now);
             }
         }
+    }
+
+    /// [`SlotStore::apply_quota`] for a quota read in place, as the
+    /// reporter receives it: the same tables installed, without decoding
+    /// them into maps first.
+    pub fn apply_raw_quota(&self, quota: &RawQuota) {
+        let now = self.current_slot();
+        for (name, slot, users) in quota.tables() {
+            self.apply_table(name, slot, users, now);
+        }
+    }
+
+    fn apply_table<'a, U, R>(&self, name: &str, slot: i64, users: U, now: i64)
+    where
+        U: Iterator<Item = (&'a str, R)> + Clone,
+        R: Iterator<Item = (&'a str, f64)>,
+    {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return;
+        }
+        if slot.abs_diff(now) >= QUOTA_RING as u64 {
+            counter!("throttle_quota_ignored_total").increment(1);
+            tracing::debug!(service = %name, slot, now, "quota for a distant slot ignored");
+            return;
+        }
+        self.service(name).apply(slot, users, now);
     }
 }
 
@@ -1311,6 +1428,7 @@ impl StoreBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use throttle_proto::legacy::quota_from_json;
     use throttle_proto::slot::ManualClock;
 
@@ -1962,6 +2080,126 @@ mod tests {
                 take(&r, &mut got);
             }
             proptest::prop_assert_eq!(got, (want_requests, want_bytes));
+        }
+    }
+
+    #[test]
+    fn a_quota_read_in_place_installs_what_the_decoded_one_does() {
+        use prost::Message;
+        let json = r#"{"front": {"100": {"alice": {"requests": 2.0}, "bob": {"requests": 0.5}},
+                                 "101": {"alice": {"requests": 1.0}}},
+                       "back": {"100": {"carol": {"requests": 0, "traffic_down": 9}}}}"#;
+        let quota = quota_from_json(json).unwrap();
+        let raw = RawQuota::parse(&quota.encode_to_vec()).unwrap();
+        let (a, b) = (fixture(), fixture());
+        a.store.apply_quota(&quota);
+        b.store.apply_raw_quota(&raw);
+        let decide = |f: &Fixture, service: &str, user: &str| {
+            let svc = f.store.service(service);
+            let r = svc.resource("requests").unwrap();
+            let d = svc.admit(user, &[(r, 1)], Fallback::Deny).decision;
+            (d.allowed, d.basis, d.tightest.map(|t| (t.quota, t.used)))
+        };
+        for slot in 0..2 {
+            for (service, user) in [
+                ("front", "alice"),
+                ("front", "bob"),
+                ("front", "dave"),
+                ("back", "carol"),
+            ] {
+                for _ in 0..3 {
+                    assert_eq!(
+                        decide(&a, service, user),
+                        decide(&b, service, user),
+                        "{service}/{user} in slot {slot}"
+                    );
+                }
+            }
+            a.clock.advance(Duration::from_secs(1));
+            b.clock.advance(Duration::from_secs(1));
+        }
+        assert!(!decide(&a, "back", "carol").0, "carol has no quota");
+    }
+
+    /// One step of [`reports_encoded_as_prost_encodes_the_collected_one`].
+    #[derive(Debug, Clone)]
+    enum ReportStep {
+        /// A user admitted (quota 0 or none) with a cost, in a service.
+        Admit(u8, u8, bool),
+        /// A user's handle counts an amount of a resource.
+        Consume(u8, u8, u8, i64),
+        /// The clock moves on this many slots.
+        Advance(u8),
+        /// The last slot is collected.
+        Collect,
+    }
+
+    fn report_step() -> impl proptest::strategy::Strategy<Value = ReportStep> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..2u8, 0..12u8, any::<bool>()).prop_map(|(s, u, q)| ReportStep::Admit(s, u, q)),
+            4 => (0..2u8, 0..12u8, 0..5u8, prop_oneof![1i64..1000, any::<i64>()])
+                .prop_map(|(s, u, r, a)| ReportStep::Consume(s, u, r, a)),
+            1 => (0..3u8).prop_map(ReportStep::Advance),
+            1 => Just(ReportStep::Collect),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The report the reporter sends, written straight from the store,
+        /// is byte for byte what prost writes for the collected report:
+        /// over any mix of users, services, resources (some registered
+        /// late, past the inline cells), refusals, rolls and late counts.
+        #[test]
+        fn reports_encoded_as_prost_encodes_the_collected_one(
+            steps in proptest::collection::vec(report_step(), 1..60),
+        ) {
+            use prost::Message;
+            let stores: Vec<(Arc<ManualClock>, SlotStore)> = (0..2)
+                .map(|_| {
+                    let clock = Arc::new(ManualClock::new(T));
+                    let store = SlotStore::builder().clock(clock.clone()).build();
+                    (clock, store)
+                })
+                .collect();
+            let service = |s: u8| ["front", "back"][usize::from(s)];
+            let resource = |r: u8| ["requests", "zeta", "alpha", "traffic_down", "b"][usize::from(r)];
+            for step in steps {
+                let mut reports = Vec::new();
+                for (clock, store) in &stores {
+                    match &step {
+                        ReportStep::Admit(s, u, quota) => {
+                            let svc = store.service(service(*s));
+                            let requests = svc.resource("requests").unwrap();
+                            let slot = store.current_slot();
+                            if *quota {
+                                store.apply_quota(&quota_from_json(&format!(
+                                    r#"{{"{}": {{"{slot}": {{"user-{u}": {{"requests": 0}}}}}}}}"#,
+                                    service(*s)
+                                )).unwrap());
+                            }
+                            svc.admit(&format!("user-{u}"), &[(requests, 1)], Fallback::Allow);
+                        }
+                        ReportStep::Consume(s, u, r, amount) => {
+                            let svc = store.service(service(*s));
+                            let r = svc.resource(resource(*r)).unwrap();
+                            svc.consume(&format!("user-{u}"), r, *amount);
+                        }
+                        ReportStep::Advance(n) => clock.advance(Duration::from_secs(u64::from(*n))),
+                        ReportStep::Collect => {}
+                    }
+                    if matches!(step, ReportStep::Collect) {
+                        let slot = store.current_slot() - 1;
+                        reports.push((store.clone(), slot));
+                    }
+                }
+                if let [(a, slot), (b, _)] = &reports[..] {
+                    let encoded = a.collect_encoded(*slot, "node-1");
+                    let mut built = b.collect(*slot);
+                    built.node_id = "node-1".into();
+                    proptest::prop_assert_eq!(&encoded[..], &built.encode_to_vec()[..]);
+                }
+            }
         }
     }
 }

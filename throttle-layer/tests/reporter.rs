@@ -428,3 +428,97 @@ async fn a_service_registered_after_connecting_is_announced_at_once() {
     );
     server.stop().await;
 }
+
+/// A central that answers a Hello with a Welcome, then sends `messages` as
+/// they are: encodings a prost-built central could not send.
+#[derive(Clone)]
+struct RawSender {
+    messages: Vec<bytes::Bytes>,
+}
+
+#[tonic::async_trait]
+impl throttle_proto::wire::server::central_server::Central for RawSender {
+    type ExchangeStream = ReceiverStream<Result<throttle_proto::wire::Outbound, Status>>;
+
+    async fn exchange(
+        &self,
+        request: Request<Streaming<throttle_proto::wire::Inbound>>,
+    ) -> Result<Response<Self::ExchangeStream>, Status> {
+        use throttle_proto::wire::{Inbound, Outbound};
+        let (tx, rx) = mpsc::channel(64);
+        let mut inbound = request.into_inner();
+        let messages = self.messages.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                if let Inbound::Hello(_) = m {
+                    let w = central_message::Kind::Welcome(v1::Welcome {
+                        slot_ms: SLOT_MS,
+                        epoch: 1,
+                    });
+                    let _ = tx
+                        .send(Ok(Outbound::Message(v1::CentralMessage { kind: Some(w) })))
+                        .await;
+                    for m in &messages {
+                        let _ = tx.send(Ok(Outbound::Encoded(m.clone()))).await;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// A `CentralMessage` holding a quota of these bytes.
+fn quota_bytes(quota: &[u8]) -> bytes::Bytes {
+    let mut out = vec![0x12];
+    prost::encoding::encode_varint(quota.len() as u64, &mut out);
+    out.extend_from_slice(quota);
+    out.into()
+}
+
+#[tokio::test]
+async fn a_malformed_quota_is_ignored_and_the_stream_goes_on() {
+    use prost::Message;
+    let store = store();
+    let front = store.service("front");
+    front.resource("requests").unwrap();
+    let now = store.current_slot();
+    let table = |slot: i64| match quota_message("front", slot, &[("bob", 3.0)], None).kind {
+        Some(central_message::Kind::Quota(q)) => q.encode_to_vec(),
+        _ => unreachable!(),
+    };
+    let (a, b, c) = (now + 5, now + 6, now + 7);
+    let messages = vec![
+        // A services entry that claims 5 bytes and has none.
+        quota_bytes(&[0x0a, 0x05]),
+        // The same service twice: prost keeps the last table only, and so
+        // must the node.
+        quota_bytes(&[table(a), table(b)].concat()),
+        // Then a whole one.
+        quota_bytes(&table(c)),
+    ];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tonic::transport::Server::builder()
+        .add_service(
+            throttle_proto::wire::server::central_server::CentralServer::new(RawSender {
+                messages,
+            }),
+        )
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    let task = tokio::spawn(server);
+    let handle = reporter(&store, &[url]);
+    within("the whole quota applied", || front.has_quota(c)).await;
+    assert!(front.has_quota(b), "the repeated service's last table");
+    assert!(
+        !front.has_quota(a),
+        "the repeated service's first table, which prost drops"
+    );
+    let status = handle.status();
+    assert_eq!(
+        status.quotas_received, 2,
+        "the malformed one is not counted"
+    );
+    assert_eq!(status.connections, 1, "the stream went on");
+    task.abort();
+}

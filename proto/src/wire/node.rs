@@ -1,0 +1,828 @@
+//! A node's side of the stream: quotas read where they arrived.
+//!
+//! Decoded by prost, the answer to a report of 3,000 users is two tables of
+//! 3,000 users, each user a `String` and a `BTreeMap` of `String`s, all
+//! allocated, installed once and freed: most of the node's work each slot.
+//! [`Answer`] keeps a quota's bytes as received, and [`RawQuota`] checks
+//! them once, listing its tables, users and quotas as the store installs
+//! them.
+
+use bytes::{Buf, BufMut, Bytes};
+use prost::Message;
+use prost::encoding::{DecodeContext, WireType, encode_varint, encoded_len_varint, skip_field};
+
+use super::{
+    CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, ENTRY_VALUE, Field, Fields, MAP_FIELD, Names,
+    QUOTA_REPORT_SLOT, QUOTA_SERVICES, RawReportError, RawUser, delimited_len, key_len, map_entry,
+    name_at, put_delimited_header, put_key, put_str, utf8,
+};
+
+// Field numbers of `Report`.
+const REPORT_NODE_ID: u32 = 1;
+const REPORT_SLOT_NUMBER: u32 = 2;
+const REPORT_CONSUMPTION: u32 = 3;
+const REPORT_REJECTION: u32 = 4;
+use crate::v1;
+
+/// A node's gRPC client of the central, sending [`Inbound`](super::Inbound)
+/// messages (reports already encoded) and receiving [`Answer`]s.
+#[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+pub mod client {
+    include!(concat!(env!("OUT_DIR"), "/node/throttle.v1.Central.rs"));
+}
+
+const CENTRAL_MESSAGE_WELCOME: u32 = 1;
+const CENTRAL_MESSAGE_NOT_LEADER: u32 = 3;
+
+/// One message from the central node, as a node receives it: a
+/// [`v1::CentralMessage`] whose quota is kept as bytes (see [`RawQuota`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Answer {
+    /// None of the kinds below (an empty or unknown message).
+    #[default]
+    Empty,
+    /// The stream's first message.
+    Welcome(v1::Welcome),
+    /// The encoding of a [`v1::Quota`], not decoded yet.
+    Quota(Bytes),
+    /// This central node is not the leader.
+    NotLeader(v1::NotLeader),
+}
+
+impl Message for Answer {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        match self {
+            Self::Empty => {}
+            Self::Welcome(w) => prost::encoding::message::encode(CENTRAL_MESSAGE_WELCOME, w, buf),
+            Self::Quota(b) => prost::encoding::bytes::encode(CENTRAL_MESSAGE_QUOTA, b, buf),
+            Self::NotLeader(n) => {
+                prost::encoding::message::encode(CENTRAL_MESSAGE_NOT_LEADER, n, buf);
+            }
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // A oneof: the last kind given wins, and a message kind given twice
+        // in a row is merged, as prost does.
+        match tag {
+            CENTRAL_MESSAGE_WELCOME => {
+                let mut welcome = match std::mem::take(self) {
+                    Self::Welcome(w) => w,
+                    _ => v1::Welcome::default(),
+                };
+                prost::encoding::message::merge(wire_type, &mut welcome, buf, ctx)?;
+                *self = Self::Welcome(welcome);
+            }
+            CENTRAL_MESSAGE_QUOTA => {
+                let mut quota = Bytes::new();
+                // Shares the received buffer: no copy.
+                prost::encoding::bytes::merge(wire_type, &mut quota, buf, ctx)?;
+                *self = match std::mem::take(self) {
+                    // A quota split in parts: its parts' bytes, one after
+                    // the other, decode as prost merges them.
+                    Self::Quota(first) if !first.is_empty() => {
+                        Self::Quota([first, quota].concat().into())
+                    }
+                    _ => Self::Quota(quota),
+                };
+            }
+            CENTRAL_MESSAGE_NOT_LEADER => {
+                let mut not_leader = match std::mem::take(self) {
+                    Self::NotLeader(n) => n,
+                    _ => v1::NotLeader::default(),
+                };
+                prost::encoding::message::merge(wire_type, &mut not_leader, buf, ctx)?;
+                *self = Self::NotLeader(not_leader);
+            }
+            _ => skip_field(wire_type, tag, buf, ctx)?,
+        }
+        Ok(())
+    }
+
+    fn encoded_len(&self) -> usize {
+        match self {
+            Self::Empty => 0,
+            Self::Welcome(w) => prost::encoding::message::encoded_len(CENTRAL_MESSAGE_WELCOME, w),
+            Self::Quota(b) => delimited_len(CENTRAL_MESSAGE_QUOTA, b.len()),
+            Self::NotLeader(n) => {
+                prost::encoding::message::encoded_len(CENTRAL_MESSAGE_NOT_LEADER, n)
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::Empty;
+    }
+}
+
+/// Why [`RawQuota::parse`] did not accept a quota.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RawQuotaError {
+    /// Not a valid encoding of a [`v1::Quota`].
+    #[error("malformed quota: {0}")]
+    Malformed(&'static str),
+    /// Valid, but a service's table is given twice (prost keeps only the
+    /// last), or a message value in parts that prost would merge: decode
+    /// it with prost instead.
+    #[error("quota repeats a service or splits a value")]
+    Repeated,
+}
+
+impl From<RawReportError> for RawQuotaError {
+    fn from(e: RawReportError) -> Self {
+        match e {
+            RawReportError::Malformed(m) => Self::Malformed(m),
+            RawReportError::Unordered => Self::Repeated,
+        }
+    }
+}
+
+/// A [`v1::Quota`] read from its bytes: checked once by
+/// [`RawQuota::parse`], which lists its tables, users and quotas and keeps
+/// their names in one checked string, so that installing it reads neither
+/// the framing nor UTF-8 again.
+#[derive(Debug, Clone)]
+pub struct RawQuota {
+    /// Every name, one after the other.
+    names: String,
+    report_slot: Option<i64>,
+    tables: Vec<RawTable>,
+    /// Every table's users, then every user's quotas, in the order sent.
+    users: Vec<RawUser>,
+    quotas: Vec<RawQuotaEntry>,
+}
+
+/// One (service, slot) table of a [`RawQuota`].
+#[derive(Debug, Clone)]
+struct RawTable {
+    service: (u32, u32),
+    slot: i64,
+    /// Its users in [`RawQuota::users`].
+    users: std::ops::Range<usize>,
+}
+
+/// One (resource, quota) of a user.
+#[derive(Debug, Clone, Copy)]
+struct RawQuotaEntry {
+    resource: (u32, u32),
+    quota: f64,
+}
+
+/// A map entry's key and value fields, each the last one given (prost's
+/// rule for scalars); `None` where absent.
+type EntryFields<'a> = (Option<Field<'a>>, Option<Field<'a>>);
+
+/// A map entry in any layout protobuf allows.
+#[cold]
+fn entry_fields(body: &[u8]) -> Result<EntryFields<'_>, RawQuotaError> {
+    let (mut key, mut value) = (None, None);
+    let mut f = Fields::new(body);
+    while let Some((n, field)) = f.next_field()? {
+        match n {
+            ENTRY_KEY => key = Some(field),
+            // A message value given twice is merged by prost, field by
+            // field: leave such an entry to prost.
+            ENTRY_VALUE if matches!((&value, &field), (Some(Field::Bytes(_)), Field::Bytes(_))) => {
+                return Err(RawQuotaError::Repeated);
+            }
+            ENTRY_VALUE => value = Some(field),
+            _ => {}
+        }
+    }
+    Ok((key, value))
+}
+
+/// A string key, checked ("" when absent).
+fn string_key(key: Option<Field<'_>>) -> Result<&[u8], RawQuotaError> {
+    match key {
+        None => Ok(&[]),
+        Some(Field::Bytes(b)) => Ok(utf8(b)?),
+        Some(_) => Err(RawQuotaError::Malformed("map key of the wrong type")),
+    }
+}
+
+/// A message value (empty when absent).
+fn message_value(value: Option<Field<'_>>) -> Result<&[u8], RawQuotaError> {
+    match value {
+        None => Ok(&[]),
+        Some(Field::Bytes(b)) => Ok(b),
+        Some(_) => Err(RawQuotaError::Malformed("map value of the wrong type")),
+    }
+}
+
+/// A (string, message) map entry: its checked key and the value's body.
+/// Read without [`Fields::next_field`]'s loop when laid out as prost and
+/// the central write it (the key, then the value, each once).
+#[inline]
+fn message_entry(body: &[u8]) -> Result<(&[u8], &[u8]), RawQuotaError> {
+    let mut f = Fields::new(body);
+    if let Some(key) = f.short_delimited(ENTRY_KEY)
+        && let Some(value) = f.short_delimited(ENTRY_VALUE)
+        && f.buf.is_empty()
+    {
+        return Ok((utf8(key)?, value));
+    }
+    let (key, value) = entry_fields(body)?;
+    Ok((string_key(key)?, message_value(value)?))
+}
+
+/// A (string, double) map entry: its checked key and the quota; as
+/// [`message_entry`], without the general loop for the usual layout.
+#[inline]
+fn quota_entry(body: &[u8]) -> Result<(&[u8], f64), RawQuotaError> {
+    const DOUBLE: u8 = (ENTRY_VALUE << 3 | WireType::SixtyFourBit as u32) as u8;
+    let mut f = Fields::new(body);
+    if let Some(key) = f.short_delimited(ENTRY_KEY)
+        && let [DOUBLE, rest @ ..] = f.buf
+        && let Ok(quota) = <[u8; 8]>::try_from(rest)
+    {
+        return Ok((utf8(key)?, f64::from_le_bytes(quota)));
+    }
+    let (key, value) = entry_fields(body)?;
+    let quota = match value {
+        None => 0.0,
+        Some(Field::Fixed(b)) => f64::from_le_bytes(
+            b.try_into()
+                .map_err(|_| RawQuotaError::Malformed("quota is not a double"))?,
+        ),
+        Some(_) => return Err(RawQuotaError::Malformed("quota is not a double")),
+    };
+    Ok((string_key(key)?, quota))
+}
+
+impl RawQuota {
+    /// Checks `bytes` (the encoding of a [`v1::Quota`]) from end to end:
+    /// structure, UTF-8 of every name, every quota a double.
+    ///
+    /// # Errors
+    ///
+    /// [`RawQuotaError::Malformed`] where prost would fail to decode it too;
+    /// [`RawQuotaError::Repeated`] where prost would decode it but reading
+    /// it in place would not give the same tables.
+    pub fn parse(bytes: &[u8]) -> Result<Self, RawQuotaError> {
+        if u32::try_from(bytes.len()).is_err() {
+            return Err(RawQuotaError::Repeated);
+        }
+        let mut quota = Self {
+            names: String::new(),
+            report_slot: None,
+            tables: Vec::new(),
+            users: Vec::new(),
+            // About 24 bytes per user's quota of one resource.
+            quotas: Vec::with_capacity(bytes.len() / 24),
+        };
+        let mut services: Vec<&[u8]> = Vec::new();
+        let mut names = Names::default();
+        let mut f = Fields::new(bytes);
+        while let Some((n, field)) = f.next_field()? {
+            match (n, field) {
+                (QUOTA_SERVICES, Field::Bytes(b)) => {
+                    let (key, value) = entry_fields(b)?;
+                    let service = string_key(key)?;
+                    if services.contains(&service) {
+                        return Err(RawQuotaError::Repeated);
+                    }
+                    services.push(service);
+                    let kept = names.keep(service);
+                    let mut slots = Fields::new(message_value(value)?);
+                    while let Some(entry) = map_entry(&mut slots, "slots field of the wrong type")?
+                    {
+                        let (key, value) = entry_fields(entry)?;
+                        let slot = match key {
+                            None => 0,
+                            Some(Field::Varint(v)) => v as i64,
+                            Some(_) => {
+                                return Err(RawQuotaError::Malformed("slot is not a varint"));
+                            }
+                        };
+                        let first = quota.users.len();
+                        quota.check_users(message_value(value)?, &mut names)?;
+                        quota.tables.push(RawTable {
+                            service: kept,
+                            slot,
+                            users: first..quota.users.len(),
+                        });
+                    }
+                }
+                (QUOTA_REPORT_SLOT, Field::Varint(v)) => quota.report_slot = Some(v as i64),
+                (QUOTA_SERVICES | QUOTA_REPORT_SLOT, _) => {
+                    return Err(RawQuotaError::Malformed("quota field of the wrong type"));
+                }
+                _ => {}
+            }
+        }
+        quota.names = names.into_string()?;
+        Ok(quota)
+    }
+
+    /// Checks a `UserQuotas` body, listing its users and their quotas.
+    fn check_users(&mut self, body: &[u8], names: &mut Names) -> Result<(), RawQuotaError> {
+        // The previous user's quotas, whose names the next user's likely
+        // repeat.
+        let mut like = 0..0;
+        let mut u = Fields::new(body);
+        while let Some(b) = map_entry(&mut u, "users field of the wrong type")? {
+            let (user, resources) = message_entry(b)?;
+            let first = self.quotas.len();
+            let mut r = Fields::new(resources);
+            while let Some(b) = map_entry(&mut r, "resources field of the wrong type")? {
+                let (resource, quota) = quota_entry(b)?;
+                let at = like.start + (self.quotas.len() - first);
+                let before = self.quotas.get(at).filter(|_| at < like.end);
+                self.quotas.push(RawQuotaEntry {
+                    resource: names.keep_like(before.map(|q| q.resource), resource),
+                    quota,
+                });
+            }
+            like = first..self.quotas.len();
+            self.users.push(RawUser {
+                name: names.keep(user),
+                entries: first as u32..self.quotas.len() as u32,
+            });
+        }
+        Ok(())
+    }
+
+    /// The slot of the report this quota answers, if it answers one.
+    pub fn report_slot(&self) -> Option<i64> {
+        self.report_slot
+    }
+
+    /// Every (service, slot, users) table, in the order sent.
+    pub fn tables(&self) -> impl Iterator<Item = (&str, i64, QuotaUsers<'_>)> {
+        self.tables.iter().map(|t| {
+            let users = QuotaUsers {
+                quota: self,
+                users: self.users.get(t.users.clone()).unwrap_or_default().iter(),
+            };
+            (name_at(&self.names, t.service), t.slot, users)
+        })
+    }
+}
+
+/// The users of one table of a [`RawQuota`], each with its quotas.
+#[derive(Clone)]
+pub struct QuotaUsers<'a> {
+    quota: &'a RawQuota,
+    users: std::slice::Iter<'a, RawUser>,
+}
+
+impl std::fmt::Debug for QuotaUsers<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.clone()).finish()
+    }
+}
+
+impl<'a> Iterator for QuotaUsers<'a> {
+    type Item = (&'a str, QuotaResources<'a>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let user = self.users.next()?;
+        let (start, end) = (user.entries.start as usize, user.entries.end as usize);
+        let quotas = self.quota.quotas.get(start..end).unwrap_or_default();
+        Some((
+            name_at(&self.quota.names, user.name),
+            QuotaResources {
+                names: &self.quota.names,
+                quotas: quotas.iter(),
+            },
+        ))
+    }
+}
+
+/// One user's (resource, quota) pairs in a [`RawQuota`].
+#[derive(Clone)]
+pub struct QuotaResources<'a> {
+    names: &'a str,
+    quotas: std::slice::Iter<'a, RawQuotaEntry>,
+}
+
+impl std::fmt::Debug for QuotaResources<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.clone()).finish()
+    }
+}
+
+impl<'a> Iterator for QuotaResources<'a> {
+    type Item = (&'a str, f64);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let q = self.quotas.next()?;
+        Some((name_at(self.names, q.resource), q.quota))
+    }
+}
+
+/// Writes the users of one [`v1::Usage`] (a service's consumption or
+/// rejection in a report), user by user, as prost writes them: give users
+/// in increasing name order, and each user's resources in increasing name
+/// order, as the central's [`RawReport`](super::RawReport) reads them
+/// fastest (out of order it decodes them with prost instead).
+#[derive(Debug, Default, Clone)]
+pub struct UsageEncoder {
+    users: Vec<u8>,
+}
+
+/// A string map key, left out when empty, as prost leaves out defaults.
+fn key_len_of(s: &str) -> usize {
+    if s.is_empty() {
+        0
+    } else {
+        delimited_len(ENTRY_KEY, s.len())
+    }
+}
+
+fn put_key_str(buf: &mut Vec<u8>, s: &str) {
+    if !s.is_empty() {
+        put_str(buf, ENTRY_KEY, s);
+    }
+}
+
+/// Length of one `Amounts.resources` entry (name -> int64), without its
+/// header; a zero amount is left out, as prost leaves it out.
+fn amount_entry_len(name: &str, amount: i64) -> usize {
+    key_len_of(name)
+        + if amount == 0 {
+            0
+        } else {
+            key_len(ENTRY_VALUE) + encoded_len_varint(amount as u64)
+        }
+}
+
+impl UsageEncoder {
+    /// No users yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether no user was added.
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty()
+    }
+
+    /// Adds `user` with its (resource, amount) pairs.
+    pub fn user<'a, I>(&mut self, user: &str, amounts: I)
+    where
+        I: IntoIterator<Item = (&'a str, i64)>,
+        I::IntoIter: Clone,
+    {
+        let amounts = amounts.into_iter();
+        let amounts_len: usize = amounts
+            .clone()
+            .map(|(name, amount)| delimited_len(MAP_FIELD, amount_entry_len(name, amount)))
+            .sum();
+        let value_len = if amounts_len == 0 {
+            0
+        } else {
+            delimited_len(ENTRY_VALUE, amounts_len)
+        };
+        let entry_len = key_len_of(user) + value_len;
+        let buf = &mut self.users;
+        buf.reserve(delimited_len(MAP_FIELD, entry_len));
+        put_delimited_header(buf, MAP_FIELD, entry_len);
+        put_key_str(buf, user);
+        if amounts_len != 0 {
+            put_delimited_header(buf, ENTRY_VALUE, amounts_len);
+        }
+        for (name, amount) in amounts {
+            put_delimited_header(buf, MAP_FIELD, amount_entry_len(name, amount));
+            put_key_str(buf, name);
+            if amount != 0 {
+                put_key(buf, ENTRY_VALUE, WireType::Varint);
+                encode_varint(amount as u64, buf);
+            }
+        }
+    }
+}
+
+/// Writes a [`v1::Report`] from its services' [`UsageEncoder`]s: the bytes
+/// prost writes for the same report, with no message built. Give services
+/// in increasing name order.
+#[derive(Debug, Default)]
+pub struct ReportEncoder {
+    consumption: Vec<u8>,
+    rejection: Vec<u8>,
+}
+
+impl ReportEncoder {
+    /// A report of no service yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `service`'s consumption and rejection.
+    pub fn service(&mut self, service: &str, consumption: &UsageEncoder, rejection: &UsageEncoder) {
+        for (buf, field, usage) in [
+            (&mut self.consumption, REPORT_CONSUMPTION, consumption),
+            (&mut self.rejection, REPORT_REJECTION, rejection),
+        ] {
+            let value_len = if usage.is_empty() {
+                0
+            } else {
+                delimited_len(ENTRY_VALUE, usage.users.len())
+            };
+            put_delimited_header(buf, field, key_len_of(service) + value_len);
+            put_key_str(buf, service);
+            if !usage.is_empty() {
+                put_delimited_header(buf, ENTRY_VALUE, usage.users.len());
+                buf.extend_from_slice(&usage.users);
+            }
+        }
+    }
+
+    /// The encoded [`v1::Report`] of `node_id` for `slot_number`.
+    pub fn finish(self, node_id: &str, slot_number: i64) -> Bytes {
+        let mut out = Vec::with_capacity(
+            delimited_len(REPORT_NODE_ID, node_id.len())
+                + 11
+                + self.consumption.len()
+                + self.rejection.len(),
+        );
+        if !node_id.is_empty() {
+            put_str(&mut out, REPORT_NODE_ID, node_id);
+        }
+        if slot_number != 0 {
+            put_key(&mut out, REPORT_SLOT_NUMBER, WireType::Varint);
+            encode_varint(slot_number as u64, &mut out);
+        }
+        out.extend_from_slice(&self.consumption);
+        out.extend_from_slice(&self.rejection);
+        out.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::v1::central_message::Kind;
+
+    /// (service, slot, users with their (resource, quota bits)).
+    type Table = (String, i64, Vec<(String, Vec<(String, u64)>)>);
+
+    fn raw_tables(q: &RawQuota) -> Vec<Table> {
+        q.tables()
+            .map(|(service, slot, users)| {
+                let users = users
+                    .map(|(u, r)| {
+                        (
+                            u.to_owned(),
+                            r.map(|(r, q)| (r.to_owned(), q.to_bits())).collect(),
+                        )
+                    })
+                    .collect();
+                (service.to_owned(), slot, users)
+            })
+            .collect()
+    }
+
+    fn prost_tables(q: &v1::Quota) -> Vec<Table> {
+        let mut out = Vec::new();
+        for (service, sq) in &q.services {
+            for (slot, users) in &sq.slots {
+                let users = users
+                    .users
+                    .iter()
+                    .map(|(u, rq)| {
+                        let r = rq
+                            .resources
+                            .iter()
+                            .map(|(r, q)| (r.clone(), q.to_bits()))
+                            .collect();
+                        (u.clone(), r)
+                    })
+                    .collect();
+                out.push((service.clone(), *slot, users));
+            }
+        }
+        out
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        // Long enough names need two-byte lengths.
+        prop_oneof![".{0,12}", ".{120,300}"]
+    }
+
+    fn quota_value() -> impl Strategy<Value = f64> {
+        prop_oneof![0.0..1e6f64, any::<f64>()]
+    }
+
+    fn quota() -> impl Strategy<Value = v1::Quota> {
+        let resources = proptest::collection::btree_map(name(), quota_value(), 0..4)
+            .prop_map(|resources| v1::ResourceQuotas { resources });
+        let users = proptest::collection::btree_map(name(), resources, 0..6)
+            .prop_map(|users| v1::UserQuotas { users });
+        let slots = proptest::collection::btree_map(any::<i64>(), users, 0..3)
+            .prop_map(|slots| v1::ServiceQuota { slots });
+        (
+            proptest::collection::btree_map(name(), slots, 0..3),
+            any::<Option<i64>>(),
+        )
+            .prop_map(|(services, report_slot)| v1::Quota {
+                services,
+                report_slot,
+            })
+    }
+
+    proptest! {
+        /// A quota prost wrote reads in place as prost reads it.
+        #[test]
+        fn reads_as_prost_decodes(q in quota()) {
+            let bytes = q.encode_to_vec();
+            let raw = RawQuota::parse(&bytes).expect("valid");
+            // As prost reads it back: a quota of -0.0 is not written, and
+            // reads as 0.0.
+            let decoded = v1::Quota::decode(&bytes[..]).expect("valid");
+            prop_assert_eq!(raw.report_slot(), decoded.report_slot);
+            prop_assert_eq!(raw_tables(&raw), prost_tables(&decoded));
+        }
+
+        /// A quota as the central writes it ([`QuotaEncoder`]) reads in
+        /// place as prost reads it.
+        #[test]
+        fn reads_the_centrals_encoding_as_prost_decodes_it(q in quota()) {
+            let mut encoder = super::super::QuotaEncoder::new();
+            for (service, sq) in &q.services {
+                for (slot, users) in &sq.slots {
+                    encoder.begin(service, *slot);
+                    for (user, rq) in &users.users {
+                        encoder.user(user, rq.resources.iter().map(|(r, q)| (r.as_str(), *q)));
+                    }
+                }
+            }
+            let bytes = encoder.finish(q.report_slot);
+            let Ok(Answer::Quota(quota)) = Answer::decode(&bytes[..]) else {
+                panic!("not a quota");
+            };
+            let raw = RawQuota::parse(&quota);
+            let decoded = v1::Quota::decode(&quota[..]).expect("valid");
+            match raw {
+                Ok(raw) => {
+                    prop_assert_eq!(raw.report_slot(), decoded.report_slot);
+                    prop_assert_eq!(raw_tables(&raw), prost_tables(&decoded));
+                }
+                // The encoder writes a service once per slot begun.
+                Err(e) => prop_assert!(
+                    e == RawQuotaError::Repeated && q.services.values().any(|s| s.slots.len() > 1),
+                    "{e}"
+                ),
+            }
+        }
+
+        /// Whatever the bytes: read in place only where prost decodes them
+        /// too, and then to the same tables; refused as malformed only
+        /// where prost fails.
+        #[test]
+        fn any_bytes_read_as_prost_reads_them_or_not_at_all(
+            q in quota(),
+            cut in any::<prop::sample::Index>(),
+            flip in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let mut bytes = q.encode_to_vec();
+            if !bytes.is_empty() {
+                let at = flip.index(bytes.len());
+                bytes[at] = byte;
+                bytes.truncate(cut.index(bytes.len() + 1).max(at));
+            }
+            let decoded = v1::Quota::decode(&bytes[..]);
+            match RawQuota::parse(&bytes) {
+                Ok(raw) => {
+                    let decoded = decoded.expect("read in place, so prost decodes it");
+                    prop_assert_eq!(raw.report_slot(), decoded.report_slot);
+                    prop_assert_eq!(raw_tables(&raw), prost_tables(&decoded));
+                }
+                Err(RawQuotaError::Malformed(_)) => prop_assert!(decoded.is_err()),
+                Err(RawQuotaError::Repeated) => prop_assert!(decoded.is_ok()),
+            }
+        }
+
+        /// The message kinds a node receives decode as prost decodes them,
+        /// the quota kept as its bytes.
+        #[test]
+        fn answers_decode_as_central_messages(q in quota(), epoch in any::<u64>(), leader in name()) {
+            for kind in [
+                Kind::Quota(q.clone()),
+                Kind::Welcome(v1::Welcome { slot_ms: 1000, epoch }),
+                Kind::NotLeader(v1::NotLeader { leader: leader.clone() }),
+            ] {
+                let bytes = v1::CentralMessage { kind: Some(kind.clone()) }.encode_to_vec();
+                let answer = Answer::decode(&bytes[..]).expect("valid");
+                match (kind, &answer) {
+                    (Kind::Quota(q), Answer::Quota(b)) => prop_assert_eq!(&b[..], &q.encode_to_vec()[..]),
+                    (Kind::Welcome(w), Answer::Welcome(a)) => prop_assert_eq!(&w, a),
+                    (Kind::NotLeader(n), Answer::NotLeader(a)) => prop_assert_eq!(&n, a),
+                    (kind, answer) => prop_assert!(false, "{kind:?} read as {answer:?}"),
+                }
+                prop_assert_eq!(answer.encode_to_vec(), bytes);
+            }
+        }
+    }
+
+    fn usage() -> impl Strategy<Value = v1::Usage> {
+        let amount = prop_oneof![0i64..300, any::<i64>()];
+        let amounts = proptest::collection::btree_map(name(), amount, 0..4)
+            .prop_map(|resources| v1::Amounts { resources });
+        proptest::collection::btree_map(name(), amounts, 0..5).prop_map(|users| v1::Usage { users })
+    }
+
+    proptest! {
+        /// The encoders write a report byte for byte as prost writes it.
+        #[test]
+        fn reports_encode_as_prost_encodes_them(
+            node_id in name(),
+            slot_number in prop_oneof![Just(0i64), any::<i64>()],
+            services in proptest::collection::btree_map(name(), (usage(), usage()), 0..3),
+        ) {
+            let mut report = ReportEncoder::new();
+            for (service, (consumption, rejection)) in &services {
+                let encode = |usage: &v1::Usage| {
+                    let mut e = UsageEncoder::new();
+                    for (user, amounts) in &usage.users {
+                        e.user(user, amounts.resources.iter().map(|(r, a)| (r.as_str(), *a)));
+                    }
+                    e
+                };
+                report.service(service, &encode(consumption), &encode(rejection));
+            }
+            let built = v1::Report {
+                node_id: node_id.clone(),
+                slot_number,
+                consumption: services.iter().map(|(s, (c, _))| (s.clone(), c.clone())).collect(),
+                rejection: services.iter().map(|(s, (_, r))| (s.clone(), r.clone())).collect(),
+            };
+            prop_assert_eq!(&report.finish(&node_id, slot_number)[..], &built.encode_to_vec()[..]);
+        }
+    }
+
+    fn entry(key: &[u8], value: &[u8]) -> Vec<u8> {
+        [key, value].concat()
+    }
+
+    fn delimited(field: u32, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        prost::encoding::bytes::encode(field, &body.to_vec(), &mut out);
+        out
+    }
+
+    #[test]
+    fn a_service_given_twice_is_left_to_prost() {
+        let one = |slot: i64| v1::Quota {
+            services: [(
+                "front".to_string(),
+                v1::ServiceQuota {
+                    slots: [(slot, v1::UserQuotas::default())].into(),
+                },
+            )]
+            .into(),
+            report_slot: None,
+        };
+        let bytes = [one(1).encode_to_vec(), one(2).encode_to_vec()].concat();
+        assert_eq!(
+            RawQuota::parse(&bytes).unwrap_err(),
+            RawQuotaError::Repeated
+        );
+        // prost keeps the last table only.
+        let decoded = v1::Quota::decode(&bytes[..]).unwrap();
+        assert_eq!(
+            decoded.services["front"].slots.keys().collect::<Vec<_>>(),
+            [&2]
+        );
+    }
+
+    #[test]
+    fn entries_in_any_layout_read_as_prost_reads_them() {
+        // A resource's quota before its name, and a user with no name.
+        let resource = entry(
+            &[0x11, 0, 0, 0, 0, 0, 0, 0x24, 0x40],
+            &delimited(1, b"requests"),
+        );
+        let resources = delimited(1, &resource);
+        let user = delimited(2, &resources);
+        let users = delimited(1, &user);
+        let slot = entry(&delimited(2, &users), &[0x08, 7]);
+        let service = entry(&delimited(1, b"front"), &delimited(2, &delimited(1, &slot)));
+        let bytes = delimited(1, &service);
+        let raw = RawQuota::parse(&bytes).unwrap();
+        let decoded = v1::Quota::decode(&bytes[..]).unwrap();
+        assert_eq!(raw_tables(&raw), prost_tables(&decoded));
+        assert_eq!(
+            raw_tables(&raw),
+            [(
+                "front".to_string(),
+                7,
+                vec![(
+                    String::new(),
+                    vec![("requests".to_string(), 10f64.to_bits())]
+                )]
+            )]
+        );
+    }
+}
