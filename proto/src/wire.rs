@@ -1,4 +1,4 @@
-//! The central node's side of the stream, encoded without building messages.
+//! Both sides of the stream, encoded and read without building messages.
 //!
 //! A [`v1::Quota`] for a node with 1,000 users is 4,000 map entries. Built
 //! as prost messages, each user and resource name is a `String` in a
@@ -6,15 +6,20 @@
 //! recomputes the length of every nested map at each level) and freed again,
 //! for every answer and every push. [`QuotaEncoder`] writes the same bytes
 //! straight from borrowed names, and [`Outbound`] carries them to the stream
-//! as they are. A node decodes them as an ordinary [`v1::CentralMessage`].
+//! as they are. They decode as an ordinary [`v1::CentralMessage`]; a node
+//! reads them where they arrived ([`Answer`], [`RawQuota`]).
 //!
 //! The other way, a [`v1::Report`] of 1,000 users decoded by prost is 5,000
 //! `String`s and as many map nodes. [`Inbound`] keeps a report's bytes as
 //! they arrived, and [`RawReport`] checks them once, listing the amounts and
 //! keeping the names in one checked string, from which filing reads them.
 //!
+//! A node writes its reports with [`ReportEncoder`], byte for byte as prost
+//! would, without building a [`v1::Report`].
+//!
 //! [`server`] is the central's gRPC service, generated like the one in
-//! [`v1`] but receiving [`Inbound`] and sending [`Outbound`].
+//! [`v1`] but receiving [`Inbound`] and sending [`Outbound`]; [`client`] is
+//! a node's, sending [`Inbound`] and receiving [`Answer`].
 //!
 //! # Examples
 //!

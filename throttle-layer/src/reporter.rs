@@ -3,9 +3,12 @@
 //! A Tokio task that
 //!
 //! - holds one `Exchange` stream: `Hello`, then at every slot boundary +
-//!   50 ms the report of the slot that just ended ([`SlotStore::collect`]);
-//! - installs every `Quota` as soon as it arrives, answers and pushes alike
-//!   ([`SlotStore::apply_quota`]);
+//!   50 ms the report of the slot that just ended, written straight from the
+//!   store ([`SlotStore::collect_encoded`]);
+//! - installs every `Quota` as soon as it arrives, answers and pushes alike,
+//!   read where it arrived ([`SlotStore::apply_raw_quota`]); a quota that is
+//!   not valid protobuf is logged, counted and ignored, and the stream goes
+//!   on;
 //! - knows several central endpoints: it sticks to the one that works,
 //!   follows `NotLeader { leader }`, and otherwise tries the next, with
 //!   exponential backoff and jitter (100 ms up to 5 s);
@@ -19,7 +22,8 @@
 //!
 //! Metrics: `throttle_reporter_connected` (gauge), `throttle_report_rtt_seconds`
 //! (histogram), `throttle_reports_buffered` (gauge),
-//! `throttle_reports_dropped_total`, `throttle_reporter_connect_failures_total`.
+//! `throttle_reports_dropped_total`, `throttle_reporter_connect_failures_total`,
+//! `throttle_quotas_malformed_total`.
 
 use std::collections::VecDeque;
 use std::time::Duration;
