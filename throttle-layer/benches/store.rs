@@ -32,6 +32,12 @@
 //!   `refusal-floor` that returns the same response without deciding and
 //!   a `slot-quota-rejected` that returns it after `slot-quota`'s
 //!   decision.
+//! - `router/*`: bare, through (a layer that adds nothing), throttle and
+//!   tower_governor behind axum's `Router`, which clones the layered
+//!   route for every request as it does over HTTP.
+//! - `slot/*`: the node's work once per slot at 3,000 users: the report
+//!   written, the central's answer installed, each beside the way it was
+//!   done through prost's maps.
 //! - `THROTTLE_BENCH_CLOCK=frozen` holds the stores' slot still, for
 //!   instruction counts under valgrind (see `bench_clock`).
 
@@ -724,6 +730,50 @@ fn memory(_: &mut Criterion) {
     black_box(&store);
 }
 
+/// `router/*`: the same three ways behind axum's `Router`, called in
+/// process as `axum::serve` calls it: the router clones the route's layered
+/// service for every request, as over HTTP.
+fn router(c: &mut Criterion) {
+    let names = users();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("router");
+    g.throughput(Throughput::Elements(1));
+    let app = || axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
+    let (store, _f, _r, _refresh) = store(1e15);
+    let layer = ThrottleLayer::builder(&store, "front")
+        .user(UserKey::header("x-user"))
+        .build()
+        .unwrap();
+    let mut builder = tower_governor::governor::GovernorConfigBuilder::default();
+    builder
+        .period(Duration::from_secs(3600))
+        .burst_size(u32::MAX / 2);
+    let config = builder.key_extractor(HeaderKey).finish().unwrap();
+    for (name, mut router) in [
+        ("bare", app()),
+        // A layer that adds nothing: what axum's plumbing for a layer costs.
+        ("through", app().layer(tower::layer::layer_fn(|s| s))),
+        ("throttle-allowed", app().layer(layer)),
+        (
+            "governor-allowed",
+            app().layer(tower_governor::GovernorLayer::new(config)),
+        ),
+    ] {
+        call_with(
+            &mut g,
+            &rt,
+            &names,
+            "call",
+            name,
+            typical_request,
+            &mut router,
+        );
+    }
+    g.finish();
+}
+
 /// Users active in every slot of `slot/*`: as many as `http-bench` sends.
 const SLOT_USERS: usize = 3_000;
 
@@ -834,6 +884,6 @@ fn slot(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = memory, admit, threads2, service, slot
+    targets = memory, admit, threads2, service, router, slot
 }
 criterion_main!(benches);
