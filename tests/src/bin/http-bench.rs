@@ -1,6 +1,7 @@
 //! The HTTP path side by side: the same axum hello-world app bare, behind
-//! `ThrottleLayer` (with a live central node), and behind tower_governor's
-//! `GovernorLayer` keyed per user, under the same closed-loop load.
+//! `ThrottleLayer` (with a live central node, and alone: no central, no
+//! reporter), and behind tower_governor's `GovernorLayer` keyed per user,
+//! under the same closed-loop load.
 //!
 //! Run with: `cargo run --release -p throttle-tests --bin http-bench`
 //! (`-- --seconds 3 --rounds 3 --connections 32 --warmup 0.5` are the
@@ -10,8 +11,8 @@
 //! runtimes on a 2-core machine). The throttled app's reporter runs on the
 //! server's runtime, as in production; its central node runs on a third
 //! runtime (in production it is another machine). Variants alternate within
-//! each round, each round starting with the next variant (with 3 rounds and
-//! 3 variants, each runs once first, once second, once last), and the table
+//! each round, each round starting with the next variant (so over as many
+//! rounds as variants each runs once in every position), and the table
 //! shows medians over rounds.
 
 use std::net::SocketAddr;
@@ -56,6 +57,10 @@ impl KeyExtractor for HeaderKey {
 enum Variant {
     Bare,
     Throttle,
+    /// The same layer with no central and no reporter (every request
+    /// allowed by the fallback): the layer's own cost, without the
+    /// reporter's work on the server's runtime.
+    ThrottleAlone,
     Governor,
 }
 
@@ -64,6 +69,7 @@ impl Variant {
         match self {
             Self::Bare => "bare axum",
             Self::Throttle => "throttle (ThrottleLayer)",
+            Self::ThrottleAlone => "throttle, no central",
             Self::Governor => "tower_governor",
         }
     }
@@ -153,6 +159,14 @@ async fn start(
                 .expect("reporter task");
             reporter.wait_for(|s| s.connected).await;
             keep = Some((reporter, central));
+            app().layer(layer)
+        }
+        Variant::ThrottleAlone => {
+            let store = SlotStore::default();
+            let layer = ThrottleLayer::builder(&store, "front")
+                .user(UserKey::header("x-user"))
+                .build()
+                .expect("layer");
             app().layer(layer)
         }
         Variant::Governor => {
@@ -309,13 +323,13 @@ struct Measure {
     higher_is_better: bool,
 }
 
-/// Throttle against tower_governor round by round: within a round the two
+/// A throttle variant against tower_governor round by round: within a
+/// round the two
 /// ran seconds apart, so the machine's slower and faster spells, which move
 /// whole runs by a few percent, cancel in each round's ratio.
-fn paired(ours: &[Run], theirs: &[Run]) -> String {
+fn paired(name: &str, ours: &[Run], theirs: &[Run]) -> String {
     let n = ours.len().min(theirs.len());
-    let mut out =
-        format!("throttle (ThrottleLayer) against tower_governor, round by round ({n} rounds):\n");
+    let mut out = format!("{name} against tower_governor, round by round ({n} rounds):\n");
     let rows: [Measure; 2] = [
         Measure {
             what: "req/s",
@@ -399,7 +413,12 @@ fn main() {
         (
             "throughput: every request allowed",
             spread_users as fn(usize, u64) -> String,
-            vec![Variant::Bare, Variant::Throttle, Variant::Governor],
+            vec![
+                Variant::Bare,
+                Variant::Throttle,
+                Variant::ThrottleAlone,
+                Variant::Governor,
+            ],
         ),
         (
             "reject path: one user far over its limit",
@@ -471,9 +490,10 @@ fn main() {
         }
         println!();
         let runs_of = |v: Variant| results.iter().find(|(w, _)| *w == v).map(|(_, r)| r);
-        if let (Some(ours), Some(theirs)) = (runs_of(Variant::Throttle), runs_of(Variant::Governor))
-        {
-            println!("{}", paired(ours, theirs));
+        for ours in [Variant::Throttle, Variant::ThrottleAlone] {
+            if let (Some(runs), Some(theirs)) = (runs_of(ours), runs_of(Variant::Governor)) {
+                println!("{}", paired(ours.name(), runs, theirs));
+            }
         }
     }
 }
