@@ -57,6 +57,7 @@ pub struct ReporterBuilder {
     connect_timeout: Duration,
     backoff_min: Duration,
     backoff_max: Duration,
+    max_message_bytes: usize,
 }
 
 /// Why the reporter could not start.
@@ -140,6 +141,7 @@ impl Reporter {
             connect_timeout: Duration::from_secs(1),
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
+            max_message_bytes: 64 << 20,
         }
     }
 }
@@ -167,6 +169,15 @@ impl ReporterBuilder {
     /// Connect timeout per attempt (default 1 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Largest message accepted from the central node, in bytes (default
+    /// 64 MiB; tonic's own default, 4 MiB, is one slot's table for about
+    /// 35,000 users of four resources). An answer over it fails the
+    /// stream, which reconnects.
+    pub fn max_message_bytes(mut self, max: usize) -> Self {
+        self.max_message_bytes = max;
         self
     }
 
@@ -272,6 +283,7 @@ async fn open(
     endpoint: String,
     timeout: Duration,
     queue: usize,
+    max_message_bytes: usize,
     hello: Inbound,
 ) -> Result<Opened, OpenError> {
     let channel = Endpoint::from_shared(endpoint)
@@ -280,7 +292,7 @@ async fn open(
         .tcp_nodelay(true)
         .connect()
         .await?;
-    let mut client = CentralClient::new(channel);
+    let mut client = CentralClient::new(channel).max_decoding_message_size(max_message_bytes);
     let (tx, rx) = mpsc::channel(queue);
     let _ = tx.try_send(hello);
 
@@ -359,7 +371,7 @@ impl Run {
             services,
             version: throttle_proto::VERSION.to_owned(),
         });
-        open(endpoint, timeout, queue, hello)
+        open(endpoint, timeout, queue, self.cfg.max_message_bytes, hello)
     }
     fn follow(&mut self, leader: String) {
         if leader.is_empty() {

@@ -522,3 +522,38 @@ async fn a_malformed_quota_is_ignored_and_the_stream_goes_on() {
     assert_eq!(status.connections, 1, "the stream went on");
     task.abort();
 }
+
+#[tokio::test]
+async fn a_quota_over_tonics_default_4_mib_is_installed() {
+    use prost::Message;
+    let store = store();
+    let front = store.service("front");
+    front.resource("requests").unwrap();
+    let slot = store.current_slot() + 5;
+    // 200,000 users of one resource: a table of about 8 MB, as a node of
+    // that many active users receives every slot.
+    let users: Vec<(String, f64)> = (0..200_000)
+        .map(|u| (format!("user-{u:06}"), 5.0))
+        .collect();
+    let users: Vec<(&str, f64)> = users.iter().map(|(u, q)| (u.as_str(), *q)).collect();
+    let quota = match quota_message("front", slot, &users, None).kind {
+        Some(central_message::Kind::Quota(q)) => q.encode_to_vec(),
+        _ => unreachable!(),
+    };
+    assert!(quota.len() > 4 << 20, "{} bytes", quota.len());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tonic::transport::Server::builder()
+        .add_service(
+            throttle_proto::wire::server::central_server::CentralServer::new(RawSender {
+                messages: vec![quota_bytes(&quota)],
+            }),
+        )
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    let task = tokio::spawn(server);
+    let handle = reporter(&store, &[url]);
+    within("the large quota applied", || front.has_quota(slot)).await;
+    assert_eq!(handle.status().connections, 1, "one stream, never failed");
+    assert_eq!(store.service("front").users(), 200_000);
+    task.abort();
+}
