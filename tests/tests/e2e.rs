@@ -242,3 +242,69 @@ async fn body_bytes_reach_the_central_exactly() {
     }
     assert_eq!(got, want);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_over_the_centrals_size_limit_is_dropped_and_the_rest_go_on() {
+    let limits = limits(LIMITS);
+    let cluster = Cluster::start_with(
+        1,
+        SLOT_MS,
+        Arc::new(move || {
+            throttle_central::Central::builder()
+                .limits(limits.clone())
+                .max_message_bytes(4096)
+        }),
+        Fallback::Allow,
+    )
+    .await
+    .unwrap();
+    cluster.connected().await;
+    let node = &cluster.nodes[0];
+    let front = node.store.service("front");
+    let requests = front.resource("requests").unwrap();
+    // 1,000 users: a report of about 20 KB, over the limit (or two, if a
+    // slot ends while they are counted, at least one of them over it).
+    for u in 0..1000 {
+        front.consume(&format!("user-{u:03}"), requests, 1);
+    }
+    node.reporter.wait_for(|s| s.connections >= 2).await;
+    // Then carol alone, in a later slot: small reports, answered.
+    cluster.slots(1).await;
+    front.consume("carol", requests, 7);
+    let drained = tokio::time::timeout(Duration::from_secs(5), async {
+        cluster.slots(2).await;
+        node.reporter
+            .wait_for(|s| s.connected && s.buffered == 0)
+            .await;
+    })
+    .await;
+    assert!(
+        drained.is_ok(),
+        "reports still unanswered: {:?}",
+        node.reporter.status()
+    );
+    let sums = cluster.monitor(Subject::ConsumptionSum).await;
+    assert_eq!(
+        sum(&sums, "front", "carol", "requests", 0, i64::MAX),
+        7,
+        "{sums}"
+    );
+    let users: i64 = (0..1000)
+        .map(|u| {
+            sum(
+                &sums,
+                "front",
+                &format!("user-{u:03}"),
+                "requests",
+                0,
+                i64::MAX,
+            )
+        })
+        .sum();
+    assert!(
+        users < 800,
+        "the report over the limit was dropped: {users}"
+    );
+    let status = node.reporter.status();
+    assert!(status.connections < 10, "no reconnecting loop: {status:?}");
+}

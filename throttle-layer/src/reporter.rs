@@ -542,7 +542,12 @@ impl Run {
     }
 
     fn refused(&mut self, endpoint: &str, status: &tonic::Status) {
-        if status.code() == tonic::Code::InvalidArgument {
+        // A report the central could not read, or larger than it accepts
+        // (tonic's code for a message over the receiver's size limit).
+        if matches!(
+            status.code(),
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange
+        ) {
             // Answers come in order, so the refused report is the oldest one
             // sent and not answered; sending it again would be refused again.
             if let Some(i) = self.pending.iter().position(|p| p.sent.is_some())
