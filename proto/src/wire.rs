@@ -372,12 +372,11 @@ impl Message for Inbound {
     ) -> Result<(), prost::DecodeError> {
         match (tag, wire_type) {
             (NODE_MESSAGE_HELLO, _) => {
-                let mut hello = match std::mem::take(self) {
-                    Self::Hello(h) => h,
-                    _ => v1::Hello::default(),
+                let held = match std::mem::take(self) {
+                    Self::Hello(h) => Some(h),
+                    _ => None,
                 };
-                prost::encoding::message::merge(wire_type, &mut hello, buf, ctx)?;
-                *self = Self::Hello(hello);
+                *self = Self::Hello(merge_kind(held, wire_type, buf, ctx)?);
                 Ok(())
             }
             (NODE_MESSAGE_REPORT, _) => {
@@ -402,6 +401,20 @@ impl Message for Inbound {
     fn clear(&mut self) {
         *self = Self::Empty;
     }
+}
+
+/// A oneof's message kind read from the wire: merged into the same kind
+/// the oneof `held`, as prost merges a message given twice, or else read
+/// fresh (the last kind given wins).
+fn merge_kind<M: Message + Default>(
+    held: Option<M>,
+    wire_type: WireType,
+    buf: &mut impl Buf,
+    ctx: DecodeContext,
+) -> Result<M, prost::DecodeError> {
+    let mut message = held.unwrap_or_default();
+    prost::encoding::message::merge(wire_type, &mut message, buf, ctx)?;
+    Ok(message)
 }
 
 /// Why [`RawReport::parse`] did not read a report in place.

@@ -14,15 +14,15 @@ use prost::encoding::{DecodeContext, WireType, encode_varint, encoded_len_varint
 use super::{
     CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, ENTRY_VALUE, Field, Fields, MAP_FIELD, Names,
     QUOTA_REPORT_SLOT, QUOTA_SERVICES, RawReportError, RawUser, delimited_len, key_len, map_entry,
-    name_at, put_delimited_header, put_key, put_str, utf8,
+    merge_kind, name_at, put_delimited_header, put_key, put_str, utf8,
 };
+use crate::v1;
 
 // Field numbers of `Report`.
 const REPORT_NODE_ID: u32 = 1;
 const REPORT_SLOT_NUMBER: u32 = 2;
 const REPORT_CONSUMPTION: u32 = 3;
 const REPORT_REJECTION: u32 = 4;
-use crate::v1;
 
 /// A node's gRPC client of the central, sending [`Inbound`](super::Inbound)
 /// messages (reports already encoded) and receiving [`Answer`]s.
@@ -72,12 +72,11 @@ impl Message for Answer {
         // in a row is merged, as prost does.
         match tag {
             CENTRAL_MESSAGE_WELCOME => {
-                let mut welcome = match std::mem::take(self) {
-                    Self::Welcome(w) => w,
-                    _ => v1::Welcome::default(),
+                let held = match std::mem::take(self) {
+                    Self::Welcome(w) => Some(w),
+                    _ => None,
                 };
-                prost::encoding::message::merge(wire_type, &mut welcome, buf, ctx)?;
-                *self = Self::Welcome(welcome);
+                *self = Self::Welcome(merge_kind(held, wire_type, buf, ctx)?);
             }
             CENTRAL_MESSAGE_QUOTA => {
                 let mut quota = Bytes::new();
@@ -93,12 +92,11 @@ impl Message for Answer {
                 };
             }
             CENTRAL_MESSAGE_NOT_LEADER => {
-                let mut not_leader = match std::mem::take(self) {
-                    Self::NotLeader(n) => n,
-                    _ => v1::NotLeader::default(),
+                let held = match std::mem::take(self) {
+                    Self::NotLeader(n) => Some(n),
+                    _ => None,
                 };
-                prost::encoding::message::merge(wire_type, &mut not_leader, buf, ctx)?;
-                *self = Self::NotLeader(not_leader);
+                *self = Self::NotLeader(merge_kind(held, wire_type, buf, ctx)?);
             }
             _ => skip_field(wire_type, tag, buf, ctx)?,
         }
@@ -178,8 +176,9 @@ struct RawQuotaEntry {
 /// rule for scalars); `None` where absent.
 type EntryFields<'a> = (Option<Field<'a>>, Option<Field<'a>>);
 
-/// A map entry in any layout protobuf allows.
-#[cold]
+/// A map entry in any layout protobuf allows: the way every service and
+/// slot entry is read, and a user's or quota's not laid out as prost
+/// writes it.
 fn entry_fields(body: &[u8]) -> Result<EntryFields<'_>, RawQuotaError> {
     let (mut key, mut value) = (None, None);
     let mut f = Fields::new(body);

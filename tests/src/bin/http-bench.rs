@@ -318,35 +318,31 @@ async fn server_cpu(server_rt: &tokio::runtime::Handle) -> Option<Duration> {
 /// One figure compared round by round.
 struct Measure {
     what: &'static str,
-    better: &'static str,
     of: fn(&Run) -> Option<f64>,
     higher_is_better: bool,
 }
 
 /// A throttle variant against tower_governor round by round: within a
-/// round the two
-/// ran seconds apart, so the machine's slower and faster spells, which move
-/// whole runs by a few percent, cancel in each round's ratio.
+/// round the two ran seconds apart, so the machine's slower and faster
+/// spells, which move whole runs by a few percent, cancel in each round's
+/// ratio.
 fn paired(name: &str, ours: &[Run], theirs: &[Run]) -> String {
     let n = ours.len().min(theirs.len());
     let mut out = format!("{name} against tower_governor, round by round ({n} rounds):\n");
     let rows: [Measure; 2] = [
         Measure {
             what: "req/s",
-            better: "higher",
             of: |r| Some(r.rps()),
             higher_is_better: true,
         },
         Measure {
             what: "server CPU per request",
-            better: "lower",
             of: Run::cpu_us_per_request,
             higher_is_better: false,
         },
     ];
     for Measure {
         what,
-        better,
         of: measure,
         higher_is_better,
     } in rows
@@ -364,6 +360,7 @@ fn paired(name: &str, ours: &[Run], theirs: &[Run]) -> String {
             .iter()
             .filter(|&&r| if higher_is_better { r > 1.0 } else { r < 1.0 })
             .count();
+        let better = if higher_is_better { "higher" } else { "lower" };
         let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         out += &format!(
