@@ -1198,6 +1198,9 @@ struct Shared {
     keys: Arc<AtomicUsize>,
     max_keys: usize,
     services: Mutex<Vec<Arc<ServiceStore>>>,
+    /// The number of services, sent at each registration: a reporter
+    /// learns of a service registered after its Hello without polling.
+    registered: tokio::sync::watch::Sender<usize>,
 }
 
 /// The node's store: one [`ServiceStore`] per service. Clones share it.
@@ -1278,7 +1281,14 @@ impl SlotStore {
             at_cap: counter!("throttle_keys_at_cap_total", "service" => name.to_string()),
         });
         services.push(s.clone());
+        self.shared.registered.send_replace(services.len());
         s
+    }
+
+    /// A receiver that changes whenever a service is registered; its value
+    /// is the number of services.
+    pub(crate) fn watch_services(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.shared.registered.subscribe()
     }
 
     /// How many services are registered (they are never removed).
@@ -1408,6 +1418,7 @@ impl StoreBuilder {
                 keys: Arc::new(AtomicUsize::new(0)),
                 max_keys: self.max_keys,
                 services: Mutex::new(Vec::new()),
+                registered: tokio::sync::watch::Sender::new(0),
             }),
         }
     }

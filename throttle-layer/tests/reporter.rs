@@ -429,6 +429,37 @@ async fn a_service_registered_after_connecting_is_announced_at_once() {
     server.stop().await;
 }
 
+/// A service registered long after the stream opened is announced at
+/// once: the store tells the reporter, which then neither waits for its
+/// next report (a minute away with these slots) nor needs to poll.
+#[tokio::test]
+async fn a_service_registered_later_is_announced_without_waiting_for_a_report() {
+    let (f, mut events) = fake(None);
+    let server = FakeServer::start("127.0.0.1:0".parse().unwrap(), f).await;
+    let store = SlotStore::builder()
+        .slot(SlotLength::from_ms(60_000).unwrap())
+        .build();
+    store.service("front");
+    let _reporter = reporter(&store, &[server.url()]);
+    let hello = async |events: &mut mpsc::UnboundedReceiver<Event>| loop {
+        if let Event::Hello(h) = next(events).await {
+            return h;
+        }
+    };
+    assert_eq!(hello(&mut events).await.services, vec!["front".to_string()]);
+    // Past the shortest life of a stream closed to announce a service.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.service("back");
+    let hello = tokio::time::timeout(Duration::from_secs(2), hello(&mut events))
+        .await
+        .expect("no new Hello within 2 s");
+    assert_eq!(
+        hello.services,
+        vec!["front".to_string(), "back".to_string()]
+    );
+    server.stop().await;
+}
+
 /// A central that answers a Hello with a Welcome, then sends `messages` as
 /// they are: encodings a prost-built central could not send.
 #[derive(Clone)]
