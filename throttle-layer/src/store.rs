@@ -282,6 +282,24 @@ struct Spill {
     cells: Box<[Cell]>,
 }
 
+/// Counts set aside by users' rolls until the next collection, one entry
+/// per user: a user whose counts roll over slot after slot with nothing
+/// collecting them (a store without a reporter, or one stalled) adds to
+/// its entry, so the overflow holds no more users than the map does.
+type Overflow = std::collections::HashMap<CompactString, Counters, foldhash::fast::RandomState>;
+
+/// Adds `counts` to `user`'s entry in the overflow.
+#[cold]
+fn set_aside(overflow: &Mutex<Overflow>, user: &str, counts: &Counters) {
+    let mut overflow = overflow.lock();
+    match overflow.get_mut(user) {
+        Some(kept) => kept.merge(counts),
+        None => {
+            overflow.insert(user.into(), *counts);
+        }
+    }
+}
+
 /// A quota row's slot, kept as its low 32 bits: half the bytes of an `i64`
 /// for each of a user's rows. Read back relative to a nearby slot
 /// ([`RowTag::near`]): quotas are installed only within 16 slots of now, and
@@ -436,7 +454,7 @@ pub struct ServiceStore {
     ring: [AtomicU64; QUOTA_RING],
     /// Counts a user's roll could not keep in its cells: slots that rolled
     /// over before they were collected, and charges that came after.
-    overflow: Mutex<Vec<(CompactString, Counters)>>,
+    overflow: Mutex<Overflow>,
     /// Registered once: a flood of new users at the cap must not build a
     /// labelled metric key per request.
     at_cap: metrics::Counter,
@@ -566,7 +584,7 @@ impl UserState {
     /// Moves the counters on to `slot`, keeping the last slot's counts for
     /// the reporter.
     #[inline]
-    fn roll(&mut self, slot: i64, user: &str, overflow: &Mutex<Vec<(CompactString, Counters)>>) {
+    fn roll(&mut self, slot: i64, user: &str, overflow: &Mutex<Overflow>) {
         if self.slot < slot {
             self.roll_on(slot, user, overflow);
         }
@@ -581,7 +599,7 @@ impl UserState {
     /// keep in place go to the overflow, which the next collection drains:
     /// none is dropped, and none is reported twice.
     #[inline(never)]
-    fn roll_on(&mut self, slot: i64, user: &str, overflow: &Mutex<Vec<(CompactString, Counters)>>) {
+    fn roll_on(&mut self, slot: i64, user: &str, overflow: &Mutex<Overflow>) {
         // Forget rows too old to be read back from their tags.
         for k in 0..ROWS_PER_USER {
             if self.row_version[k] != 0
@@ -595,7 +613,7 @@ impl UserState {
             // late: keep them aside rather than lose them.
             let previous = self.take(true);
             if !previous.is_zero() {
-                overflow.lock().push((user.into(), previous));
+                set_aside(overflow, user, &previous);
             }
         }
         if self.slot == slot - 1 {
@@ -609,7 +627,7 @@ impl UserState {
             // previous counts are zero, taken above or by a collection).
             let current = self.take(false);
             if !current.is_zero() {
-                overflow.lock().push((user.into(), current));
+                set_aside(overflow, user, &current);
             }
             self.has_prev = false;
         }
@@ -1277,7 +1295,7 @@ impl SlotStore {
             resources: ArcSwap::from_pointee(Vec::new()),
             register: Mutex::new(()),
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
-            overflow: Mutex::new(Vec::new()),
+            overflow: Mutex::new(Overflow::default()),
             at_cap: counter!("throttle_keys_at_cap_total", "service" => name.to_string()),
         });
         services.push(s.clone());
@@ -1624,6 +1642,27 @@ mod tests {
         assert_eq!(amount(&r.consumption, "alice", "requests"), 1);
     }
 
+    /// With nothing collecting (a store without a reporter), a user's
+    /// counts roll into the overflow every slot: they add to one entry per
+    /// user there, rather than one per user per slot without end, and the
+    /// first collection still reports every one of them.
+    #[test]
+    fn uncollected_slots_keep_one_overflow_entry_per_user() {
+        let f = fixture();
+        for slot in 0..1_000 {
+            f.clock.set(T + slot * 1_000);
+            f.admit("alice", Fallback::Allow);
+            f.admit("bob", Fallback::Allow);
+        }
+        assert_eq!(f.front.overflow.lock().len(), 2);
+        // Slot 1,099's counts are still in alice's cells; every earlier
+        // slot's is in the overflow, and this collection takes both.
+        let r = f.store.collect(100 + 999);
+        assert_eq!(amount(&r.consumption, "alice", "requests"), 1_000);
+        assert_eq!(amount(&r.consumption, "bob", "requests"), 1_000);
+        assert!(f.front.overflow.lock().is_empty());
+    }
+
     /// A request that read the clock in slot 100 and took the user's lock
     /// only after slot 100 was collected (a thread preempted for longer
     /// than the report delay, or a clock stepped back) charges slot 100
@@ -1880,7 +1919,7 @@ mod tests {
 
     #[test]
     fn rows_too_old_for_their_tags_are_forgotten() {
-        let overflow = Mutex::new(Vec::new());
+        let overflow = Mutex::new(Overflow::default());
         let mut st = UserState::<[Cell; 1]>::new(0);
         let st: &mut UserState = &mut st;
         st.insert_row(0, 1, &[5.0], 0);
