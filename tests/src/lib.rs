@@ -317,6 +317,30 @@ pub fn thread_cpu_time() -> Option<std::time::Duration> {
     }
 }
 
+/// CPU time used so far by this process's threads named `name` (a tokio
+/// runtime's threads all take its `thread_name`), to the nanosecond, from
+/// the scheduler's count in `/proc/self/task/*/schedstat`: unlike
+/// [`thread_cpu_time`], it reads threads other than the caller, so it
+/// measures a runtime of several workers. `None` where `/proc` cannot tell.
+pub fn threads_cpu_time(name: &str) -> Option<std::time::Duration> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut total = std::time::Duration::ZERO;
+    for task in tasks {
+        let dir = task.ok()?.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            // The thread ended between the listing and this read.
+            continue;
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        let schedstat = std::fs::read_to_string(dir.join("schedstat")).ok()?;
+        let ns = schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
+        total += std::time::Duration::from_nanos(ns);
+    }
+    Some(total)
+}
+
 /// Resident memory of this process, in MiB (0 where `/proc` cannot tell).
 pub fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")

@@ -57,17 +57,7 @@ fn stat_cpu_seconds(stat: &str) -> Option<f64> {
 
 /// CPU seconds of this process's threads named `name`.
 fn threads_cpu_seconds(name: &str) -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    tasks
-        .filter_map(|t| {
-            let dir = t.ok()?.path();
-            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-            (comm.trim() == name).then_some(())?;
-            stat_cpu_seconds(&std::fs::read_to_string(dir.join("stat")).ok()?)
-        })
-        .sum()
+    throttle_tests::threads_cpu_time(name).map_or(0.0, |t| t.as_secs_f64())
 }
 
 /// What a simulated node reads of a `CentralMessage`: the slot a quota

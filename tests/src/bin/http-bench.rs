@@ -4,11 +4,15 @@
 //! under the same closed-loop load.
 //!
 //! Run with: `cargo run --release -p throttle-tests --bin http-bench`
-//! (`-- --seconds 3 --rounds 3 --connections 32 --warmup 0.5` are the
-//! defaults).
+//! (`-- --seconds 3 --rounds 3 --connections 32 --warmup 0.5
+//! --server-threads 1` are the defaults; `--only bare,throttle,alone,governor`
+//! runs only the variants named, to profile one).
 //!
 //! The server and the load generator each get one core (two single-worker
-//! runtimes on a 2-core machine). The throttled app's reporter runs on the
+//! runtimes on a 2-core machine). `--server-threads 2` gives the server a
+//! runtime of two workers instead, as `#[tokio::main]` gives an app on
+//! this machine: its workers then serve requests at the same time and
+//! share whatever the layer writes. The throttled app's reporter runs on the
 //! server's runtime, as in production; its central node runs on a third
 //! runtime (in production it is another machine). Variants alternate within
 //! each round, each round starting with the next variant (so over as many
@@ -65,6 +69,16 @@ enum Variant {
 }
 
 impl Variant {
+    /// The variant's name in `--only`.
+    fn key(self) -> &'static str {
+        match self {
+            Self::Bare => "bare",
+            Self::Throttle => "throttle",
+            Self::ThrottleAlone => "alone",
+            Self::Governor => "governor",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Self::Bare => "bare axum",
@@ -306,14 +320,24 @@ fn attacker(_: usize, _: u64) -> String {
     "attacker".to_string()
 }
 
-/// CPU time the server runtime's one thread has used so far.
+/// CPU time the server runtime's threads have used so far: from `/proc`,
+/// or where it cannot tell, the clock of the one worker's thread.
 async fn server_cpu(server_rt: &tokio::runtime::Handle) -> Option<Duration> {
+    if let Some(cpu) = throttle_tests::threads_cpu_time(SERVER_THREADS) {
+        return Some(cpu);
+    }
+    if server_rt.metrics().num_workers() != 1 {
+        return None;
+    }
     server_rt
         .spawn(async { throttle_tests::thread_cpu_time() })
         .await
         .ok()
         .flatten()
 }
+
+/// The name of the server runtime's threads.
+const SERVER_THREADS: &str = "server";
 
 /// One figure compared round by round.
 struct Measure {
@@ -322,13 +346,12 @@ struct Measure {
     higher_is_better: bool,
 }
 
-/// A throttle variant against tower_governor round by round: within a
-/// round the two ran seconds apart, so the machine's slower and faster
-/// spells, which move whole runs by a few percent, cancel in each round's
-/// ratio.
-fn paired(name: &str, ours: &[Run], theirs: &[Run]) -> String {
+/// One variant against another round by round: within a round the two
+/// ran seconds apart, so the machine's slower and faster spells, which
+/// move whole runs by a few percent, cancel in each round's ratio.
+fn paired(name: &str, ours: &[Run], other: &str, theirs: &[Run]) -> String {
     let n = ours.len().min(theirs.len());
-    let mut out = format!("{name} against tower_governor, round by round ({n} rounds):\n");
+    let mut out = format!("{name} against {other}, round by round ({n} rounds):\n");
     let rows: [Measure; 2] = [
         Measure {
             what: "req/s",
@@ -364,7 +387,7 @@ fn paired(name: &str, ours: &[Run], theirs: &[Run]) -> String {
         let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         out += &format!(
-            "  {what}: median {:.1}% of tower_governor's ({:.1}%..{:.1}%); {better} in {wins} of {} rounds (one-sided sign test p = {:.3})\n",
+            "  {what}: median {:.1}% of {other}'s ({:.1}%..{:.1}%); {better} in {wins} of {} rounds (one-sided sign test p = {:.3})\n",
             100.0 * median(ratios.clone()),
             100.0 * lo,
             100.0 * hi,
@@ -400,11 +423,27 @@ fn main() {
     let rounds = throttle_tests::arg("--rounds", 3.0) as usize;
     let connections = throttle_tests::arg("--connections", 32.0) as usize;
     let warmup = throttle_tests::arg("--warmup", 0.5);
-    let server_rt = throttle_tests::one_worker("server").expect("runtime");
+    let args: Vec<String> = std::env::args().collect();
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_owned).collect());
+    let server_threads = (throttle_tests::arg("--server-threads", 1.0) as usize).max(1);
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(server_threads)
+        .thread_name(SERVER_THREADS)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let central_rt = throttle_tests::one_worker("central").expect("runtime");
     let load_rt = throttle_tests::one_worker("load").expect("runtime");
+    let server = match server_threads {
+        1 => "server and load on one core each".to_string(),
+        n => format!("server on {n} worker threads, load on one"),
+    };
     println!(
-        "{rounds} rounds x {seconds} s, {connections} keep-alive connections, {USERS} users, server and load on one core each\n"
+        "{rounds} rounds x {seconds} s, {connections} keep-alive connections, {USERS} users, {server}\n"
     );
     for (title, user, variants) in [
         (
@@ -423,9 +462,15 @@ fn main() {
             vec![Variant::Throttle, Variant::Governor],
         ),
     ] {
-        let mut results: Vec<(Variant, Vec<Run>)> =
-            variants.iter().map(|v| (*v, Vec::new())).collect();
+        let mut results: Vec<(Variant, Vec<Run>)> = variants
+            .iter()
+            .filter(|v| only.as_ref().is_none_or(|o| o.iter().any(|k| k == v.key())))
+            .map(|v| (*v, Vec::new()))
+            .collect();
         let n = results.len();
+        if n == 0 {
+            continue;
+        }
         for round in 0..rounds {
             // Each round starts with the next variant, so over n rounds each
             // runs once in every position (first after a warm-up, last).
@@ -487,9 +532,16 @@ fn main() {
         }
         println!();
         let runs_of = |v: Variant| results.iter().find(|(w, _)| *w == v).map(|(_, r)| r);
-        for ours in [Variant::Throttle, Variant::ThrottleAlone] {
-            if let (Some(runs), Some(theirs)) = (runs_of(ours), runs_of(Variant::Governor)) {
-                println!("{}", paired(ours.name(), runs, theirs));
+        // Each throttle variant against tower_governor, and the layer with
+        // its reporter against the layer alone: what the reporter's work on
+        // the server's runtime costs the requests.
+        for (ours, other) in [
+            (Variant::Throttle, Variant::Governor),
+            (Variant::ThrottleAlone, Variant::Governor),
+            (Variant::Throttle, Variant::ThrottleAlone),
+        ] {
+            if let (Some(runs), Some(theirs)) = (runs_of(ours), runs_of(other)) {
+                println!("{}", paired(ours.name(), runs, other.name(), theirs));
             }
         }
     }
