@@ -69,7 +69,7 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -438,11 +438,11 @@ impl Users {
 pub struct ServiceStore {
     name: Arc<str>,
     clock: Arc<dyn Clock>,
-    /// The clock's atomic, read directly where it is one
-    /// ([`Clock::atomic_ms`]): every decision reads the clock, and the
-    /// call through `dyn Clock` reads its vtable, a line no other part of
-    /// the request touches, so mostly an L1 miss between requests.
-    clock_atomic: Option<&'static AtomicI64>,
+    /// The clock is [`CoarseClock`], read directly ([`Clock::is_coarse`]):
+    /// every decision reads the clock, and the call through `dyn Clock`
+    /// reads its vtable, a line no other part of the request touches, so
+    /// mostly an L1 miss between requests.
+    coarse_clock: bool,
     slot: SlotLength,
     keys: Arc<AtomicUsize>,
     max_keys: usize,
@@ -755,9 +755,10 @@ impl ServiceStore {
     }
 
     fn current_slot(&self) -> i64 {
-        let ms = match self.clock_atomic {
-            Some(now) => now.load(Ordering::Relaxed),
-            None => self.clock.now_ms(),
+        let ms = if self.coarse_clock {
+            CoarseClock::now()
+        } else {
+            self.clock.now_ms()
         };
         self.slot.slot_at(ms)
     }
@@ -1287,7 +1288,7 @@ impl SlotStore {
         let s = Arc::new(ServiceStore {
             name: name.into(),
             clock: self.shared.clock.clone(),
-            clock_atomic: self.shared.clock.atomic_ms(),
+            coarse_clock: self.shared.clock.is_coarse(),
             slot: self.shared.slot,
             keys: self.shared.keys.clone(),
             max_keys: self.shared.max_keys,
@@ -1409,7 +1410,7 @@ impl SlotStore {
 
 impl StoreBuilder {
     /// The clock slots are read from (default: [`CoarseClock`], the system
-    /// clock refreshed every millisecond).
+    /// clock at the kernel's last tick).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
