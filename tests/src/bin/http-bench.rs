@@ -5,8 +5,10 @@
 //!
 //! Run with: `cargo run --release -p throttle-tests --bin http-bench`
 //! (`-- --seconds 3 --rounds 3 --connections 32 --warmup 0.5
-//! --server-threads 1` are the defaults; `--only bare,throttle,alone,governor`
-//! runs only the variants named, to profile one).
+//! --server-threads 1` are the defaults; `--only
+//! bare,through,throttle,alone,governor` runs only the variants named, to
+//! profile one). `through` is a layer that does nothing: what axum's
+//! plumbing for a layered route costs any layer.
 //!
 //! The server and the load generator each get one core (two single-worker
 //! runtimes on a 2-core machine). `--server-threads 2` gives the server a
@@ -60,6 +62,9 @@ impl KeyExtractor for HeaderKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Bare,
+    /// A layer that does nothing: what axum's plumbing for a layered
+    /// route costs any layer.
+    Through,
     Throttle,
     /// The same layer with no central and no reporter (every request
     /// allowed by the fallback): the layer's own cost, without the
@@ -73,6 +78,7 @@ impl Variant {
     fn key(self) -> &'static str {
         match self {
             Self::Bare => "bare",
+            Self::Through => "through",
             Self::Throttle => "throttle",
             Self::ThrottleAlone => "alone",
             Self::Governor => "governor",
@@ -82,6 +88,7 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Self::Bare => "bare axum",
+            Self::Through => "a layer doing nothing",
             Self::Throttle => "throttle (ThrottleLayer)",
             Self::ThrottleAlone => "throttle, no central",
             Self::Governor => "tower_governor",
@@ -139,6 +146,7 @@ async fn start(
     let mut keep = None;
     let router = match variant {
         Variant::Bare => app(),
+        Variant::Through => app().layer(tower_layer::layer_fn(|s| s)),
         Variant::Throttle => {
             let limits = Arc::new(StaticLimits::new(limits(ATTACK_LIMIT).await));
             let central = central_rt
@@ -451,6 +459,7 @@ fn main() {
             spread_users as fn(usize, u64) -> String,
             vec![
                 Variant::Bare,
+                Variant::Through,
                 Variant::Throttle,
                 Variant::ThrottleAlone,
                 Variant::Governor,
