@@ -325,20 +325,28 @@ pub fn thread_cpu_time() -> Option<std::time::Duration> {
 pub fn threads_cpu_time(name: &str) -> Option<std::time::Duration> {
     let tasks = std::fs::read_dir("/proc/self/task").ok()?;
     let mut total = std::time::Duration::ZERO;
-    for task in tasks {
-        let dir = task.ok()?.path();
+    let mut found = false;
+    for task in tasks.flatten() {
+        let dir = task.path();
+        // A thread that ended since the listing has no files left to read.
         let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-            // The thread ended between the listing and this read.
             continue;
         };
         if comm.trim_end() != name {
             continue;
         }
-        let schedstat = std::fs::read_to_string(dir.join("schedstat")).ok()?;
-        let ns = schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
+        let Some(ns) = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        found = true;
         total += std::time::Duration::from_nanos(ns);
     }
-    Some(total)
+    // None where no thread of that name could be read (no such thread, or
+    // a kernel without scheduler statistics).
+    found.then_some(total)
 }
 
 /// Resident memory of this process, in MiB (0 where `/proc` cannot tell).
