@@ -363,12 +363,15 @@ pub fn rss_mib() -> f64 {
 /// The number after `--name` on the command line, or `default`; for the
 /// benchmark programs.
 pub fn arg(name: &str, default: f64) -> f64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
+    arg_text(name)
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The word after `--name` on the command line, if any.
+pub fn arg_text(name: &str) -> Option<String> {
+    let mut args = std::env::args().skip_while(|a| a != name);
+    args.nth(1)
 }
 
 /// Sum of `service/*/user/resource` over slots `from..=to` of a

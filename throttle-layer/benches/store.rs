@@ -154,13 +154,14 @@ fn store(quota: f64) -> (SlotStore, Arc<ServiceStore>, ResourceId, Refresher) {
     (store, front, requests, refresher)
 }
 
-fn governor(
-    burst: u32,
-) -> RateLimiter<
+/// governor's keyed limiter on `String` keys.
+type Governor = RateLimiter<
     String,
     governor::state::keyed::DefaultKeyedStateStore<String>,
     governor::clock::DefaultClock,
-> {
+>;
+
+fn governor(burst: u32) -> Governor {
     let quota = Quota::per_second(NonZeroU32::new(burst.max(1)).unwrap())
         .allow_burst(NonZeroU32::new(burst.max(1)).unwrap());
     RateLimiter::keyed(quota)
@@ -265,9 +266,35 @@ fn threads2(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     // Each thread walks its own half of the users, as two cores serving
     // different connections would.
-    let pick = |t: usize, i: u64| &names[t * USERS / 2 + (i as usize % (USERS / 2))];
+    let own = |t: usize, i: u64| &names[t * USERS / 2 + (i as usize % (USERS / 2))];
+    // Both threads walk all the users, half the users apart, as two
+    // workers serving any connection do: a user's lines were last written
+    // by the other core about half the time.
+    let shared = |t: usize, i: u64| &names[(t * USERS / 2 + i as usize) % USERS];
     let (_s, front, req, _r) = store(1e15);
-    g.bench_function("allowed/throttle", |b| {
+    let gov = governor(u32::MAX / 2);
+    both_two_threads(&mut g, "allowed", &front, req, &gov, &own);
+    both_two_threads(&mut g, "allowed-shared", &front, req, &gov, &shared);
+    let (_s, front, req, _r) = store(0.0);
+    let gov = governor(1);
+    for n in &names {
+        let _ = gov.check_key(n);
+    }
+    both_two_threads(&mut g, "rejected", &front, req, &gov, &own);
+    g.finish();
+}
+
+/// `threads2/{walk}/throttle` and `threads2/{walk}/governor`: a decision
+/// for the user `pick(thread, i)` on each of two threads.
+fn both_two_threads<'n>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    walk: &str,
+    front: &Arc<ServiceStore>,
+    req: ResourceId,
+    gov: &Governor,
+    pick: &(dyn Fn(usize, u64) -> &'n String + Sync),
+) {
+    g.bench_function(format!("{walk}/throttle"), |b| {
         b.iter_custom(|iters| {
             two_threads(iters, |t, i| {
                 black_box(
@@ -278,60 +305,13 @@ fn threads2(c: &mut Criterion) {
             })
         })
     });
-    let gov = governor(u32::MAX / 2);
-    g.bench_function("allowed/governor", |b| {
+    g.bench_function(format!("{walk}/governor"), |b| {
         b.iter_custom(|iters| {
             two_threads(iters, |t, i| {
                 black_box(gov.check_key(pick(t, i)).is_ok());
             })
         })
     });
-    // Both threads walk all the users, half the users apart, as two
-    // workers serving any connection do: a user's lines were last written
-    // by the other core about half the time.
-    let shared = |t: usize, i: u64| &names[(t * USERS / 2 + i as usize) % USERS];
-    g.bench_function("allowed-shared/throttle", |b| {
-        b.iter_custom(|iters| {
-            two_threads(iters, |t, i| {
-                black_box(
-                    front
-                        .admit(shared(t, i), &[(req, 1)], Fallback::Allow)
-                        .decision,
-                );
-            })
-        })
-    });
-    g.bench_function("allowed-shared/governor", |b| {
-        b.iter_custom(|iters| {
-            two_threads(iters, |t, i| {
-                black_box(gov.check_key(shared(t, i)).is_ok());
-            })
-        })
-    });
-    let (_s, front, req, _r) = store(0.0);
-    g.bench_function("rejected/throttle", |b| {
-        b.iter_custom(|iters| {
-            two_threads(iters, |t, i| {
-                black_box(
-                    front
-                        .admit(pick(t, i), &[(req, 1)], Fallback::Allow)
-                        .decision,
-                );
-            })
-        })
-    });
-    let gov = governor(1);
-    for n in &names {
-        let _ = gov.check_key(n);
-    }
-    g.bench_function("rejected/governor", |b| {
-        b.iter_custom(|iters| {
-            two_threads(iters, |t, i| {
-                black_box(gov.check_key(pick(t, i)).is_err());
-            })
-        })
-    });
-    g.finish();
 }
 
 /// tower_governor's key: the same `x-user` header.

@@ -477,7 +477,8 @@ impl Run {
         let mut announce_at = None;
         let mut ended = Ended::Lost;
         loop {
-            if announce_at.is_none() && self.cfg.store.service_count() > self.announced {
+            // The watch's value is the number of services.
+            if announce_at.is_none() && *registered.borrow_and_update() > self.announced {
                 announce_at = Some(opened + ANNOUNCE_AFTER);
             }
             tokio::select! {
@@ -504,8 +505,8 @@ impl Run {
                     }
                 }
                 changed = registered.changed(), if watching => {
-                    // The loop's head reads the count; a closed channel
-                    // (the store gone) has nothing more to say.
+                    // The loop's head reads the new count; a closed
+                    // channel (the store gone) has nothing more to say.
                     watching = changed.is_ok();
                 }
                 _ = sleep_until_some(announce_at) => {

@@ -413,20 +413,23 @@ async fn a_service_registered_after_connecting_is_announced_at_once() {
     }
     // A layer built after the reporter was spawned.
     store.service("back");
-    let hello = tokio::time::timeout(Duration::from_millis(500), async {
-        loop {
-            if let Event::Hello(h) = next(&mut events).await {
-                return h;
-            }
-        }
-    })
-    .await
-    .expect("no new Hello within 500 ms");
+    let hello = tokio::time::timeout(Duration::from_millis(500), next_hello(&mut events))
+        .await
+        .expect("no new Hello within 500 ms");
     assert_eq!(
         hello.services,
         vec!["front".to_string(), "back".to_string()]
     );
     server.stop().await;
+}
+
+/// The next Hello, past any reports.
+async fn next_hello(rx: &mut mpsc::UnboundedReceiver<Event>) -> v1::Hello {
+    loop {
+        if let Event::Hello(h) = next(rx).await {
+            return h;
+        }
+    }
 }
 
 /// A service registered long after the stream opened is announced at
@@ -441,16 +444,14 @@ async fn a_service_registered_later_is_announced_without_waiting_for_a_report() 
         .build();
     store.service("front");
     let _reporter = reporter(&store, &[server.url()]);
-    let hello = async |events: &mut mpsc::UnboundedReceiver<Event>| loop {
-        if let Event::Hello(h) = next(events).await {
-            return h;
-        }
-    };
-    assert_eq!(hello(&mut events).await.services, vec!["front".to_string()]);
+    assert_eq!(
+        next_hello(&mut events).await.services,
+        vec!["front".to_string()]
+    );
     // Past the shortest life of a stream closed to announce a service.
     tokio::time::sleep(Duration::from_millis(300)).await;
     store.service("back");
-    let hello = tokio::time::timeout(Duration::from_secs(2), hello(&mut events))
+    let hello = tokio::time::timeout(Duration::from_secs(2), next_hello(&mut events))
         .await
         .expect("no new Hello within 2 s");
     assert_eq!(

@@ -431,12 +431,8 @@ fn main() {
     let rounds = throttle_tests::arg("--rounds", 3.0) as usize;
     let connections = throttle_tests::arg("--connections", 32.0) as usize;
     let warmup = throttle_tests::arg("--warmup", 0.5);
-    let args: Vec<String> = std::env::args().collect();
-    let only: Option<Vec<String>> = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.split(',').map(str::to_owned).collect());
+    let only: Option<Vec<String>> =
+        throttle_tests::arg_text("--only").map(|v| v.split(',').map(str::to_owned).collect());
     let server_threads = (throttle_tests::arg("--server-threads", 1.0) as usize).max(1);
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(server_threads)
