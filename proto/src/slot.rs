@@ -245,6 +245,50 @@ impl SlotLength {
 mod tests {
     use super::*;
 
+    /// Valgrind (memcheck, callgrind) runs the program with an aux vector of
+    /// its own, without the vDSO the kernel's copy names; the clock read it
+    /// from the kernel's copy and crashed there. Runs this test binary's
+    /// `the_coarse_clock_reads_under_valgrind` child under valgrind where it
+    /// is installed (it is on this project's machines).
+    #[test]
+    fn the_coarse_clock_reads_under_valgrind() {
+        const CHILD: &str = "THROTTLE_CLOCK_UNDER_VALGRIND";
+        let before = SystemClock.now_ms();
+        let read = CoarseClock::now();
+        // Coarse: up to a tick (at most 10 ms) behind the precise clock.
+        assert!(
+            (before - 20..=SystemClock.now_ms()).contains(&read),
+            "{read} vs {before}"
+        );
+        if std::env::var_os(CHILD).is_some() {
+            return;
+        }
+        let Ok(exe) = std::env::current_exe() else {
+            panic!("no path to this test binary");
+        };
+        let run = std::process::Command::new("valgrind")
+            .args(["--tool=none", "-q"])
+            .arg(exe)
+            .args([
+                "--exact",
+                "slot::tests::the_coarse_clock_reads_under_valgrind",
+            ])
+            .env(CHILD, "1")
+            .output();
+        match run {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("valgrind is not installed: the child run is skipped");
+            }
+            Err(e) => panic!("cannot start valgrind: {e}"),
+            Ok(out) => assert!(
+                out.status.success(),
+                "under valgrind: {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        }
+    }
+
     #[test]
     fn slot_numbers_are_unix_time_in_slot_units() {
         let s = SlotLength::SECOND;
