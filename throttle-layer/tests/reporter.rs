@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use throttle_layer::reporter::{Reporter, ReporterHandle};
+use throttle_layer::reporter::{Reporter, ReporterError, ReporterHandle};
 use throttle_layer::store::{Basis, Fallback, SlotStore};
-use throttle_proto::slot::SlotLength;
+use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::central_server::{Central, CentralServer};
 use throttle_proto::v1::{self, central_message, node_message};
 use tokio::sync::{mpsc, oneshot};
@@ -258,6 +258,50 @@ async fn hello_then_one_report_per_slot_with_the_counts() {
 }
 
 #[tokio::test]
+async fn a_spread_reporter_reports_every_slot_at_its_point() {
+    let (f, mut events) = fake(None);
+    let server = FakeServer::start("127.0.0.1:0".parse().unwrap(), f).await;
+    let store = store();
+    let front = store.service("front");
+    let req = front.resource("requests").unwrap();
+    // A node whose point is late in the spread, so that reporting at it
+    // and reporting at the delay alone are told apart.
+    let builder = (0..)
+        .map(|n| {
+            Reporter::builder(&store, &format!("node-{n}"))
+                .central(server.url())
+                .report_delay(Duration::from_millis(5))
+                .report_spread(Duration::from_millis(40))
+        })
+        .find(|b| b.report_at() >= Duration::from_millis(35))
+        .unwrap();
+    let at = builder.report_at();
+    let _reporter = builder.spawn().unwrap();
+    assert!(matches!(next(&mut events).await, Event::Hello(_)));
+    let mut last = next_report(&mut events).await.slot_number;
+    front.admit("alice", &[(req, 2)], Fallback::Allow);
+    let mut total = 0;
+    for _ in 0..4 {
+        let r = next_report(&mut events).await;
+        // Received at least at its point: timers never fire early, and the
+        // store's coarse clock may read the boundary a tick (up to 10 ms)
+        // late at most.
+        let in_slot = Duration::from_millis(
+            (SystemClock.now_ms() - r.slot_number * i64::from(SLOT_MS)) as u64,
+        );
+        assert!(
+            in_slot + Duration::from_millis(12) >= at,
+            "{in_slot:?} < {at:?}"
+        );
+        assert_eq!(r.slot_number, last + 1, "one report per slot, in order");
+        last = r.slot_number;
+        total += requests(&r, "alice");
+    }
+    assert_eq!(total, 2);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn answers_and_pushes_are_applied() {
     let (f, mut events) = fake(Some(("alice", 0.0)));
     let server = FakeServer::start("127.0.0.1:0".parse().unwrap(), f).await;
@@ -397,6 +441,28 @@ async fn builder_refuses_bad_settings() {
             .central("not a uri")
             .spawn()
             .is_err()
+    );
+    // 100 ms slots: the central assigns at 50 ms.
+    let late = Reporter::builder(&store, "n")
+        .central("http://127.0.0.1:1")
+        .report_delay(Duration::from_millis(10))
+        .report_spread(Duration::from_millis(40))
+        .spawn();
+    assert_eq!(
+        late.err(),
+        Some(ReporterError::ReportsPastMidSlot {
+            delay: Duration::from_millis(10),
+            spread: Duration::from_millis(40),
+            half_slot: Duration::from_millis(50),
+        })
+    );
+    assert!(
+        Reporter::builder(&store, "n")
+            .central("http://127.0.0.1:1")
+            .report_delay(Duration::from_millis(10))
+            .report_spread(Duration::from_millis(39))
+            .spawn()
+            .is_ok()
     );
 }
 

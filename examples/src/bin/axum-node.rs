@@ -26,6 +26,10 @@ struct Args {
     /// Node id reported to the central node [default: host name and port].
     #[arg(long)]
     node_id: Option<String>,
+    /// Spread a fleet's reports over this many milliseconds after the
+    /// report delay, each node at its own point (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    report_spread_ms: u64,
     /// Log filter, e.g. `info` or `throttle_layer=debug`.
     #[arg(long, default_value = "info")]
     log: String,
@@ -46,7 +50,8 @@ async fn main() -> anyhow::Result<()> {
     let node_id = args.node_id.unwrap_or_else(|| default_node_id(addr.port()));
     let store = SlotStore::default();
     let router = app::router(&store, Fallback::Allow)?;
-    let mut reporter = Reporter::builder(&store, &node_id);
+    let mut reporter = Reporter::builder(&store, &node_id)
+        .report_spread(std::time::Duration::from_millis(args.report_spread_ms));
     for c in &args.centrals {
         reporter = reporter.central(c.clone());
     }

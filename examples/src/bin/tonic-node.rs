@@ -31,6 +31,10 @@ struct Args {
     /// Node id reported to the central node [default: host name and port].
     #[arg(long)]
     node_id: Option<String>,
+    /// Spread a fleet's reports over this many milliseconds after the
+    /// report delay, each node at its own point (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    report_spread_ms: u64,
     /// Act as a client of the greeter at this URL instead of serving.
     #[arg(long)]
     client: Option<String>,
@@ -107,7 +111,8 @@ async fn main() -> anyhow::Result<()> {
     let layer = ThrottleLayer::builder(&store, "front")
         .user(UserKey::header("x-user"))
         .build()?;
-    let mut reporter = Reporter::builder(&store, &node_id);
+    let mut reporter = Reporter::builder(&store, &node_id)
+        .report_spread(std::time::Duration::from_millis(args.report_spread_ms));
     for c in &args.centrals {
         reporter = reporter.central(c.clone());
     }
