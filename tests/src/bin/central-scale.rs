@@ -11,6 +11,10 @@
 //! thread of its own, and the simulated nodes on a runtime of one worker
 //! thread; the CPU time of each is measured on its threads.
 //!
+//! Every node reports at boundary + 50 ms, as the original nodes did;
+//! `--spread-ms S` spreads them over S ms after that, each at the point
+//! `ReporterBuilder::report_spread` gives its node id.
+//!
 //! Figures are of the `--seconds` (10) after a `--warm-up` (2 s, at least).
 //! The central node keeps `nr_slot` (60) slots of history, and until it is
 //! full each slot's assigns take fresh memory: `--warm-up 65` measures the
@@ -189,6 +193,17 @@ fn main() -> anyhow::Result<()> {
     let total_users = fleet::total_users(nodes, users);
     let central_threads = throttle_tests::arg("--central-threads", 1.0) as usize;
     let warm_up = throttle_tests::arg("--warm-up", 2.0).max(2.0) as u64;
+    // Reports go at boundary + 50 ms, or with `--spread-ms` each node at its
+    // point of that window after it, as `ReporterBuilder::report_spread`
+    // places it (the real reporter's builder says where).
+    let spread = Duration::from_secs_f64(throttle_tests::arg("--spread-ms", 0.0).max(0.0) / 1000.0);
+    let store = throttle_layer::SlotStore::builder().build();
+    let report_at = |n: u64| {
+        throttle_layer::Reporter::builder(&store, &fleet::node_id(n))
+            .report_delay(Duration::from_millis(50))
+            .report_spread(spread)
+            .report_at()
+    };
     let central_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(central_threads.max(1))
         .thread_name("central")
@@ -226,6 +241,7 @@ fn main() -> anyhow::Result<()> {
             let (url, rtts, sent, answered, late, pushes) =
                 (url.clone(), rtts.clone(), sent.clone(), answered.clone(), late_pushes.clone(), pushes.clone());
             let measuring = measuring.clone();
+            let delay = report_at(n);
             tasks.push(tokio::spawn(async move {
                 let client_usage = fleet::usage(n, users, total_users);
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
@@ -277,7 +293,7 @@ fn main() -> anyhow::Result<()> {
                         rejection: [("front".to_string(), v1::Usage::default())].into(),
                     };
                     let report = Inbound::Report(report.encode_to_vec().into());
-                    tokio::time::sleep(slot.until_next(now) + Duration::from_millis(50)).await;
+                    tokio::time::sleep(slot.until_next(now) + delay).await;
                     if slot.slot_at(CoarseClock.now_ms()) != s {
                         continue;
                     }
