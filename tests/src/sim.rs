@@ -10,10 +10,12 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use throttle_central::assigner::Assigner;
 use throttle_central::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory};
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
+use throttle_layer::Reporter;
 use throttle_layer::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use throttle_proto::slot::{ManualClock, SlotLength};
 use throttle_proto::v1;
@@ -21,8 +23,9 @@ use throttle_proto::v1;
 const SERVICE: &str = "front";
 /// Virtual time step.
 const STEP_MS: i64 = 5;
-/// Reports leave this long after a slot boundary, as the reporter does.
-const REPORT_DELAY_MS: i64 = 50;
+/// Reports leave this long after a slot boundary, as the reporter does by
+/// default (plus each node's point of [`Scenario::report_spread_ms`]).
+const REPORT_DELAY_MS: u64 = 50;
 /// Virtual start: an arbitrary whole second.
 const T0: i64 = 1_800_000_000_000;
 
@@ -70,6 +73,9 @@ pub struct Scenario {
     pub delay_ms: (i64, i64),
     /// Probability that a report is lost.
     pub loss: f64,
+    /// The nodes' reports spread over this many ms after the report delay,
+    /// each node where `ReporterBuilder::report_spread` puts its id.
+    pub report_spread_ms: u64,
     /// Whether node `n` is up at time `t` (ms since start).
     pub alive: fn(i64, usize) -> bool,
     /// Seconds at the start left out of the measurements.
@@ -179,6 +185,19 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
             }
         })
         .collect();
+    // When after each boundary each node reports, on the simulator's steps.
+    let report_at: Vec<i64> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let at = Reporter::builder(&n.store, &format!("node-{i}"))
+                .report_delay(Duration::from_millis(REPORT_DELAY_MS))
+                .report_spread(Duration::from_millis(scenario.report_spread_ms))
+                .report_at();
+            let ms = i64::try_from(at.as_millis()).unwrap_or(i64::MAX);
+            ms - ms % STEP_MS
+        })
+        .collect();
     let mut rng = Rng(scenario.seed);
     let mut queue: BinaryHeap<Reverse<(i64, u64, usize)>> = BinaryHeap::new();
     let mut events: BTreeMap<usize, Event> = BTreeMap::new();
@@ -262,10 +281,11 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
                 None => {}
             }
         }
-        // Reports, 50 ms after each boundary.
-        if in_slot == REPORT_DELAY_MS {
+        // Reports, 50 ms after each boundary (or at each node's point of the
+        // spread after that).
+        {
             for (i, n) in nodes.iter().enumerate() {
-                if n.id.is_none() {
+                if n.id.is_none() || in_slot != report_at[i] {
                     continue;
                 }
                 let mut r = n.store.collect(slot_now - 1);
@@ -414,6 +434,7 @@ fn base(name: &'static str, seed: u64, users: Vec<User>, nodes: usize) -> Scenar
         resource: ("requests", 1),
         delay_ms: (0, 2),
         loss: 0.0,
+        report_spread_ms: 0,
         alive: always,
         warm_up: 10,
         shifts: Vec::new(),
@@ -422,7 +443,6 @@ fn base(name: &'static str, seed: u64, users: Vec<User>, nodes: usize) -> Scenar
 
 /// The scenarios of the accuracy benchmark, in order.
 pub fn scenarios() -> Vec<Scenario> {
-    const LIMIT: f64 = 1000.0;
     let mut out = vec![
         base(
             "1 steady 3x, even",
@@ -437,24 +457,7 @@ pub fn scenarios() -> Vec<Scenario> {
             3,
         ),
     ];
-    let mut moving = base(
-        "3 hot node moves every 10 s",
-        3,
-        vec![User {
-            name: "heavy".into(),
-            limit: LIMIT,
-            demand: Box::new(|t, n| {
-                if (t / 10_000) as usize % 3 == n {
-                    2700.0
-                } else {
-                    150.0
-                }
-            }),
-        }],
-        3,
-    );
-    moving.shifts = (1..6).map(|k| k * 10_000).collect();
-    out.push(moving);
+    out.push(hot_node_moves("3 hot node moves every 10 s", 3));
     let mut burst = base(
         "4 burst after 30 s idle",
         4,
@@ -512,12 +515,7 @@ pub fn scenarios() -> Vec<Scenario> {
     lossy.delay_ms = (0, 300);
     lossy.loss = 0.05;
     out.push(lossy);
-    out.push(base(
-        "9 200 nodes, one user 3x",
-        9,
-        vec![spread("heavy", LIMIT, 3.0 * LIMIT, vec![1.0 / 200.0; 200])],
-        200,
-    ));
+    out.push(two_hundred_nodes("9 200 nodes, one user 3x", 9));
     // 100 light users at a fifth of their limit, each on one node at
     // first, then spread over one more node every 4 s (from 12 s on, the
     // same 20 requests/s in all): traffic arriving at nodes that had none
@@ -544,7 +542,52 @@ pub fn scenarios() -> Vec<Scenario> {
         spreading,
         10,
     ));
+    // Scenarios 3 and 9 with the nodes' reports spread over the 400 ms
+    // after the report delay (`ReporterBuilder::report_spread`).
+    for mut s in [
+        hot_node_moves("11 hot node moves, reports spread 400 ms", 11),
+        two_hundred_nodes("12 200 nodes, reports spread 400 ms", 12),
+    ] {
+        s.report_spread_ms = 400;
+        out.push(s);
+    }
     out
+}
+
+/// The limit of the scenarios' measured user, requests per second.
+const LIMIT: f64 = 1000.0;
+
+/// Three nodes; the one that gets most of the user's traffic changes every
+/// 10 s.
+fn hot_node_moves(name: &'static str, seed: u64) -> Scenario {
+    let mut moving = base(
+        name,
+        seed,
+        vec![User {
+            name: "heavy".into(),
+            limit: LIMIT,
+            demand: Box::new(|t, n| {
+                if (t / 10_000) as usize % 3 == n {
+                    2700.0
+                } else {
+                    150.0
+                }
+            }),
+        }],
+        3,
+    );
+    moving.shifts = (1..6).map(|k| k * 10_000).collect();
+    moving
+}
+
+/// One user at three times its limit, spread evenly over 200 nodes.
+fn two_hundred_nodes(name: &'static str, seed: u64) -> Scenario {
+    base(
+        name,
+        seed,
+        vec![spread("heavy", LIMIT, 3.0 * LIMIT, vec![1.0 / 200.0; 200])],
+        200,
+    )
 }
 
 /// The scenario named `prefix...`.
