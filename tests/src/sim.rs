@@ -283,16 +283,14 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
         }
         // Reports, 50 ms after each boundary (or at each node's point of the
         // spread after that).
-        {
-            for (i, n) in nodes.iter().enumerate() {
-                if n.id.is_none() || in_slot != report_at[i] {
-                    continue;
-                }
-                let mut r = n.store.collect(slot_now - 1);
-                r.node_id = format!("node-{i}");
-                if rng.unit() >= scenario.loss {
-                    send(&mut queue, &mut events, &mut rng, now, Event::Report(i, r));
-                }
+        for (i, n) in nodes.iter().enumerate() {
+            if n.id.is_none() || in_slot != report_at[i] {
+                continue;
+            }
+            let mut r = n.store.collect(slot_now - 1);
+            r.node_id = format!("node-{i}");
+            if rng.unit() >= scenario.loss {
+                send(&mut queue, &mut events, &mut rng, now, Event::Report(i, r));
             }
         }
         // The assigner at mid-slot.

@@ -204,7 +204,8 @@ impl ReporterBuilder {
     /// When after each slot boundary this node sends its report: the
     /// delay plus the node's point in the spread.
     pub fn report_at(&self) -> Duration {
-        self.report_delay + spread_offset(&self.node_id, self.report_spread)
+        self.report_delay
+            .saturating_add(spread_offset(&self.node_id, self.report_spread))
     }
 
     /// Most unanswered reports kept (default 60); older ones are dropped.

@@ -188,6 +188,26 @@ async fn exchange(
     Ok(grpc.streaming(request, path, codec).await?.into_inner())
 }
 
+/// Node `n`'s report for `slot`: the same usage every slot.
+fn report(n: u64, users: u64, total_users: u64, slot: i64) -> v1::Report {
+    v1::Report {
+        node_id: String::new(),
+        slot_number: slot,
+        consumption: [("front".to_string(), fleet::usage(n, users, total_users))].into(),
+        rejection: [("front".to_string(), v1::Usage::default())].into(),
+    }
+}
+
+/// A report for `slot` from the encoding of the same report for slot 0
+/// (which has no field 2): prost writes fields in number order, so the slot
+/// number (field 2) goes before the usage (fields 3 and 4).
+fn with_slot(body: &[u8], slot: i64) -> Vec<u8> {
+    let mut report = Vec::with_capacity(body.len() + 11);
+    prost::encoding::int64::encode(2, &slot, &mut report);
+    report.extend_from_slice(body);
+    report
+}
+
 fn main() -> anyhow::Result<()> {
     let nodes = throttle_tests::arg("--nodes", 1000.0) as u64;
     let users = throttle_tests::arg("--users", 100.0) as u64;
@@ -206,6 +226,16 @@ fn main() -> anyhow::Result<()> {
             .report_spread(spread)
             .report_at()
     };
+    // The nodes send `with_slot` of a report encoded once; it must be what
+    // prost writes for the whole report.
+    let probe = report(0, users, total_users, 1_800_000_000);
+    anyhow::ensure!(
+        with_slot(
+            &report(0, users, total_users, 0).encode_to_vec(),
+            probe.slot_number
+        ) == probe.encode_to_vec(),
+        "a report with its slot put in front is not the report prost encodes"
+    );
     let central_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(central_threads.max(1))
         .thread_name("central")
@@ -245,33 +275,7 @@ fn main() -> anyhow::Result<()> {
             let measuring = measuring.clone();
             let delay = report_at(n);
             tasks.push(tokio::spawn(async move {
-                // The report's fields after its slot number, the same every
-                // slot, encoded once: prost writes fields in number order,
-                // so the slot (field 2) then these (3 and 4) are the bytes
-                // `Report::encode` gives.
-                let body = v1::Report {
-                    node_id: String::new(),
-                    slot_number: 0,
-                    consumption: [("front".to_string(), fleet::usage(n, users, total_users))].into(),
-                    rejection: [("front".to_string(), v1::Usage::default())].into(),
-                }
-                .encode_to_vec();
-                let report_of = |s: i64| {
-                    let mut report = Vec::with_capacity(body.len() + 11);
-                    prost::encoding::int64::encode(2, &s, &mut report);
-                    report.extend_from_slice(&body);
-                    report
-                };
-                if n == 0 {
-                    // The shortcut writes what prost would.
-                    let whole = v1::Report {
-                        node_id: String::new(),
-                        slot_number: 1_800_000_000,
-                        consumption: [("front".to_string(), fleet::usage(n, users, total_users))].into(),
-                        rejection: [("front".to_string(), v1::Usage::default())].into(),
-                    };
-                    assert_eq!(report_of(whole.slot_number), whole.encode_to_vec());
-                }
+                let body = report(n, users, total_users, 0).encode_to_vec();
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
                 let hello = v1::Hello {
                     node_id: fleet::node_id(n),
@@ -314,7 +318,7 @@ fn main() -> anyhow::Result<()> {
                     let now = CoarseClock.now_ms();
                     // The next slot's report, encoded before its time comes.
                     let s = slot.slot_at(now) + 1;
-                    let report = Inbound::Report(report_of(s).into());
+                    let report = Inbound::Report(with_slot(&body, s).into());
                     tokio::time::sleep(slot.until_next(now) + delay).await;
                     if slot.slot_at(CoarseClock.now_ms()) != s {
                         continue;
