@@ -109,6 +109,22 @@ impl Cluster {
         central: CentralFactory,
         fallback: Fallback,
     ) -> anyhow::Result<Self> {
+        Self::start_spread(nodes, slot_ms, central, fallback, Duration::ZERO).await
+    }
+
+    /// As [`Cluster::start_with`], the nodes' reports spread over `spread`
+    /// after the report delay ([`throttle_layer::reporter::ReporterBuilder::report_spread`]).
+    ///
+    /// # Errors
+    ///
+    /// When a socket cannot be bound or a node cannot be built.
+    pub async fn start_spread(
+        nodes: usize,
+        slot_ms: u32,
+        central: CentralFactory,
+        fallback: Fallback,
+        spread: Duration,
+    ) -> anyhow::Result<Self> {
         let slot = SlotLength::from_ms(slot_ms)?;
         let running = start_central("127.0.0.1:0".parse()?, slot, central()).await?;
         let central_addr = running.grpc_addr();
@@ -127,6 +143,7 @@ impl Cluster {
             let reporter = Reporter::builder(&store, &format!("node-{}", i + 1))
                 .central(format!("http://{central_addr}"))
                 .report_delay(Duration::from_millis(u64::from(slot_ms / 20).max(1)))
+                .report_spread(spread)
                 .backoff(Duration::from_millis(20), Duration::from_millis(200))
                 .connect_timeout(Duration::from_millis(500))
                 .spawn()?;

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use throttle_central::Subject;
 use throttle_central::limits::{FileLimits, LimitSet, StaticLimits};
+use throttle_central::{Central, Subject};
 use throttle_examples::load::Load;
 use throttle_layer::Fallback;
 use throttle_tests::{Cluster, per_slot, sum};
@@ -38,6 +38,27 @@ async fn three_nodes_hold_a_user_to_the_limit() {
     let cluster = Cluster::start(3, SLOT_MS, limits(LIMITS), Fallback::Allow)
         .await
         .unwrap();
+    holds_alice_to_her_limit_and_never_refuses_bob(&cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_with_their_reports_spread_hold_a_user_to_the_limit() {
+    // 100 ms slots: reports at 5 ms and up to 40 ms later, before the
+    // central's assign at 50 ms.
+    let central: throttle_tests::CentralFactory =
+        Arc::new(|| Central::builder().limits(limits(LIMITS)));
+    let spread = Duration::from_millis(40);
+    let cluster = Cluster::start_spread(3, SLOT_MS, central, Fallback::Allow, spread)
+        .await
+        .unwrap();
+    holds_alice_to_her_limit_and_never_refuses_bob(&cluster).await;
+}
+
+/// alice offers 2.5 times her limit over the cluster's three nodes, skewed;
+/// bob a tenth of his. The central's sums hold alice within 10% of her
+/// limit after the first second and show no refusal of bob, nor do the
+/// clients.
+async fn holds_alice_to_her_limit_and_never_refuses_bob(cluster: &Cluster) {
     cluster.connected().await;
     let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
     // alice offers 2.5x her limit, skewed 60/30/10; bob stays at a tenth of his.
