@@ -16,6 +16,13 @@ use throttle_tests::{Cluster, per_slot, sum};
 
 const SLOT_MS: u32 = 100;
 
+/// Held by each test that drives a steady load through a cluster for
+/// seconds, so that no two such loads share the machine's two cores: the
+/// tests judge admissions slot by slot, and two loads at once starved both
+/// (alice's admissions went to 130% of her limit when her load and the
+/// nodes' reports fell behind).
+static LOADED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn limits(toml: &str) -> Arc<StaticLimits> {
     Arc::new(StaticLimits::new(LimitSet::from_toml(toml).unwrap()))
 }
@@ -35,6 +42,7 @@ per_second = { requests = 1000 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_hold_a_user_to_the_limit() {
+    let _alone = LOADED.lock().await;
     let cluster = Cluster::start(3, SLOT_MS, limits(LIMITS), Fallback::Allow)
         .await
         .unwrap();
@@ -48,6 +56,7 @@ async fn three_nodes_with_their_reports_spread_hold_a_user_to_the_limit() {
     let central: throttle_tests::CentralFactory =
         Arc::new(|| Central::builder().limits(limits(LIMITS)));
     let spread = Duration::from_millis(40);
+    let _alone = LOADED.lock().await;
     let cluster = Cluster::start_spread(3, SLOT_MS, central, Fallback::Allow, spread)
         .await
         .unwrap();
@@ -104,6 +113,7 @@ async fn holds_alice_to_her_limit_and_never_refuses_bob(cluster: &Cluster) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn central_restart_loses_no_report() {
+    let _alone = LOADED.lock().await;
     let mut cluster = Cluster::start(3, SLOT_MS, limits(LIMITS), Fallback::Allow)
         .await
         .unwrap();
@@ -152,6 +162,7 @@ async fn central_restart_loses_no_report() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_limits_file_is_enforced_within_three_slots() {
+    let _alone = LOADED.lock().await;
     let dir = std::env::temp_dir().join(format!("throttle-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("limits.toml");
