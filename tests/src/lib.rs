@@ -89,13 +89,25 @@ impl Cluster {
         limits: Arc<dyn LimitSource>,
         fallback: Fallback,
     ) -> anyhow::Result<Self> {
-        Self::start_with(
-            nodes,
-            slot_ms,
-            Arc::new(move || Central::builder().limits(limits.clone())),
-            fallback,
-        )
-        .await
+        Self::start_spread(nodes, slot_ms, limits, fallback, Duration::ZERO).await
+    }
+
+    /// As [`Cluster::start`], the nodes' reports spread over `spread` after
+    /// the report delay
+    /// ([`throttle_layer::reporter::ReporterBuilder::report_spread`]).
+    ///
+    /// # Errors
+    ///
+    /// When a socket cannot be bound or a node cannot be built.
+    pub async fn start_spread(
+        nodes: usize,
+        slot_ms: u32,
+        limits: Arc<dyn LimitSource>,
+        fallback: Fallback,
+        spread: Duration,
+    ) -> anyhow::Result<Self> {
+        let central: CentralFactory = Arc::new(move || Central::builder().limits(limits.clone()));
+        Self::start_inner(nodes, slot_ms, central, fallback, spread).await
     }
 
     /// As [`Cluster::start`], with the central node built by `central`.
@@ -109,16 +121,10 @@ impl Cluster {
         central: CentralFactory,
         fallback: Fallback,
     ) -> anyhow::Result<Self> {
-        Self::start_spread(nodes, slot_ms, central, fallback, Duration::ZERO).await
+        Self::start_inner(nodes, slot_ms, central, fallback, Duration::ZERO).await
     }
 
-    /// As [`Cluster::start_with`], the nodes' reports spread over `spread`
-    /// after the report delay ([`throttle_layer::reporter::ReporterBuilder::report_spread`]).
-    ///
-    /// # Errors
-    ///
-    /// When a socket cannot be bound or a node cannot be built.
-    pub async fn start_spread(
+    async fn start_inner(
         nodes: usize,
         slot_ms: u32,
         central: CentralFactory,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use throttle_central::assigner::Assigner;
 use throttle_central::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory};
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
-use throttle_layer::Reporter;
+use throttle_layer::reporter::report_point;
 use throttle_layer::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use throttle_proto::slot::{ManualClock, SlotLength};
 use throttle_proto::v1;
@@ -74,7 +74,7 @@ pub struct Scenario {
     /// Probability that a report is lost.
     pub loss: f64,
     /// The nodes' reports spread over this many ms after the report delay,
-    /// each node where `ReporterBuilder::report_spread` puts its id.
+    /// each node at its `report_point`, as the reporter places it.
     pub report_spread_ms: u64,
     /// Whether node `n` is up at time `t` (ms since start).
     pub alive: fn(i64, usize) -> bool,
@@ -189,11 +189,12 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
     let report_at: Vec<i64> = nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| {
-            let at = Reporter::builder(&n.store, &format!("node-{i}"))
-                .report_delay(Duration::from_millis(REPORT_DELAY_MS))
-                .report_spread(Duration::from_millis(scenario.report_spread_ms))
-                .report_at();
+        .map(|(i, _)| {
+            let at = report_point(
+                &format!("node-{i}"),
+                Duration::from_millis(REPORT_DELAY_MS),
+                Duration::from_millis(scenario.report_spread_ms),
+            );
             let ms = i64::try_from(at.as_millis()).unwrap_or(i64::MAX);
             ms - ms % STEP_MS
         })

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use throttle_central::Subject;
 use throttle_central::limits::{FileLimits, LimitSet, StaticLimits};
-use throttle_central::{Central, Subject};
 use throttle_examples::load::Load;
 use throttle_layer::Fallback;
 use throttle_tests::{Cluster, per_slot, sum};
@@ -53,11 +53,9 @@ async fn three_nodes_hold_a_user_to_the_limit() {
 async fn three_nodes_with_their_reports_spread_hold_a_user_to_the_limit() {
     // 100 ms slots: reports at 5 ms and up to 40 ms later, before the
     // central's assign at 50 ms.
-    let central: throttle_tests::CentralFactory =
-        Arc::new(|| Central::builder().limits(limits(LIMITS)));
     let spread = Duration::from_millis(40);
     let _alone = LOADED.lock().await;
-    let cluster = Cluster::start_spread(3, SLOT_MS, central, Fallback::Allow, spread)
+    let cluster = Cluster::start_spread(3, SLOT_MS, limits(LIMITS), Fallback::Allow, spread)
         .await
         .unwrap();
     holds_alice_to_her_limit_and_never_refuses_bob(&cluster).await;

@@ -201,11 +201,10 @@ impl ReporterBuilder {
         self
     }
 
-    /// When after each slot boundary this node sends its report: the
-    /// delay plus the node's point in the spread.
+    /// When after each slot boundary this node sends its report
+    /// ([`report_point`] of its id, delay and spread).
     pub fn report_at(&self) -> Duration {
-        self.report_delay
-            .saturating_add(spread_offset(&self.node_id, self.report_spread))
+        report_point(&self.node_id, self.report_delay, self.report_spread)
     }
 
     /// Most unanswered reports kept (default 60); older ones are dropped.
@@ -312,6 +311,14 @@ struct Run {
 /// that registers services one after another reconnects at most five times
 /// a second.
 const ANNOUNCE_AFTER: Duration = Duration::from_millis(200);
+
+/// When after each slot boundary the node `node_id` reports, given the
+/// report delay and spread ([`ReporterBuilder::report_spread`]): the delay
+/// plus the node's point of the spread. For simulators and harnesses that
+/// place nodes as the reporter does.
+pub fn report_point(node_id: &str, delay: Duration, spread: Duration) -> Duration {
+    delay.saturating_add(spread_offset(node_id, spread))
+}
 
 /// Where in a report spread of `spread` the node `node_id` reports: a fixed
 /// point of `[0, spread)`, the same at every slot and in every process

@@ -478,15 +478,25 @@ async fn a_service_registered_after_connecting_is_announced_at_once() {
         e => panic!("expected Hello, got {e:?}"),
     }
     // A layer built after the reporter was spawned.
+    back_is_announced_within(&store, &mut events, Duration::from_millis(500)).await;
+    server.stop().await;
+}
+
+/// Registers service `back` beside `front` and expects a Hello naming both
+/// within `within`.
+async fn back_is_announced_within(
+    store: &SlotStore,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    within: Duration,
+) {
     store.service("back");
-    let hello = tokio::time::timeout(Duration::from_millis(500), next_hello(&mut events))
+    let hello = tokio::time::timeout(within, next_hello(events))
         .await
-        .expect("no new Hello within 500 ms");
+        .unwrap_or_else(|_| panic!("no new Hello within {within:?}"));
     assert_eq!(
         hello.services,
         vec!["front".to_string(), "back".to_string()]
     );
-    server.stop().await;
 }
 
 /// The next Hello, past any reports.
@@ -516,14 +526,7 @@ async fn a_service_registered_later_is_announced_without_waiting_for_a_report() 
     );
     // Past the shortest life of a stream closed to announce a service.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    store.service("back");
-    let hello = tokio::time::timeout(Duration::from_secs(2), next_hello(&mut events))
-        .await
-        .expect("no new Hello within 2 s");
-    assert_eq!(
-        hello.services,
-        vec!["front".to_string(), "back".to_string()]
-    );
+    back_is_announced_within(&store, &mut events, Duration::from_secs(2)).await;
     server.stop().await;
 }
 

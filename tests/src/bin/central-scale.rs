@@ -13,7 +13,7 @@
 //!
 //! Every node reports at boundary + 50 ms, as the original nodes did;
 //! `--spread-ms S` spreads them over S ms after that, each at the point
-//! `ReporterBuilder::report_spread` gives its node id.
+//! the reporter gives its node id (`throttle_layer::reporter::report_point`).
 //!
 //! Figures are of the `--seconds` (10) after a `--warm-up` (2 s, at least).
 //! The central node keeps `nr_slot` (60) slots of history, and until it is
@@ -41,6 +41,7 @@ use prost::Message as _;
 use prost::encoding::{DecodeContext, WireType, decode_varint, skip_field};
 use throttle_central::limits::StaticLimits;
 use throttle_central::{Central, LEDGER_THREAD};
+use throttle_layer::reporter::report_point;
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
 use throttle_proto::v1;
 use throttle_proto::wire::Inbound;
@@ -216,16 +217,8 @@ fn main() -> anyhow::Result<()> {
     let central_threads = throttle_tests::arg("--central-threads", 1.0) as usize;
     let warm_up = throttle_tests::arg("--warm-up", 2.0).max(2.0) as u64;
     // Reports go at boundary + 50 ms, or with `--spread-ms` each node at its
-    // point of that window after it, as `ReporterBuilder::report_spread`
-    // places it (the real reporter's builder says where).
+    // point of that window after it, where the reporter would place it.
     let spread = Duration::from_secs_f64(throttle_tests::arg("--spread-ms", 0.0).max(0.0) / 1000.0);
-    let store = throttle_layer::SlotStore::builder().build();
-    let report_at = |n: u64| {
-        throttle_layer::Reporter::builder(&store, &fleet::node_id(n))
-            .report_delay(Duration::from_millis(50))
-            .report_spread(spread)
-            .report_at()
-    };
     // The nodes send `with_slot` of a report encoded once; it must be what
     // prost writes for the whole report.
     let probe = report(0, users, total_users, 1_800_000_000);
@@ -273,7 +266,7 @@ fn main() -> anyhow::Result<()> {
             let (url, rtts, sent, answered, late, pushes) =
                 (url.clone(), rtts.clone(), sent.clone(), answered.clone(), late_pushes.clone(), pushes.clone());
             let measuring = measuring.clone();
-            let delay = report_at(n);
+            let delay = report_point(&fleet::node_id(n), Duration::from_millis(50), spread);
             tasks.push(tokio::spawn(async move {
                 let body = report(n, users, total_users, 0).encode_to_vec();
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
