@@ -81,6 +81,14 @@ pub enum LegacyError {
         /// Dotted path of the amount.
         path: String,
     },
+    /// A [`v1::PackedQuota`] whose bits and amounts do not match.
+    #[error("packed quota of `{service}`: {error}")]
+    Packed {
+        /// The table's service.
+        service: String,
+        /// What is wrong with it.
+        error: crate::PackedError,
+    },
 }
 
 impl LegacyError {
@@ -88,6 +96,7 @@ impl LegacyError {
     pub fn path(&self) -> &str {
         match self {
             Self::Json { path, .. } | Self::SlotKey { path, .. } | Self::NonFinite { path } => path,
+            Self::Packed { service, .. } => service,
         }
     }
 }
@@ -128,11 +137,27 @@ pub fn quota_from_json(json: &str) -> Result<v1::Quota, LegacyError> {
 
 /// Writes a [`v1::Quota`] as legacy JSON.
 ///
+/// [`v1::Quota::packed`] tables are written as the `services` entries they
+/// stand for ([`v1::Quota::unpack`]), since the JSON has only that form.
+///
 /// # Errors
 ///
-/// [`LegacyError::NonFinite`] when an amount is NaN or infinite.
+/// [`LegacyError::NonFinite`] when an amount is NaN or infinite,
+/// [`LegacyError::Packed`] for a packed table that does not decode.
 pub fn quota_to_json(quota: &v1::Quota) -> Result<String, LegacyError> {
-    let json = JsonQuota::try_from(quota)?;
+    let json = if quota.packed.is_empty() {
+        JsonQuota::try_from(quota)?
+    } else {
+        let mut unpacked = quota.clone();
+        if let Err(error) = unpacked.unpack() {
+            let service = unpacked.packed.first().map(|t| t.service.clone());
+            return Err(LegacyError::Packed {
+                service: service.unwrap_or_default(),
+                error,
+            });
+        }
+        JsonQuota::try_from(&unpacked)?
+    };
     Ok(serde_json::to_string(&json).unwrap_or_default())
 }
 
@@ -213,6 +238,7 @@ impl TryFrom<JsonQuota> for v1::Quota {
         Ok(Self {
             services,
             report_slot: None,
+            packed: Vec::new(),
         })
     }
 }
@@ -425,6 +451,7 @@ mod tests {
         prop::collection::btree_map(name(), slots, 0..3).prop_map(|services| v1::Quota {
             services,
             report_slot: None,
+            packed: Vec::new(),
         })
     }
 
@@ -443,6 +470,32 @@ mod tests {
             prop_assert_eq!(&wire, &q);
             let back = quota_from_json(&quota_to_json(&wire).unwrap()).unwrap();
             prop_assert_eq!(back, q);
+        }
+
+        /// A quota whose tables are packed is written as the quota they
+        /// stand for.
+        #[test]
+        fn packed_quotas_are_written_as_what_they_stand_for(q in quota()) {
+            let bytes = crate::wire::encode_tables(&q, |_| true);
+            let message = v1::CentralMessage::decode(&bytes[..]).unwrap();
+            let Some(v1::central_message::Kind::Quota(packed)) = message.kind else {
+                panic!("not a quota");
+            };
+            prop_assert!(packed.services.is_empty());
+            // The amounts, as the f32s packed tables keep; a service with
+            // no slot has no table.
+            let mut kept = q.clone();
+            kept.services.retain(|_, sq| !sq.slots.is_empty());
+            for sq in kept.services.values_mut() {
+                for users in sq.slots.values_mut() {
+                    for rq in users.users.values_mut() {
+                        for a in rq.resources.values_mut() {
+                            *a = f64::from(crate::f32_at_most(*a));
+                        }
+                    }
+                }
+            }
+            prop_assert_eq!(quota_to_json(&packed), quota_to_json(&kept));
         }
     }
 }

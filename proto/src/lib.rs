@@ -6,6 +6,11 @@
 //! [`v1::Welcome`], then a [`v1::Quota`] for every report and whenever it has
 //! assigned new quotas.
 //!
+//! A node whose Hello [accepts](v1::Hello::accepts) [`PACKED_QUOTAS`] gets
+//! each (service, slot) of its quotas as a [`v1::PackedQuota`] rather than
+//! a [`v1::Quota::services`] entry: the same content in a third of the
+//! bytes ([`v1::Quota::unpack`] turns it back).
+//!
 //! Besides the generated code this crate holds what both sides must agree on:
 //!
 //! - [`slot`]: slot arithmetic and the injectable [`slot::Clock`];
@@ -23,6 +28,7 @@
 //!         slot_ms: 1000,
 //!         services: vec!["front".into()],
 //!         version: env!("CARGO_PKG_VERSION").into(),
+//!         accepts: vec![throttle_proto::PACKED_QUOTAS.into()],
 //!     })),
 //! };
 //! assert!(matches!(hello.kind, Some(node_message::Kind::Hello(_))));
@@ -51,3 +57,133 @@ pub fn f32_at_most(x: f64) -> f32 {
 
 /// The crate version, sent in [`v1::Hello::version`].
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What a node puts in [`v1::Hello::accepts`] to be sent its quotas as
+/// [`v1::PackedQuota`]s.
+pub const PACKED_QUOTAS: &str = "packed-quotas";
+
+/// Why a [`v1::PackedQuota`] does not decode to quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PackedError {
+    /// A user's bits name a resource the table does not list.
+    #[error("a user names a resource past the table's {0}")]
+    NoSuchResource(usize),
+    /// The amounts are more or fewer than the users' bits.
+    #[error("{given} amounts for {wanted} quotas")]
+    Amounts {
+        /// Bits set over all users.
+        wanted: usize,
+        /// Amounts given.
+        given: usize,
+    },
+}
+
+impl v1::PackedQuota {
+    /// The table's users with their quotas, as a `services` entry holds
+    /// them.
+    ///
+    /// # Errors
+    ///
+    /// [`PackedError`] if the bits and the amounts do not match.
+    pub fn to_user_quotas(&self) -> Result<v1::UserQuotas, PackedError> {
+        let mut amounts = self.amounts.iter();
+        let mut users = std::collections::BTreeMap::new();
+        for u in &self.users {
+            let mut resources = std::collections::BTreeMap::new();
+            for bit in Bits::new(&u.resources) {
+                let name = self
+                    .resources
+                    .get(bit)
+                    .ok_or(PackedError::NoSuchResource(self.resources.len()))?;
+                let amount = amounts.next().ok_or(PackedError::Amounts {
+                    wanted: self.wanted(),
+                    given: self.amounts.len(),
+                })?;
+                resources.insert(name.clone(), f64::from(*amount));
+            }
+            users.insert(u.user.clone(), v1::ResourceQuotas { resources });
+        }
+        if amounts.next().is_some() {
+            return Err(PackedError::Amounts {
+                wanted: self.wanted(),
+                given: self.amounts.len(),
+            });
+        }
+        Ok(v1::UserQuotas { users })
+    }
+
+    fn wanted(&self) -> usize {
+        self.users
+            .iter()
+            .map(|u| Bits::new(&u.resources).count())
+            .sum()
+    }
+}
+
+/// The indices of the bits set in a [`v1::PackedUser::resources`], lowest
+/// first.
+#[derive(Debug, Clone)]
+pub struct Bits<'a> {
+    bytes: std::slice::Iter<'a, u8>,
+    /// The bits of the byte under way not yet given, and its first index.
+    byte: u8,
+    base: usize,
+}
+
+impl<'a> Bits<'a> {
+    /// The bits of `bytes`: bit `i` is bit `i % 8` of byte `i / 8`.
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Self {
+            bytes: bytes.iter(),
+            byte: 0,
+            // The first byte read moves this to 0.
+            base: usize::MAX - 7,
+        }
+    }
+}
+
+impl Iterator for Bits<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        while self.byte == 0 {
+            self.byte = *self.bytes.next()?;
+            self.base = self.base.wrapping_add(8);
+        }
+        let bit = self.byte.trailing_zeros() as usize;
+        self.byte &= self.byte - 1;
+        Some(self.base + bit)
+    }
+}
+
+impl v1::Quota {
+    /// Moves every [`v1::PackedQuota`] into `services` (replacing the
+    /// (service, slot) it names there, if any), leaving `packed` empty: the
+    /// form every reader of `services` understands.
+    ///
+    /// # Errors
+    ///
+    /// [`PackedError`] for a packed table whose bits and amounts do not
+    /// match; the tables before it are moved, it and those after it are
+    /// left in `packed`.
+    pub fn unpack(&mut self) -> Result<(), PackedError> {
+        let packed = std::mem::take(&mut self.packed);
+        let mut tables = packed.into_iter();
+        while let Some(table) = tables.next() {
+            match table.to_user_quotas() {
+                Ok(users) => {
+                    self.services
+                        .entry(table.service)
+                        .or_default()
+                        .slots
+                        .insert(table.slot, users);
+                }
+                Err(e) => {
+                    self.packed = std::iter::once(table).chain(tables).collect();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+}

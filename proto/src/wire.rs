@@ -7,7 +7,8 @@
 //! for every answer and every push. [`QuotaEncoder`] writes the same bytes
 //! straight from borrowed names, and [`Outbound`] carries them to the stream
 //! as they are. They decode as an ordinary [`v1::CentralMessage`]; a node
-//! reads them where they arrived ([`Answer`], [`RawQuota`]).
+//! reads them where they arrived ([`Answer`], [`RawQuota`]), in either form
+//! ([`QuotaEncoder::begin_packed`] writes a [`v1::PackedQuota`]).
 //!
 //! The other way, a [`v1::Report`] of 1,000 users decoded by prost is 5,000
 //! `String`s and as many map nodes. [`Inbound`] keeps a report's bytes as
@@ -109,15 +110,40 @@ impl Message for Outbound {
     }
 }
 
-// Field numbers of `throttle/v1/throttle.proto`; a map entry is a message
-// with the key in field 1 and the value in field 2.
-const CENTRAL_MESSAGE_QUOTA: u32 = 2;
-const QUOTA_SERVICES: u32 = 1;
-const QUOTA_REPORT_SLOT: u32 = 2;
-/// `ServiceQuota.slots`, `UserQuotas.users` and `ResourceQuotas.resources`.
-const MAP_FIELD: u32 = 1;
-const ENTRY_KEY: u32 = 1;
-const ENTRY_VALUE: u32 = 2;
+/// Field numbers of `throttle/v1/throttle.proto`, for code that reads or
+/// writes its messages field by field. A map entry is a message with the
+/// key in field 1 and the value in field 2.
+pub mod fields {
+    /// `CentralMessage.quota`.
+    pub const CENTRAL_MESSAGE_QUOTA: u32 = 2;
+    /// `Quota.services`.
+    pub const QUOTA_SERVICES: u32 = 1;
+    /// `Quota.report_slot`.
+    pub const QUOTA_REPORT_SLOT: u32 = 2;
+    /// `Quota.packed`.
+    pub const QUOTA_PACKED: u32 = 3;
+    /// `ServiceQuota.slots`, `UserQuotas.users` and `ResourceQuotas.resources`.
+    pub const MAP_FIELD: u32 = 1;
+    /// A map entry's key.
+    pub const ENTRY_KEY: u32 = 1;
+    /// A map entry's value.
+    pub const ENTRY_VALUE: u32 = 2;
+    /// `PackedQuota.service`.
+    pub const PACKED_SERVICE: u32 = 1;
+    /// `PackedQuota.slot`.
+    pub const PACKED_SLOT: u32 = 2;
+    /// `PackedQuota.resources`.
+    pub const PACKED_RESOURCES: u32 = 3;
+    /// `PackedQuota.users`.
+    pub const PACKED_USERS: u32 = 4;
+    /// `PackedQuota.amounts`.
+    pub const PACKED_AMOUNTS: u32 = 5;
+    /// `PackedUser.user`.
+    pub const PACKED_USER_NAME: u32 = 1;
+    /// `PackedUser.resources`.
+    pub const PACKED_USER_BITS: u32 = 2;
+}
+use fields::*;
 
 fn key_len(field: u32) -> usize {
     encoded_len_varint(u64::from(field << 3))
@@ -149,20 +175,34 @@ fn resource_entry_len(name: &str) -> usize {
 
 /// Writes a [`v1::CentralMessage`] holding a [`v1::Quota`], entry by entry.
 ///
-/// Call [`begin`](Self::begin) for each (service, slot), then
-/// [`user`](Self::user) once per user of it, then [`finish`](Self::finish).
-/// A service begun twice, or a user given twice within one slot, decodes as
-/// the last one written, as with any protobuf map.
+/// Call [`begin`](Self::begin) (or [`begin_packed`](Self::begin_packed),
+/// for a node that accepts [`v1::PackedQuota`]s) for each (service, slot),
+/// then [`user`](Self::user) once per user of it, then
+/// [`finish`](Self::finish). A service begun twice, or a user given twice
+/// within one slot, decodes as the last one written, as with any protobuf
+/// map.
 #[derive(Debug, Default)]
 pub struct QuotaEncoder {
-    /// Encoded `services` entries of the services already ended.
+    /// Encoded `services` entries of the classic tables already ended.
     services: Vec<u8>,
-    /// Where each (service, slot) ended put its users in `services`, in
-    /// the order begun.
-    blocks: Vec<std::ops::Range<usize>>,
-    /// The (service, slot) under way and its encoded `users` entries.
-    open: Option<(String, i64)>,
+    /// Encoded `packed` entries of the packed tables already ended.
+    packed: Vec<u8>,
+    /// Where each table ended put its users block, in `packed` (`true`) or
+    /// `services`, in the order begun.
+    blocks: Vec<(bool, Range<usize>)>,
+    /// The (service, slot) under way, and whether it is packed.
+    open: Option<(String, i64, bool)>,
+    /// Its encoded users: `UserQuotas.users` entries, or `PackedQuota.users`
+    /// entries.
     users: Vec<u8>,
+    /// A packed table's resources, in the order of its bits, and its
+    /// amounts (`f32`, little-endian).
+    resources: Vec<String>,
+    amounts: Vec<u8>,
+    /// Scratch for one packed user: (bit, amount) and the bit of each
+    /// resource given, in the order given.
+    user_bits: Vec<(usize, f32)>,
+    given: Vec<usize>,
 }
 
 impl QuotaEncoder {
@@ -174,7 +214,17 @@ impl QuotaEncoder {
     /// Starts the quotas of `service` for `slot` (ending the one under way).
     pub fn begin(&mut self, service: &str, slot: i64) {
         self.end();
-        self.open = Some((service.to_owned(), slot));
+        self.open = Some((service.to_owned(), slot, false));
+    }
+
+    /// [`begin`](Self::begin), as a [`v1::PackedQuota`]: about a third of
+    /// the bytes, and amounts kept as `f32`s ([`f32_at_most`] of those
+    /// given).
+    ///
+    /// [`f32_at_most`]: crate::f32_at_most
+    pub fn begin_packed(&mut self, service: &str, slot: i64) {
+        self.end();
+        self.open = Some((service.to_owned(), slot, true));
     }
 
     /// Adds `user`'s quota per resource to the (service, slot) under way; a
@@ -188,9 +238,12 @@ impl QuotaEncoder {
     }
 
     /// [`user`](Self::user), noting in `amounts_at`, for each resource in
-    /// order, where its amount's 8 bytes are in
-    /// [`users_so_far`](Self::users_so_far): a copy of those users with
-    /// other amounts can then be [appended](Self::append_users).
+    /// the order given, where its amount is in the table under way: a copy
+    /// of those users with other amounts can then be
+    /// [appended](Self::append_users). In a classic table that is the
+    /// offset of its 8 bytes in the users written
+    /// ([`table_len`](Self::table_len) counts them); in a packed one, its
+    /// index among the amounts.
     pub fn user_noting<'a, I>(&mut self, user: &str, resources: I, amounts_at: &mut Vec<usize>)
     where
         I: IntoIterator<Item = (&'a str, f64)>,
@@ -199,15 +252,22 @@ impl QuotaEncoder {
         self.user_inner(user, resources, Some(amounts_at));
     }
 
-    fn user_inner<'a, I>(&mut self, user: &str, resources: I, mut noting: Option<&mut Vec<usize>>)
+    fn user_inner<'a, I>(&mut self, user: &str, resources: I, noting: Option<&mut Vec<usize>>)
     where
         I: IntoIterator<Item = (&'a str, f64)>,
         I::IntoIter: Clone,
     {
-        if self.open.is_none() {
-            return;
+        match self.open {
+            None => {}
+            Some((_, _, false)) => self.classic_user(user, resources.into_iter(), noting),
+            Some((_, _, true)) => self.packed_user(user, resources, noting),
         }
-        let resources = resources.into_iter();
+    }
+
+    fn classic_user<'a, I>(&mut self, user: &str, resources: I, mut noting: Option<&mut Vec<usize>>)
+    where
+        I: Iterator<Item = (&'a str, f64)> + Clone,
+    {
         let quotas_len: usize = resources
             .clone()
             .map(|(name, _)| delimited_len(MAP_FIELD, resource_entry_len(name)))
@@ -230,26 +290,102 @@ impl QuotaEncoder {
         }
     }
 
-    /// The encoded users of the (service, slot) under way so far: a block
-    /// another quota of the same users may [append](Self::append_users).
+    /// A packed user: its name and bits, its amounts in the order of its
+    /// bits (a resource given twice keeps the last amount, as a map would).
+    fn packed_user<'a, I>(&mut self, user: &str, resources: I, noting: Option<&mut Vec<usize>>)
+    where
+        I: IntoIterator<Item = (&'a str, f64)>,
+    {
+        self.user_bits.clear();
+        self.given.clear();
+        for (name, amount) in resources {
+            let bit = match self.resources.iter().position(|r| r == name) {
+                Some(bit) => bit,
+                None => {
+                    self.resources.push(name.to_owned());
+                    self.resources.len() - 1
+                }
+            };
+            let amount = crate::f32_at_most(amount);
+            match self.user_bits.iter_mut().find(|(b, _)| *b == bit) {
+                Some(e) => e.1 = amount,
+                None => self.user_bits.push((bit, amount)),
+            }
+            self.given.push(bit);
+        }
+        self.user_bits.sort_unstable_by_key(|&(bit, _)| bit);
+        let bytes_len = self.user_bits.last().map_or(0, |&(bit, _)| bit / 8 + 1);
+        let mut body_len = if user.is_empty() {
+            0
+        } else {
+            delimited_len(PACKED_USER_NAME, user.len())
+        };
+        if bytes_len > 0 {
+            body_len += delimited_len(PACKED_USER_BITS, bytes_len);
+        }
+        let buf = &mut self.users;
+        put_delimited_header(buf, PACKED_USERS, body_len);
+        if !user.is_empty() {
+            put_str(buf, PACKED_USER_NAME, user);
+        }
+        if bytes_len > 0 {
+            put_delimited_header(buf, PACKED_USER_BITS, bytes_len);
+            let bits = buf.len();
+            buf.resize(bits + bytes_len, 0);
+            for &(bit, _) in &self.user_bits {
+                buf[bits + bit / 8] |= 1 << (bit % 8);
+            }
+        }
+        let first = self.amounts.len() / 4;
+        if let Some(at) = noting {
+            for bit in &self.given {
+                let i = self.user_bits.iter().position(|(b, _)| b == bit);
+                at.push(first + i.unwrap_or(0));
+            }
+        }
+        for &(_, amount) in &self.user_bits {
+            self.amounts.put_f32_le(amount);
+        }
+    }
+
+    /// The users of the table under way so far, as encoded: a classic
+    /// table's users block; a packed table's users, without its resources
+    /// and amounts.
     pub fn users_so_far(&self) -> &[u8] {
         &self.users
     }
 
-    /// Appends users encoded before ([`users_so_far`](Self::users_so_far)
-    /// of another encoder) to the (service, slot) under way, with amounts
-    /// changed: each `(at, amount)` writes `amount` at offset `at` of
-    /// `block`, as noted by [`user_noting`](Self::user_noting). Ignored
-    /// before any [`begin`](Self::begin). Returns false, appending nothing,
-    /// if an offset does not fit in `block`.
+    /// How many bytes the users of the table under way take so far.
+    pub fn table_len(&self) -> usize {
+        self.users.len() + self.amounts.len()
+    }
+
+    /// Appends the users block of a table encoded before (one of the
+    /// ranges [`finish_with_users`](Self::finish_with_users) gives, of the
+    /// same kind as the table under way) to the (service, slot) under way,
+    /// with its amounts changed: each `(at, amount)` writes `amount` where
+    /// [`user_noting`](Self::user_noting) noted `at`. Ignored before any
+    /// [`begin`](Self::begin). Returns false, appending nothing, if an
+    /// offset does not fit in `block`, or, in a packed table, if the table
+    /// has users already, the block is not a packed one, or the amounts
+    /// do not fill it.
     pub fn append_users(
         &mut self,
         block: &[u8],
         amounts: impl IntoIterator<Item = (usize, f64)>,
     ) -> bool {
-        if self.open.is_none() {
-            return true;
+        match self.open {
+            None => true,
+            Some((_, _, false)) => self.append_classic(block, amounts),
+            Some((_, _, true)) => self.append_packed(block, amounts),
         }
+    }
+
+    fn append_classic(
+        &mut self,
+        block: &[u8],
+        amounts: impl IntoIterator<Item = (usize, f64)>,
+    ) -> bool {
         let start = self.users.len();
         self.users.extend_from_slice(block);
         for (at, amount) in amounts {
@@ -267,12 +403,67 @@ impl QuotaEncoder {
         true
     }
 
-    /// Ends the (service, slot) under way: `services[service] = {slots:
-    /// {slot: {users}}}`.
-    fn end(&mut self) {
-        let Some((service, slot)) = self.open.take() else {
-            return;
+    /// A packed block is the table's `resources` then its `users`: the
+    /// names are read back (a few), the users copied, the amounts written.
+    fn append_packed(
+        &mut self,
+        block: &[u8],
+        amounts: impl IntoIterator<Item = (usize, f64)>,
+    ) -> bool {
+        if !self.users.is_empty() || !self.resources.is_empty() || !self.amounts.is_empty() {
+            return false;
+        }
+        let mut f = Fields::new(block);
+        let users = loop {
+            let rest = f.buf;
+            match f.next_field() {
+                Ok(Some((PACKED_RESOURCES, Field::Bytes(name)))) => {
+                    match std::str::from_utf8(name) {
+                        Ok(name) => self.resources.push(name.to_owned()),
+                        Err(_) => break None,
+                    }
+                }
+                Ok(Some((PACKED_USERS, _))) | Ok(None) => break Some(rest),
+                _ => break None,
+            }
         };
+        let Some(users) = users else {
+            self.resources.clear();
+            return false;
+        };
+        let (mut count, mut end) = (0, 0);
+        for (at, amount) in amounts {
+            let Some(after) = at.checked_add(1).and_then(|n| n.checked_mul(4)) else {
+                break;
+            };
+            if after > self.amounts.len() {
+                self.amounts.resize(after, 0);
+            }
+            self.amounts[after - 4..after]
+                .copy_from_slice(&crate::f32_at_most(amount).to_le_bytes());
+            count += 1;
+            end = end.max(after);
+        }
+        if end != count * 4 || end != self.amounts.len() {
+            self.resources.clear();
+            self.amounts.clear();
+            return false;
+        }
+        self.users.extend_from_slice(users);
+        true
+    }
+
+    /// Ends the (service, slot) under way: `services[service] = {slots:
+    /// {slot: {users}}}`, or a `packed` entry.
+    fn end(&mut self) {
+        match self.open.take() {
+            None => {}
+            Some((service, slot, false)) => self.end_classic(&service, slot),
+            Some((service, slot, true)) => self.end_packed(&service, slot),
+        }
+    }
+
+    fn end_classic(&mut self, service: &str, slot: i64) {
         // ServiceQuota { slots: { slot: UserQuotas { users } } }
         let slot_entry_len = key_len(ENTRY_KEY)
             + encoded_len_varint(slot as u64)
@@ -283,7 +474,7 @@ impl QuotaEncoder {
         let buf = &mut self.services;
         buf.reserve(delimited_len(QUOTA_SERVICES, entry_len));
         put_delimited_header(buf, QUOTA_SERVICES, entry_len);
-        put_str(buf, ENTRY_KEY, &service);
+        put_str(buf, ENTRY_KEY, service);
         put_delimited_header(buf, ENTRY_VALUE, service_quota_len);
         put_delimited_header(buf, MAP_FIELD, slot_entry_len);
         put_key(buf, ENTRY_KEY, WireType::Varint);
@@ -291,8 +482,42 @@ impl QuotaEncoder {
         put_delimited_header(buf, ENTRY_VALUE, self.users.len());
         let start = buf.len();
         buf.extend_from_slice(&self.users);
-        self.blocks.push(start..buf.len());
+        self.blocks.push((false, start..buf.len()));
         self.users.clear();
+    }
+
+    /// `PackedQuota { service, slot, resources, users, amounts }`: the
+    /// resources and users, one after the other, are the block.
+    fn end_packed(&mut self, service: &str, slot: i64) {
+        let resources_len: usize = self
+            .resources
+            .iter()
+            .map(|r| delimited_len(PACKED_RESOURCES, r.len()))
+            .sum();
+        let body_len = delimited_len(PACKED_SERVICE, service.len())
+            + key_len(PACKED_SLOT)
+            + encoded_len_varint(slot as u64)
+            + resources_len
+            + self.users.len()
+            + delimited_len(PACKED_AMOUNTS, self.amounts.len());
+        let buf = &mut self.packed;
+        buf.reserve(delimited_len(QUOTA_PACKED, body_len));
+        put_delimited_header(buf, QUOTA_PACKED, body_len);
+        put_str(buf, PACKED_SERVICE, service);
+        put_key(buf, PACKED_SLOT, WireType::Varint);
+        encode_varint(slot as u64, buf);
+        let start = buf.len();
+        for r in &self.resources {
+            put_str(buf, PACKED_RESOURCES, r);
+        }
+        buf.extend_from_slice(&self.users);
+        let end = buf.len();
+        put_delimited_header(buf, PACKED_AMOUNTS, self.amounts.len());
+        buf.extend_from_slice(&self.amounts);
+        self.blocks.push((true, start..end));
+        self.users.clear();
+        self.resources.clear();
+        self.amounts.clear();
     }
 
     /// The encoded [`v1::CentralMessage`], answering the report of
@@ -305,30 +530,53 @@ impl QuotaEncoder {
     /// its users in the message, in the order begun: a slice of the
     /// message there is that block, with no copy (what
     /// [`append_users`](Self::append_users) may append again).
-    pub fn finish_with_users(
-        mut self,
-        report_slot: Option<i64>,
-    ) -> (Bytes, Vec<std::ops::Range<usize>>) {
+    pub fn finish_with_users(mut self, report_slot: Option<i64>) -> (Bytes, Vec<Range<usize>>) {
         self.end();
         let report_len = report_slot.map_or(0, |s| {
             key_len(QUOTA_REPORT_SLOT) + encoded_len_varint(s as u64)
         });
-        let quota_len = self.services.len() + report_len;
+        let quota_len = self.services.len() + self.packed.len() + report_len;
         let mut out = Vec::with_capacity(delimited_len(CENTRAL_MESSAGE_QUOTA, quota_len));
         put_delimited_header(&mut out, CENTRAL_MESSAGE_QUOTA, quota_len);
         let shift = out.len();
         out.extend_from_slice(&self.services);
+        out.extend_from_slice(&self.packed);
         if let Some(s) = report_slot {
             put_key(&mut out, QUOTA_REPORT_SLOT, WireType::Varint);
             encode_varint(s as u64, &mut out);
         }
+        let packed_shift = shift + self.services.len();
         let blocks = self
             .blocks
             .into_iter()
-            .map(|b| b.start + shift..b.end + shift)
+            .map(|(packed, b)| {
+                let shift = if packed { packed_shift } else { shift };
+                b.start + shift..b.end + shift
+            })
             .collect();
         (out.into(), blocks)
     }
+}
+
+/// `q` as the central writes it, table by table: the tables of the `i`th
+/// service packed where `packed(i)`. A service with several slots is
+/// begun once per slot.
+#[cfg(test)]
+pub(crate) fn encode_tables(q: &v1::Quota, packed: impl Fn(usize) -> bool) -> Bytes {
+    let mut encoder = QuotaEncoder::new();
+    for (i, (service, sq)) in q.services.iter().enumerate() {
+        for (slot, users) in &sq.slots {
+            if packed(i) {
+                encoder.begin_packed(service, *slot);
+            } else {
+                encoder.begin(service, *slot);
+            }
+            for (user, rq) in &users.users {
+                encoder.user(user, rq.resources.iter().map(|(r, a)| (r.as_str(), *a)));
+            }
+        }
+    }
+    encoder.finish(q.report_slot)
 }
 
 /// One message from a node, as the central node receives it: a
@@ -954,6 +1202,7 @@ mod tests {
             kind: Some(Kind::Quota(v1::Quota {
                 services,
                 report_slot,
+                packed: Vec::new(),
             })),
         }
     }
@@ -1250,6 +1499,7 @@ mod tests {
             slot_ms: 1000,
             services: vec!["front".into()],
             version: "x".into(),
+            accepts: vec![crate::PACKED_QUOTAS.into()],
         };
         let msg = v1::NodeMessage {
             kind: Some(v1::node_message::Kind::Hello(hello.clone())),
@@ -1310,6 +1560,90 @@ mod tests {
         assert_eq!(second.services["front"].slots[&8].users.len(), 2);
         assert!(second.services["other"].slots[&8].users.is_empty());
         assert_eq!(second.report_slot, Some(7));
+    }
+
+    #[test]
+    fn packed_users_appended_from_another_message_read_with_their_new_amounts() {
+        let mut first = QuotaEncoder::new();
+        first.begin_packed("front", 7);
+        let mut at = Vec::new();
+        first.user_noting("alice", [("up", 1e6), ("requests", 2.0)], &mut at);
+        // Given out of the table's order, and a resource given twice
+        // (the last amount is kept, as a map keeps the last entry).
+        first.user_noting("bob", [("down", 3.0), ("requests", 4.0)], &mut at);
+        first.user("carol", [("requests", 1.0), ("up", 9.0), ("requests", 5.0)]);
+        assert_eq!(at, [0, 1, 3, 2]);
+        let (message, blocks) = first.finish_with_users(None);
+        let block = &message[blocks[0].clone()];
+        let mut second = QuotaEncoder::new();
+        second.begin_packed("front", 8);
+        // carol's amounts (4 and 5) stay as they were.
+        let at: Vec<usize> = at.into_iter().chain([4, 5]).collect();
+        let amounts = [10.0, 20.0, 30.0, 40.0, 5.0, 50.0];
+        assert!(second.append_users(block, at.iter().copied().zip(amounts)));
+        assert!(
+            !second.append_users(block, at.iter().copied().zip(amounts)),
+            "a packed table takes one block, into no users"
+        );
+        second.begin_packed("other", 8);
+        assert!(
+            !second.append_users(block, at.iter().copied().zip(amounts).skip(1)),
+            "amounts that do not fill the block"
+        );
+        let bytes = second.finish(Some(7));
+        let Ok(super::Answer::Quota(quota)) = super::Answer::decode(&bytes[..]) else {
+            panic!("not a quota");
+        };
+        let raw = RawQuota::parse(&quota).unwrap();
+        let tables: Vec<_> = raw
+            .tables()
+            .map(|(service, slot, users)| {
+                let users: Vec<_> = users
+                    .map(|(u, r)| {
+                        (
+                            u.to_owned(),
+                            r.map(|(r, q)| (r.to_owned(), q)).collect::<Vec<_>>(),
+                        )
+                    })
+                    .collect();
+                (service.to_owned(), slot, users)
+            })
+            .collect();
+        let named = |v: &[(&str, f64)]| {
+            v.iter()
+                .map(|&(r, q)| (r.to_owned(), q))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            tables,
+            [
+                (
+                    "front".to_owned(),
+                    8,
+                    vec![
+                        (
+                            "alice".to_owned(),
+                            named(&[("up", 10.0), ("requests", 20.0)])
+                        ),
+                        (
+                            "bob".to_owned(),
+                            named(&[("requests", 40.0), ("down", 30.0)])
+                        ),
+                        (
+                            "carol".to_owned(),
+                            named(&[("up", 5.0), ("requests", 50.0)])
+                        ),
+                    ]
+                ),
+                ("other".to_owned(), 8, vec![]),
+            ]
+        );
+        let mut decoded = v1::Quota::decode(&quota[..]).unwrap();
+        decoded.unpack().unwrap();
+        assert_eq!(
+            decoded.services["front"].slots[&8].users["carol"].resources["requests"],
+            50.0
+        );
     }
 
     #[test]

@@ -235,14 +235,14 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
             match (up, n.id) {
                 (true, None) => {
                     let (id, pushes) =
-                        central.connect(&format!("node-{i}"), &[SERVICE.to_string()], now);
+                        central.connect(&format!("node-{i}"), &[SERVICE.to_string()], false, now);
                     n.id = Some(id);
                     for (_, q) in pushes {
                         n.store.apply_quota(&q);
                     }
                 }
                 (false, Some(id)) => {
-                    central.disconnect(id);
+                    central.disconnect(id, false);
                     n.id = None;
                 }
                 _ => {}

@@ -96,6 +96,9 @@ pub struct Assigner<F: QuotaFormat = Messages> {
     limits: Arc<dyn LimitSource>,
     /// Connected nodes: open streams and the services they declared or reported.
     nodes: BTreeMap<NodeId, (usize, BTreeSet<String>)>,
+    /// Per node, its open streams that do not accept packed quotas: its
+    /// quotas are packed only while there are none.
+    classic: BTreeMap<NodeId, usize>,
     /// Per service, the last slot re-assigned once every report was in.
     reassigned: BTreeMap<String, i64>,
     /// The [`LimitSource::version`] of the limits applied last.
@@ -149,6 +152,7 @@ impl<F: QuotaFormat> Assigner<F> {
             ledger,
             limits,
             nodes: BTreeMap::new(),
+            classic: BTreeMap::new(),
             reassigned: BTreeMap::new(),
             limits_applied: None,
         }
@@ -164,17 +168,27 @@ impl<F: QuotaFormat> Assigner<F> {
         &mut self.ledger
     }
 
-    /// A stream opened for `node_id` with `services`. Returns the node and,
-    /// for services small enough to re-assign on the spot (up to
+    /// A stream opened for `node_id` with `services`, accepting packed
+    /// quotas or not ([`PACKED_QUOTAS`] in its Hello). Returns the node
+    /// and, for services small enough to re-assign on the spot (up to
     /// [`CONNECT_REASSIGN_KEYS`] keys), its quota for the current slot, so a
     /// new node does not fail open until the next assign.
+    ///
+    /// A node's quotas are written packed while every stream it has open
+    /// accepts them (a process replacing another of the same id may not).
+    ///
+    /// [`PACKED_QUOTAS`]: throttle_proto::PACKED_QUOTAS
     pub fn connect(
         &mut self,
         node_id: &str,
         services: &[String],
+        packed: bool,
         now_ms: i64,
     ) -> (NodeId, Vec<Push<F::Quota>>) {
         let node = self.ledger.node_id(node_id);
+        let classic = self.classic.entry(node).or_default();
+        *classic += usize::from(!packed);
+        self.ledger.set_packed(node, *classic == 0);
         self.ledger
             .connect(node, services.iter().map(String::as_str), now_ms);
         let entry = self.nodes.entry(node).or_default();
@@ -196,13 +210,22 @@ impl<F: QuotaFormat> Assigner<F> {
         (node, pushes)
     }
 
-    /// A stream of `node` closed.
-    pub fn disconnect(&mut self, node: NodeId) {
+    /// A stream of `node` closed (`packed`: as given to
+    /// [`Assigner::connect`] for it).
+    pub fn disconnect(&mut self, node: NodeId, packed: bool) {
         if let Some(entry) = self.nodes.get_mut(&node) {
             entry.0 = entry.0.saturating_sub(1);
             if entry.0 == 0 {
                 self.nodes.remove(&node);
             }
+        }
+        if let Some(classic) = self.classic.get_mut(&node) {
+            *classic = classic.saturating_sub(usize::from(!packed));
+            let none = *classic == 0;
+            if !self.nodes.contains_key(&node) {
+                self.classic.remove(&node);
+            }
+            self.ledger.set_packed(node, none);
         }
     }
 
@@ -525,11 +548,61 @@ mod tests {
     }
 
     #[test]
+    fn a_nodes_quotas_are_packed_while_every_stream_of_it_accepts_them() {
+        let limits = Arc::new(StaticLimits::new(set(10.0)));
+        let mut a: Assigner<Encoded> = Assigner::new(Ledger::new(LedgerConfig::default()), limits);
+        let front = ["front".to_string()];
+        let (n1, _) = a.connect("n1", &front, true, 0);
+        let (n2, _) = a.connect("n2", &front, false, 0);
+        assert!(a.ledger().is_packed(n1));
+        assert!(!a.ledger().is_packed(n2));
+        // A second stream of n1 (a process replacing it) that does not.
+        a.connect("n1", &front, false, 0);
+        assert!(!a.ledger().is_packed(n1));
+        a.disconnect(n1, true);
+        assert!(!a.ledger().is_packed(n1), "the stream left does not");
+        a.disconnect(n1, false);
+        a.connect("n1", &front, true, 0);
+        assert!(a.ledger().is_packed(n1));
+        // What is rendered for each.
+        for (slot, t) in [(1, 1_050), (2, 2_050)] {
+            a.report(n1, &report("n1", slot, 3), t).unwrap();
+            a.report(n2, &report("n2", slot, 1), t).unwrap();
+            a.tick(t + 450);
+        }
+        let quota = |node| {
+            let (bytes, _) = a.prepare(node, 2).unwrap();
+            match <v1::CentralMessage as prost::Message>::decode(&bytes[..]) {
+                Ok(v1::CentralMessage {
+                    kind: Some(v1::central_message::Kind::Quota(q)),
+                }) => q,
+                other => panic!("{other:?}"),
+            }
+        };
+        let (mut packed, classic) = (quota(n1), quota(n2));
+        assert!(
+            packed.services.is_empty() && packed.packed.len() == 1,
+            "{packed:?}"
+        );
+        assert!(
+            classic.packed.is_empty() && classic.services.len() == 1,
+            "{classic:?}"
+        );
+        packed.unpack().unwrap();
+        let alice =
+            |q: &v1::Quota| q.services["front"].slots[&3].users["alice"].resources["requests"];
+        assert!(
+            alice(&packed) > alice(&classic),
+            "n1 uses more: {packed:?} {classic:?}"
+        );
+    }
+
+    #[test]
     fn a_prepared_answer_is_the_answer_the_report_gets() {
         let limits = Arc::new(StaticLimits::new(set(10.0)));
         let mut a: Assigner<Encoded> = Assigner::new(Ledger::new(LedgerConfig::default()), limits);
-        let (n1, _) = a.connect("n1", &["front".to_string()], 0);
-        let (n2, _) = a.connect("n2", &["front".to_string()], 0);
+        let (n1, _) = a.connect("n1", &["front".to_string()], false, 0);
+        let (n2, _) = a.connect("n2", &["front".to_string()], false, 0);
         for (slot, t) in [(1, 1_050), (2, 2_050), (3, 3_050)] {
             a.report(n1, &report("n1", slot, 3), t).unwrap();
             a.report(n2, &report("n2", slot, 1), t).unwrap();
@@ -578,9 +651,10 @@ mod tests {
                 vec!["front".to_string()],
             ];
             let mut nodes = Vec::new();
+            // n1 takes its quotas packed.
             for (name, services) in ["n1", "n2"].iter().zip(&services) {
-                nodes.push(one.connect(name, services, 0).0);
-                two.connect(name, services, 0);
+                nodes.push(one.connect(name, services, *name == "n1", 0).0);
+                two.connect(name, services, *name == "n1", 0);
             }
             for (slot, t) in [(1, 1_050), (2, 2_050), (3, 3_050)] {
                 for (name, requests) in [("n1", 3), ("n2", 1)] {

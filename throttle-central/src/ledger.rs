@@ -668,14 +668,18 @@ struct Skeleton {
     /// the mid-slot assign until the node's next report (the answer
     /// rendered ahead), rather than a copy of its own.
     block: Bytes,
-    /// Per grant, where its amount is in `block`.
+    /// Whether `block` is of a packed table.
+    packed: bool,
+    /// Per grant, where its amount is in `block` (classic) or among the
+    /// table's amounts (packed): see [`QuotaEncoder::user_noting`].
     amounts_at: Vec<u32>,
 }
 
 impl Service {
     /// Encodes `grants` of `node` as the users of the (service, slot) `out`
-    /// has begun: from the node's [`Skeleton`] when it has the same keys,
-    /// else anew, making the skeleton. Returns whether the node has a
+    /// has just begun (`packed` or not): from the node's [`Skeleton`] when
+    /// it has the same keys in the same form, else anew, making the
+    /// skeleton. Returns whether the node has a
     /// skeleton of these users, whose block the caller then points at the
     /// users in the finished message ([`Ledger::encode_quota_for`]).
     fn encode_users(
@@ -683,11 +687,15 @@ impl Service {
         out: &mut QuotaEncoder,
         node: NodeId,
         grants: NodeGrants<'_>,
+        packed: bool,
         order: &mut Vec<(usize, u32)>,
     ) -> bool {
         let mut skeletons = self.skeletons.borrow_mut();
         let skeleton = skeletons.entry(node).or_default();
-        if skeleton.reused == self.state.reused && same_keys(&skeleton.keys, grants) {
+        if skeleton.reused == self.state.reused
+            && skeleton.packed == packed
+            && same_keys(&skeleton.keys, grants)
+        {
             let amounts = skeleton.amounts_at.iter().zip(grants.iter());
             if out.append_users(
                 &skeleton.block,
@@ -696,11 +704,11 @@ impl Service {
                 return true;
             }
         }
-        let start = out.users_so_far().len();
         encode_grants(out, &self.state, grants, order, &mut skeleton.amounts_at);
         skeleton.block = Bytes::new();
         skeleton.keys = Arc::default();
-        if u32::try_from(out.users_so_far().len() - start).is_err() {
+        skeleton.packed = packed;
+        if u32::try_from(out.table_len()).is_err() {
             // Offsets past 4 GiB were not noted: copy nothing from it.
             return false;
         }
@@ -963,6 +971,9 @@ pub struct Ledger {
     config: LedgerConfig,
     node_names: Vec<Box<str>>,
     node_ids: Map<Box<str>, NodeId>,
+    /// By node index: whether its quotas are written packed
+    /// ([`Ledger::set_packed`]).
+    packed: Vec<bool>,
     services: BTreeMap<Box<str>, Service>,
     /// data slot -> nodes that reported it.
     reported: BTreeMap<i64, BTreeSet<NodeId>>,
@@ -995,6 +1006,7 @@ impl Ledger {
             config,
             node_names: Vec::new(),
             node_ids: Map::default(),
+            packed: Vec::new(),
             services: BTreeMap::new(),
             reported: BTreeMap::new(),
             policy_factory: factory,
@@ -1017,9 +1029,35 @@ impl Ledger {
         id
     }
 
+    /// The id of `node`, if interned.
+    pub fn find_node(&self, node: &str) -> Option<NodeId> {
+        self.node_ids.get(node).copied()
+    }
+
     /// The name of an interned node.
     pub fn node_name(&self, id: NodeId) -> &str {
         self.node_names.get(id.0 as usize).map_or("", |s| s)
+    }
+
+    /// Whether [`Ledger::encode_quota_for`] writes `node`'s quotas as
+    /// [`v1::PackedQuota`]s (the node accepts them: [`PACKED_QUOTAS`]) or
+    /// in the original `services` map (the default).
+    ///
+    /// [`PACKED_QUOTAS`]: throttle_proto::PACKED_QUOTAS
+    pub fn set_packed(&mut self, node: NodeId, packed: bool) {
+        let i = node.index();
+        if i >= self.packed.len() {
+            if !packed {
+                return;
+            }
+            self.packed.resize(i + 1, false);
+        }
+        self.packed[i] = packed;
+    }
+
+    /// See [`Ledger::set_packed`].
+    pub fn is_packed(&self, node: NodeId) -> bool {
+        self.packed.get(node.index()).copied().unwrap_or(false)
     }
 
     fn service_mut(&mut self, name: &str) -> &mut Service {
@@ -1304,7 +1342,8 @@ impl Ledger {
 
     /// The same quota as [`Ledger::quota_for`], answering the report of
     /// `report_slot` if given, as the encoded [`v1::CentralMessage`]: written
-    /// straight from the grants, with no message built.
+    /// straight from the grants, with no message built, and packed for a
+    /// node that accepts it ([`Ledger::set_packed`]).
     pub fn encode_quota_for<'a>(
         &self,
         node: NodeId,
@@ -1316,12 +1355,19 @@ impl Ledger {
         // Per service begun, in order: the service whose skeleton of this
         // node takes its users block from the message.
         let mut skeletons: SmallVec<[Option<&Service>; 4]> = SmallVec::new();
+        let packed = self.is_packed(node);
         for (name, slot) in services {
-            out.begin(name, slot);
+            if packed {
+                out.begin_packed(name, slot);
+            } else {
+                out.begin(name, slot);
+            }
             let svc = self.services.get(name);
             let grants = svc.and_then(|svc| svc.policy.grants_for(&svc.book, node, slot));
             let kept = match (svc, grants) {
-                (Some(svc), Some(grants)) => svc.encode_users(&mut out, node, grants, &mut order),
+                (Some(svc), Some(grants)) => {
+                    svc.encode_users(&mut out, node, grants, packed, &mut order)
+                }
                 _ => false,
             };
             skeletons.push(svc.filter(|_| kept));

@@ -28,11 +28,11 @@ use futures_util::StreamExt;
 use metrics::{counter, gauge};
 use prost::Message as _;
 use serde_json::{Value, json};
-use throttle_proto::MAX_NAME_LEN;
 use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::server::central_server::{Central as CentralRpc, CentralServer};
 use throttle_proto::wire::{Inbound, Outbound, RawReport, RawReportError};
+use throttle_proto::{MAX_NAME_LEN, PACKED_QUOTAS};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -444,6 +444,8 @@ pub(crate) type Snapshot = (Subject, oneshot::Sender<Value>);
 struct Conn {
     node_id: String,
     node: NodeId,
+    /// Its Hello accepts packed quotas.
+    packed: bool,
     addr: Option<SocketAddr>,
     since: Instant,
     reports: u64,
@@ -653,7 +655,7 @@ impl Actor {
         // close.
         self.forget_answers();
         for (_, c) in std::mem::take(&mut self.conns) {
-            self.assigner.disconnect(c.node);
+            self.assigner.disconnect(c.node, c.packed);
             let _ =
                 c.tx.try_send(Err(Status::unavailable("central node shutting down")));
         }
@@ -673,15 +675,24 @@ impl Actor {
             } => {
                 let conn = self.next_conn;
                 self.next_conn += 1;
-                let (node, pushes) =
-                    self.assigner
-                        .connect(&hello.node_id, &hello.services, self.clock.now_ms());
-                tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, "node connected");
+                let packed = hello.accepts.iter().any(|a| a == PACKED_QUOTAS);
+                let ledger = self.assigner.ledger();
+                let was_packed = ledger
+                    .find_node(&hello.node_id)
+                    .is_some_and(|n| ledger.is_packed(n));
+                let (node, pushes) = self.assigner.connect(
+                    &hello.node_id,
+                    &hello.services,
+                    packed,
+                    self.clock.now_ms(),
+                );
+                tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, packed, "node connected");
                 self.conns.insert(
                     conn,
                     Conn {
                         node_id: hello.node_id,
                         node,
+                        packed,
                         addr,
                         since: Instant::now(),
                         reports: 0,
@@ -691,8 +702,9 @@ impl Actor {
                     },
                 );
                 gauge!("throttle_central_connections").set(self.conns.len() as f64);
-                if !pushes.is_empty() {
-                    // A service was re-assigned: answers rendered before are stale.
+                if !pushes.is_empty() || self.assigner.ledger().is_packed(node) != was_packed {
+                    // A service was re-assigned, or the node's quotas
+                    // change form: answers rendered before are stale.
                     self.forget_answers();
                 }
                 self.deliver(pushes);
@@ -700,7 +712,11 @@ impl Actor {
             }
             Command::Disconnect { conn } => {
                 if let Some(c) = self.conns.remove(&conn) {
-                    self.assigner.disconnect(c.node);
+                    let was_packed = self.assigner.ledger().is_packed(c.node);
+                    self.assigner.disconnect(c.node, c.packed);
+                    if self.assigner.ledger().is_packed(c.node) != was_packed {
+                        self.forget_answers();
+                    }
                     tracing::info!(node_id = %c.node_id, reports = c.reports, "node disconnected");
                 }
                 gauge!("throttle_central_connections").set(self.conns.len() as f64);

@@ -8,6 +8,7 @@ use serde_json::Value;
 use throttle_central::leadership::Follower;
 use throttle_central::limits::{FileLimits, LimitSet, StaticLimits};
 use throttle_central::{Central, RunningCentral, Subject};
+use throttle_proto::PACKED_QUOTAS;
 use throttle_proto::legacy::report_from_json;
 use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::central_client::CentralClient;
@@ -46,20 +47,32 @@ fn limits(toml: &str) -> Arc<StaticLimits> {
 struct Node {
     tx: mpsc::Sender<v1::NodeMessage>,
     inbound: Streaming<v1::CentralMessage>,
+    /// Its Hello accepts packed quotas: every quota it receives is checked
+    /// to be in the form it accepts, and unpacked.
+    packed: bool,
 }
 
 fn hello(node_id: &str, slot_ms: u32) -> v1::NodeMessage {
+    hello_accepting(node_id, slot_ms, &[])
+}
+
+fn hello_accepting(node_id: &str, slot_ms: u32, accepts: &[&str]) -> v1::NodeMessage {
     v1::NodeMessage {
         kind: Some(node_message::Kind::Hello(v1::Hello {
             node_id: node_id.into(),
             slot_ms,
             services: vec!["front".into()],
             version: "test".into(),
+            accepts: accepts.iter().map(|a| a.to_string()).collect(),
         })),
     }
 }
 
 async fn open(addr: SocketAddr, first: v1::NodeMessage) -> Node {
+    let packed = match &first.kind {
+        Some(node_message::Kind::Hello(h)) => h.accepts.iter().any(|a| a == PACKED_QUOTAS),
+        _ => false,
+    };
     let mut client = CentralClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -70,11 +83,19 @@ async fn open(addr: SocketAddr, first: v1::NodeMessage) -> Node {
         .await
         .unwrap()
         .into_inner();
-    Node { tx, inbound }
+    Node {
+        tx,
+        inbound,
+        packed,
+    }
 }
 
 async fn node(addr: SocketAddr, node_id: &str) -> Node {
-    let mut n = open(addr, hello(node_id, SLOT_MS)).await;
+    node_accepting(addr, node_id, &[]).await
+}
+
+async fn node_accepting(addr: SocketAddr, node_id: &str, accepts: &[&str]) -> Node {
+    let mut n = open(addr, hello_accepting(node_id, SLOT_MS, accepts)).await;
     let first = n.recv().await.unwrap();
     assert!(matches!(
         first,
@@ -104,7 +125,20 @@ impl Node {
         let m = tokio::time::timeout(Duration::from_secs(5), self.inbound.message())
             .await
             .expect("no message within 5 s")?;
-        Ok(m.and_then(|m| m.kind).expect("stream ended"))
+        let mut kind = m.and_then(|m| m.kind).expect("stream ended");
+        if let central_message::Kind::Quota(q) = &mut kind {
+            if self.packed {
+                assert!(q.services.is_empty(), "not packed: {q:?}");
+                assert!(!q.packed.is_empty(), "no table: {q:?}");
+                q.unpack().unwrap();
+            } else {
+                assert!(
+                    q.packed.is_empty(),
+                    "packed for a node that did not ask: {q:?}"
+                );
+            }
+        }
+        Ok(kind)
     }
 
     async fn send(&self, r: v1::Report) {
@@ -279,6 +313,16 @@ async fn an_answer_ahead_still_means_filed_when_the_central_shuts_down() {
 
 #[tokio::test]
 async fn assign_pushes_classic_shares_to_each_node() {
+    pushes_classic_shares(&[]).await;
+}
+
+/// The same, `b` taking its quotas packed: the same content reaches it.
+#[tokio::test]
+async fn a_node_that_accepts_packed_quotas_gets_the_same_content_packed() {
+    pushes_classic_shares(&[PACKED_QUOTAS]).await;
+}
+
+async fn pushes_classic_shares(b_accepts: &[&str]) {
     let classic: throttle_central::ledger::PolicyFactory =
         Box::new(|_| Box::new(throttle_central::policy::Classic::new()));
     let central = start(Central::builder().policies(classic).limits(limits(
@@ -286,7 +330,7 @@ async fn assign_pushes_classic_shares_to_each_node() {
     )))
     .await;
     let mut a = node(central.grpc_addr(), "a").await;
-    let mut b = node(central.grpc_addr(), "b").await;
+    let mut b = node_accepting(central.grpc_addr(), "b", b_accepts).await;
     let s = current_slot();
     a.exchange(report("a", s, r#"{"alice": {"requests": 30}}"#, "{}"))
         .await

@@ -89,6 +89,7 @@ fn quota_message(store: &SlotStore, quota: f64) -> v1::Quota {
         )]
         .into(),
         report_slot: None,
+        packed: Vec::new(),
     }
 }
 
@@ -704,6 +705,7 @@ fn memory(_: &mut Criterion) {
             )]
             .into(),
             report_slot: None,
+            packed: Vec::new(),
         })
         .collect();
     let clock = Arc::new(throttle_proto::slot::ManualClock::new(100_000));
@@ -810,6 +812,7 @@ fn answer(names: &[String], slot: i64, quota: f64) -> Vec<u8> {
         )]
         .into(),
         report_slot: Some(slot + 1),
+        packed: Vec::new(),
     }
     .encode_to_vec()
 }

@@ -459,6 +459,9 @@ impl Run {
             slot_ms: self.cfg.store.slot_length().as_ms(),
             services,
             version: throttle_proto::VERSION.to_owned(),
+            // A third of the bytes; a central that does not know the
+            // form sends the original one.
+            accepts: vec![throttle_proto::PACKED_QUOTAS.to_owned()],
         });
         open(endpoint, timeout, queue, self.cfg.max_message_bytes, hello)
     }
@@ -613,13 +616,18 @@ impl Run {
                 quota.report_slot()
             }
             // Valid, but not to be read in place: as prost reads it.
-            Err(throttle_proto::wire::RawQuotaError::Repeated) => match v1::Quota::decode(bytes) {
-                Ok(quota) => {
-                    self.cfg.store.apply_quota(&quota);
-                    quota.report_slot
+            Err(throttle_proto::wire::RawQuotaError::Repeated) => {
+                let quota = v1::Quota::decode(bytes).map_err(|e| e.to_string());
+                let unpacked =
+                    quota.and_then(|mut q| q.unpack().map(|()| q).map_err(|e| e.to_string()));
+                match unpacked {
+                    Ok(quota) => {
+                        self.cfg.store.apply_quota(&quota);
+                        quota.report_slot
+                    }
+                    Err(e) => return self.malformed(&e),
                 }
-                Err(e) => return self.malformed(&e.to_string()),
-            },
+            }
             Err(e) => return self.malformed(&e.to_string()),
         };
         if let Some(slot) = report_slot

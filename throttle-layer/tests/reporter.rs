@@ -51,6 +51,7 @@ fn quota_message(
     let quota = v1::Quota {
         services: [(service.to_string(), v1::ServiceQuota { slots })].into(),
         report_slot,
+        packed: Vec::new(),
     };
     v1::CentralMessage {
         kind: Some(central_message::Kind::Quota(quota)),
@@ -236,6 +237,7 @@ async fn hello_then_one_report_per_slot_with_the_counts() {
             assert_eq!(h.slot_ms, SLOT_MS);
             assert_eq!(h.services, vec!["front".to_string()]);
             assert!(!h.version.is_empty());
+            assert_eq!(h.accepts, [throttle_proto::PACKED_QUOTAS]);
         }
         e => panic!("expected Hello, got {e:?}"),
     }
@@ -598,16 +600,7 @@ async fn a_malformed_quota_is_ignored_and_the_stream_goes_on() {
         // Then a whole one.
         quota_bytes(&table(c)),
     ];
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tonic::transport::Server::builder()
-        .add_service(
-            throttle_proto::wire::server::central_server::CentralServer::new(RawSender {
-                messages,
-            }),
-        )
-        .serve_with_incoming(TcpListenerStream::new(listener));
-    let task = tokio::spawn(server);
+    let (url, task) = raw_central(messages);
     let handle = reporter(&store, &[url]);
     within("the whole quota applied", || front.has_quota(c)).await;
     assert!(front.has_quota(b), "the repeated service's last table");
@@ -621,6 +614,68 @@ async fn a_malformed_quota_is_ignored_and_the_stream_goes_on() {
         "the malformed one is not counted"
     );
     assert_eq!(status.connections, 1, "the stream went on");
+    task.abort();
+}
+
+/// Serves `messages` (after a Welcome) from a central on 127.0.0.1.
+fn raw_central(messages: Vec<bytes::Bytes>) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    let server = tonic::transport::Server::builder()
+        .add_service(
+            throttle_proto::wire::server::central_server::CentralServer::new(RawSender {
+                messages,
+            }),
+        )
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    let task = tokio::spawn(async move {
+        let _ = server.await;
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn packed_quotas_are_installed_and_a_bad_one_is_ignored() {
+    use prost::Message;
+    let store = store();
+    let front = store.service("front");
+    front.resource("requests").unwrap();
+    let now = store.current_slot();
+    let (a, b, c, d) = (now + 5, now + 6, now + 7, now + 8);
+    let packed = |slots: &[i64]| {
+        let mut q = throttle_proto::wire::QuotaEncoder::new();
+        for &slot in slots {
+            q.begin_packed("front", slot);
+            q.user("bob", [("requests", 3.0)]);
+        }
+        let message = q.finish(None);
+        match v1::CentralMessage::decode(&message[..]).unwrap().kind {
+            Some(central_message::Kind::Quota(q)) => q,
+            other => panic!("{other:?}"),
+        }
+    };
+    let mut short = packed(&[d]);
+    short.packed[0].amounts.clear();
+    let messages = vec![
+        quota_bytes(&packed(&[a]).encode_to_vec()),
+        // Bits for one amount, and none: nothing of it is installed.
+        quota_bytes(&short.encode_to_vec()),
+        // One service in two tables: read by prost, then unpacked.
+        quota_bytes(&packed(&[b, c]).encode_to_vec()),
+    ];
+    let (url, task) = raw_central(messages);
+    let handle = reporter(&store, &[url]);
+    within("the packed quotas applied", || front.has_quota(c)).await;
+    assert!(front.has_quota(a) && front.has_quota(b));
+    assert!(!front.has_quota(d), "the table with too few amounts");
+    assert_eq!(
+        handle.status().quotas_received,
+        2,
+        "the bad one is not counted"
+    );
+    assert_eq!(handle.status().connections, 1, "the stream went on");
     task.abort();
 }
 
@@ -642,16 +697,7 @@ async fn a_quota_over_tonics_default_4_mib_is_installed() {
         _ => unreachable!(),
     };
     assert!(quota.len() > 4 << 20, "{} bytes", quota.len());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tonic::transport::Server::builder()
-        .add_service(
-            throttle_proto::wire::server::central_server::CentralServer::new(RawSender {
-                messages: vec![quota_bytes(&quota)],
-            }),
-        )
-        .serve_with_incoming(TcpListenerStream::new(listener));
-    let task = tokio::spawn(server);
+    let (url, task) = raw_central(vec![quota_bytes(&quota)]);
     let handle = reporter(&store, &[url]);
     within("the large quota applied", || front.has_quota(slot)).await;
     assert_eq!(handle.status().connections, 1, "one stream, never failed");

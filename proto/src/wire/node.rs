@@ -12,9 +12,11 @@ use prost::Message;
 use prost::encoding::{DecodeContext, WireType, encode_varint, encoded_len_varint, skip_field};
 
 use super::{
-    CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, ENTRY_VALUE, Field, Fields, MAP_FIELD, Names,
-    QUOTA_REPORT_SLOT, QUOTA_SERVICES, RawReportError, RawUser, delimited_len, key_len, map_entry,
-    merge_kind, name_at, put_delimited_header, put_key, put_str, utf8,
+    CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, ENTRY_VALUE, Field, Fields, MAP_FIELD, Names, PACKED_AMOUNTS,
+    PACKED_RESOURCES, PACKED_SERVICE, PACKED_SLOT, PACKED_USER_BITS, PACKED_USER_NAME,
+    PACKED_USERS, QUOTA_PACKED, QUOTA_REPORT_SLOT, QUOTA_SERVICES, RawReportError, RawUser,
+    delimited_len, key_len, map_entry, merge_kind, name_at, put_delimited_header, put_key, put_str,
+    utf8,
 };
 use crate::v1;
 
@@ -276,7 +278,10 @@ impl RawQuota {
             // About 24 bytes per user's quota of one resource.
             quotas: Vec::with_capacity(bytes.len() / 24),
         };
+        // Services seen; one seen twice is left to prost, once the whole
+        // quota is known to decode.
         let mut services: Vec<&[u8]> = Vec::new();
+        let mut repeated = false;
         let mut names = Names::default();
         let mut f = Fields::new(bytes);
         while let Some((n, field)) = f.next_field()? {
@@ -284,9 +289,7 @@ impl RawQuota {
                 (QUOTA_SERVICES, Field::Bytes(b)) => {
                     let (key, value) = entry_fields(b)?;
                     let service = string_key(key)?;
-                    if services.contains(&service) {
-                        return Err(RawQuotaError::Repeated);
-                    }
+                    repeated |= services.contains(&service);
                     services.push(service);
                     let kept = names.keep(service);
                     let mut slots = Fields::new(message_value(value)?);
@@ -309,15 +312,101 @@ impl RawQuota {
                         });
                     }
                 }
+                (QUOTA_PACKED, Field::Bytes(b)) => {
+                    let service = quota.check_packed(b, &mut names)?;
+                    repeated |= services.contains(&service);
+                    services.push(service);
+                }
                 (QUOTA_REPORT_SLOT, Field::Varint(v)) => quota.report_slot = Some(v as i64),
-                (QUOTA_SERVICES | QUOTA_REPORT_SLOT, _) => {
+                (QUOTA_SERVICES | QUOTA_REPORT_SLOT | QUOTA_PACKED, _) => {
                     return Err(RawQuotaError::Malformed("quota field of the wrong type"));
                 }
                 _ => {}
             }
         }
         quota.names = names.into_string()?;
+        if repeated {
+            return Err(RawQuotaError::Repeated);
+        }
         Ok(quota)
+    }
+
+    /// Checks a `PackedQuota` body, listing it as a table: its resources
+    /// and amounts first, then its users (fields may come in any order).
+    /// Returns its service.
+    fn check_packed<'a>(
+        &mut self,
+        body: &'a [u8],
+        names: &mut Names,
+    ) -> Result<&'a [u8], RawQuotaError> {
+        const WRONG: RawQuotaError = RawQuotaError::Malformed("packed field of the wrong type");
+        let (mut service, mut slot) = (&[][..], 0);
+        let mut resources: Vec<(u32, u32)> = Vec::new();
+        let mut amounts: Vec<&[u8]> = Vec::new();
+        let mut f = Fields::new(body);
+        while let Some((n, field)) = f.next_field()? {
+            match (n, field) {
+                (PACKED_SERVICE, Field::Bytes(b)) => service = utf8(b)?,
+                (PACKED_SLOT, Field::Varint(v)) => slot = v as i64,
+                (PACKED_RESOURCES, Field::Bytes(b)) => resources.push(names.keep(utf8(b)?)),
+                // Packed, or one at a time: protobuf allows both.
+                (PACKED_AMOUNTS, Field::Bytes(b)) if b.len() % 4 == 0 => amounts.push(b),
+                (PACKED_AMOUNTS, Field::Fixed(b)) if b.len() == 4 => amounts.push(b),
+                (PACKED_USERS, Field::Bytes(_)) => {}
+                (PACKED_SERVICE | PACKED_SLOT | PACKED_RESOURCES | PACKED_AMOUNTS, _) => {
+                    return Err(WRONG);
+                }
+                (PACKED_USERS, _) => return Err(WRONG),
+                _ => {}
+            }
+        }
+        let mut amounts = amounts
+            .iter()
+            .flat_map(|b| b.chunks_exact(4))
+            .map(|a| a.try_into().map_or(0.0, f32::from_le_bytes));
+        let first = self.users.len();
+        let mut f = Fields::new(body);
+        while let Some((n, field)) = f.next_field()? {
+            let (PACKED_USERS, Field::Bytes(user)) = (n, field) else {
+                continue;
+            };
+            let (mut name, mut bits) = (&[][..], &[][..]);
+            let mut u = Fields::new(user);
+            while let Some((n, field)) = u.next_field()? {
+                match (n, field) {
+                    (PACKED_USER_NAME, Field::Bytes(b)) => name = utf8(b)?,
+                    (PACKED_USER_BITS, Field::Bytes(b)) => bits = b,
+                    (PACKED_USER_NAME | PACKED_USER_BITS, _) => return Err(WRONG),
+                    _ => {}
+                }
+            }
+            let start = self.quotas.len();
+            for bit in crate::Bits::new(bits) {
+                let resource = *resources.get(bit).ok_or(RawQuotaError::Malformed(
+                    "a packed user names a resource its table does not list",
+                ))?;
+                let quota = amounts
+                    .next()
+                    .ok_or(RawQuotaError::Malformed("fewer packed amounts than quotas"))?;
+                self.quotas.push(RawQuotaEntry {
+                    resource,
+                    quota: f64::from(quota),
+                });
+            }
+            self.users.push(RawUser {
+                name: names.keep(name),
+                entries: start as u32..self.quotas.len() as u32,
+            });
+        }
+        if amounts.next().is_some() {
+            return Err(RawQuotaError::Malformed("more packed amounts than quotas"));
+        }
+        self.tables.push(RawTable {
+            service: names.keep(service),
+            slot,
+            users: first..self.users.len(),
+        });
+        Ok(service)
     }
 
     /// Checks a `UserQuotas` body, listing its users and their quotas.
@@ -627,6 +716,7 @@ mod tests {
             .prop_map(|(services, report_slot)| v1::Quota {
                 services,
                 report_slot,
+                packed: Vec::new(),
             })
     }
 
@@ -647,16 +737,7 @@ mod tests {
         /// place as prost reads it.
         #[test]
         fn reads_the_centrals_encoding_as_prost_decodes_it(q in quota()) {
-            let mut encoder = super::super::QuotaEncoder::new();
-            for (service, sq) in &q.services {
-                for (slot, users) in &sq.slots {
-                    encoder.begin(service, *slot);
-                    for (user, rq) in &users.users {
-                        encoder.user(user, rq.resources.iter().map(|(r, q)| (r.as_str(), *q)));
-                    }
-                }
-            }
-            let bytes = encoder.finish(q.report_slot);
+            let bytes = super::super::encode_tables(&q, |_| false);
             let Ok(Answer::Quota(quota)) = Answer::decode(&bytes[..]) else {
                 panic!("not a quota");
             };
@@ -672,6 +753,84 @@ mod tests {
                     e == RawQuotaError::Repeated && q.services.values().any(|s| s.slots.len() > 1),
                     "{e}"
                 ),
+            }
+        }
+
+        /// A quota the central writes with packed tables (some or all)
+        /// reads in place as the quota it stands for, amounts as the
+        /// `f32`s it keeps, and as prost reads it once unpacked.
+        #[test]
+        fn packed_tables_read_as_the_quota_they_stand_for(
+            q in quota(),
+            packed in proptest::collection::vec(any::<bool>(), 3),
+        ) {
+            let bytes = super::super::encode_tables(&q, |i| packed[i]);
+            // The content, with the amounts of packed tables as the f32s
+            // they keep.
+            let mut kept = q.clone();
+            for (sq, &pack) in kept.services.values_mut().zip(&packed) {
+                let amounts = sq.slots.values_mut().flat_map(|u| u.users.values_mut());
+                for a in amounts.flat_map(|rq| rq.resources.values_mut()).filter(|_| pack) {
+                    *a = f64::from(crate::f32_at_most(*a));
+                }
+            }
+            let expected = prost_tables(&kept);
+            let Ok(Answer::Quota(quota)) = Answer::decode(&bytes[..]) else {
+                panic!("not a quota");
+            };
+            let mut decoded = v1::Quota::decode(&quota[..]).expect("valid");
+            prop_assert_eq!(decoded.unpack(), Ok(()));
+            match RawQuota::parse(&quota) {
+                Ok(raw) => {
+                    prop_assert_eq!(raw.report_slot(), q.report_slot);
+                    let mut tables = raw_tables(&raw);
+                    tables.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+                    prop_assert_eq!(&tables, &expected);
+                    prop_assert_eq!(prost_tables(&decoded), expected);
+                }
+                Err(e) => prop_assert!(
+                    e == RawQuotaError::Repeated && q.services.values().any(|s| s.slots.len() > 1),
+                    "{e}"
+                ),
+            }
+        }
+
+        /// Whatever the bytes of a packed quota: read in place only where
+        /// prost decodes and unpacks them too, and then to the same tables;
+        /// refused as malformed only where one of those fails.
+        #[test]
+        fn any_packed_bytes_read_as_prost_reads_them_or_not_at_all(
+            q in quota(),
+            cut in any::<prop::sample::Index>(),
+            flip in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let bytes = super::super::encode_tables(&q, |_| true);
+            let Ok(Answer::Quota(quota)) = Answer::decode(&bytes[..]) else {
+                panic!("not a quota");
+            };
+            let mut bytes = quota.to_vec();
+            if !bytes.is_empty() {
+                let at = flip.index(bytes.len());
+                bytes[at] = byte;
+                bytes.truncate(cut.index(bytes.len() + 1).max(at));
+            }
+            let decoded = v1::Quota::decode(&bytes[..]).map_err(|_| ()).and_then(|mut d| {
+                d.unpack().map_err(|_| ())?;
+                Ok(d)
+            });
+            match RawQuota::parse(&bytes) {
+                Ok(raw) => {
+                    let decoded = decoded.expect("read in place, so prost reads it");
+                    prop_assert_eq!(raw.report_slot(), decoded.report_slot);
+                    let mut tables = raw_tables(&raw);
+                    tables.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+                    prop_assert_eq!(tables, prost_tables(&decoded));
+                }
+                Err(RawQuotaError::Malformed(_)) => prop_assert!(decoded.is_err()),
+                Err(RawQuotaError::Repeated) => {
+                    prop_assert!(v1::Quota::decode(&bytes[..]).is_ok());
+                }
             }
         }
 
@@ -782,6 +941,7 @@ mod tests {
             )]
             .into(),
             report_slot: None,
+            packed: Vec::new(),
         };
         let bytes = [one(1).encode_to_vec(), one(2).encode_to_vec()].concat();
         assert_eq!(

@@ -11,6 +11,9 @@
 //! thread of its own, and the simulated nodes on a runtime of one worker
 //! thread; the CPU time of each is measured on its threads.
 //!
+//! Nodes accept packed quotas ([`v1::PackedQuota`]) as the reporter's do;
+//! `--classic 1` has them take the original form.
+//!
 //! Every node reports at boundary + 50 ms, as the original nodes did;
 //! `--spread-ms S` spreads them over S ms after that, each at the point
 //! the reporter gives its node id (`throttle_layer::reporter::report_point`).
@@ -45,6 +48,10 @@ use throttle_layer::reporter::report_point;
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
 use throttle_proto::v1;
 use throttle_proto::wire::Inbound;
+use throttle_proto::wire::fields::{
+    CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, MAP_FIELD as SLOTS, PACKED_SLOT, QUOTA_PACKED,
+    QUOTA_REPORT_SLOT, QUOTA_SERVICES,
+};
 use throttle_tests::fleet;
 
 fn cpu_seconds() -> f64 {
@@ -75,15 +82,9 @@ struct Seen {
     quota: bool,
     report_slot: Option<i64>,
     first_slot: Option<i64>,
+    /// The quota's bytes.
+    len: usize,
 }
-
-// Field numbers of `throttle/v1/throttle.proto`.
-const CENTRAL_MESSAGE_QUOTA: u32 = 2;
-const QUOTA_SERVICES: u32 = 1;
-const QUOTA_REPORT_SLOT: u32 = 2;
-/// `ServiceQuota.slots`; a map entry's key is its field 1.
-const SLOTS: u32 = 1;
-const ENTRY_KEY: u32 = 1;
 
 /// Calls `f(tag, wire type, field)` for each field of the message in `buf`,
 /// with a length-delimited field's bytes as its own buffer.
@@ -111,8 +112,13 @@ fn fields(
 }
 
 impl Seen {
+    fn saw_slot(&mut self, slot: i64) {
+        self.first_slot = Some(self.first_slot.map_or(slot, |s| s.min(slot)));
+    }
+
     fn read_quota(&mut self, quota: Bytes) -> Result<(), prost::DecodeError> {
         self.quota = true;
+        self.len = quota.len();
         fields(quota, |tag, wt, buf| match tag {
             QUOTA_REPORT_SLOT if wt == WireType::Varint => {
                 self.report_slot = Some(decode_varint(buf)? as i64);
@@ -129,14 +135,21 @@ impl Seen {
                     }
                     fields(slot_entry.clone(), |tag, wt, key| {
                         if tag == ENTRY_KEY && wt == WireType::Varint {
-                            let slot = decode_varint(key)? as i64;
-                            self.first_slot = Some(self.first_slot.map_or(slot, |s| s.min(slot)));
+                            self.saw_slot(decode_varint(key)? as i64);
                         } else if wt != WireType::LengthDelimited {
                             skip_field(wt, tag, key, DecodeContext::default())?;
                         }
                         Ok(())
                     })
                 })
+            }),
+            QUOTA_PACKED => fields(buf.clone(), |tag, wt, field| {
+                if tag == PACKED_SLOT && wt == WireType::Varint {
+                    self.saw_slot(decode_varint(field)? as i64);
+                } else if wt != WireType::LengthDelimited {
+                    skip_field(wt, tag, field, DecodeContext::default())?;
+                }
+                Ok(())
             }),
             _ if wt == WireType::LengthDelimited => Ok(()),
             _ => skip_field(wt, tag, buf, DecodeContext::default()),
@@ -219,6 +232,13 @@ fn main() -> anyhow::Result<()> {
     // Reports go at boundary + 50 ms, or with `--spread-ms` each node at its
     // point of that window after it, where the reporter would place it.
     let spread = Duration::from_secs_f64(throttle_tests::arg("--spread-ms", 0.0).max(0.0) / 1000.0);
+    // Nodes accept packed quotas, as the reporter's do, unless `--classic 1`.
+    let packed = throttle_tests::arg("--classic", 0.0) == 0.0;
+    let accepts: Vec<String> = if packed {
+        vec![throttle_proto::PACKED_QUOTAS.into()]
+    } else {
+        Vec::new()
+    };
     // The nodes send `with_slot` of a report encoded once; it must be what
     // prost writes for the whole report.
     let probe = report(0, users, total_users, 1_800_000_000);
@@ -255,6 +275,7 @@ fn main() -> anyhow::Result<()> {
         let answered = Arc::new(AtomicU64::new(0));
         let late_pushes = Arc::new(AtomicU64::new(0));
         let pushes = Arc::new(AtomicU64::new(0));
+        let quota_bytes = Arc::new(AtomicU64::new(0));
         // Set once the warm-up is over: only reports sent from then on are
         // counted, with their answers and round trips, so an answer to a
         // report sent before the window never counts in it.
@@ -266,6 +287,7 @@ fn main() -> anyhow::Result<()> {
             let (url, rtts, sent, answered, late, pushes) =
                 (url.clone(), rtts.clone(), sent.clone(), answered.clone(), late_pushes.clone(), pushes.clone());
             let measuring = measuring.clone();
+            let (accepts, quota_bytes) = (accepts.clone(), quota_bytes.clone());
             let delay = report_point(&fleet::node_id(n), Duration::from_millis(50), spread);
             tasks.push(tokio::spawn(async move {
                 let body = report(n, users, total_users, 0).encode_to_vec();
@@ -275,6 +297,7 @@ fn main() -> anyhow::Result<()> {
                     slot_ms: slot.as_ms(),
                     services: vec!["front".into()],
                     version: "scale".into(),
+                    accepts: accepts.clone(),
                 };
                 let _ = tx.send(Inbound::Hello(hello)).await;
                 let Ok(mut inbound) = exchange(url, rx).await else { return };
@@ -282,10 +305,14 @@ fn main() -> anyhow::Result<()> {
                 let in_flight: Arc<Mutex<Option<(i64, Instant, bool)>>> = Arc::default();
                 let reader = {
                     let in_flight = in_flight.clone();
+                    let measuring = measuring.clone();
                     tokio::spawn(async move {
                         while let Ok(Some(m)) = inbound.message().await {
                             if !m.quota {
                                 continue;
+                            }
+                            if measuring.load(Ordering::Relaxed) {
+                                quota_bytes.fetch_add(m.len as u64, Ordering::Relaxed);
                             }
                             let now_slot = slot.slot_at(CoarseClock.now_ms());
                             match m.report_slot {
@@ -372,6 +399,11 @@ fn main() -> anyhow::Result<()> {
             "| quota pushes arriving after their slot began | {} of {} |",
             late_pushes.load(Ordering::Relaxed) - late0,
             pushes.load(Ordering::Relaxed) - pushes0
+        );
+        println!(
+            "| quotas received ({}) | {:.1} MB/s |",
+            if packed { "packed" } else { "classic, `--classic 1`" },
+            quota_bytes.load(Ordering::Relaxed) as f64 / 1e6 / wall
         );
         println!("| ingest | {:.0} entries/s |", (nodes * users * 4) as f64 / slot.as_duration().as_secs_f64());
         println!("| central node CPU: streams (its worker threads) | {:.0}% of one core |", 100.0 * central_cpu / wall);

@@ -21,6 +21,9 @@
 //! rendered ahead is kept until a re-assign clears it or the next assign
 //! replaces it, as the server keeps it for the node's next report.
 //!
+//! The nodes accept packed quotas ([`throttle_proto::v1::PackedQuota`]),
+//! as the reporter's do; `--classic 1` renders the original form.
+//!
 //! `--nr-slot N` keeps `N` slots of history instead of the original's 60.
 //! `--scale N` makes every amount but the requests `N` times larger (the
 //! fleet reports 1 to 5 of each resource per user and node). `--vary 1`
@@ -61,6 +64,9 @@ fn main() -> anyhow::Result<()> {
     // take less room the smaller they are.
     let scale = throttle_tests::arg("--scale", 1.0) as i64;
     let vary = throttle_tests::arg("--vary", 0.0) != 0.0;
+    // Quotas rendered packed, as for the reporter's nodes, unless
+    // `--classic 1`.
+    let packed = throttle_tests::arg("--classic", 0.0) == 0.0;
     let mut config = LedgerConfig::default();
     // Slots of history kept (the original's 60): a shorter one shows what
     // the history costs beside the live state.
@@ -74,7 +80,7 @@ fn main() -> anyhow::Result<()> {
     let ids: Vec<NodeId> = (0..nodes)
         .map(|n| {
             assigner
-                .connect(&fleet::node_id(n), &services, first * slot_ms)
+                .connect(&fleet::node_id(n), &services, packed, first * slot_ms)
                 .0
         })
         .collect();
@@ -173,7 +179,8 @@ fn main() -> anyhow::Result<()> {
         ms(all.last().copied().unwrap_or_default())
     );
     println!(
-        "| pushes rendered | {:.1} MB per slot | |",
+        "| pushes rendered ({}) | {:.1} MB per slot | |",
+        if packed { "packed" } else { "classic" },
         pushed_bytes as f64 / 1e6 / slots as f64
     );
     println!(

@@ -397,8 +397,8 @@ fn user_run<'a>(
 }
 
 /// Writes one node's grants into `out` as the users of the (service, slot)
-/// begun there, noting in `amounts_at[i]` where the amount of `grants[i]`
-/// is in the users written here (see [`QuotaEncoder::user_noting`]), as a
+/// just begun there, noting in `amounts_at[i]` where the amount of
+/// `grants[i]` is in that table (see [`QuotaEncoder::user_noting`]), as a
 /// `u32`: the skeleton that keeps them holds one per grant, and a gRPC
 /// message cannot pass 4 GiB (an offset that would is noted as
 /// `u32::MAX`; the ledger keeps no skeleton of users that long). `order`
@@ -413,14 +413,13 @@ pub fn encode_grants(
     gather_by_user(state, grants, order);
     amounts_at.clear();
     amounts_at.resize(grants.len(), 0);
-    let start = out.users_so_far().len();
     let mut noted = Vec::new();
     for run in order.chunk_by(|a, b| a.0 == b.0) {
         let (user, resources) = user_run(state, grants, run);
         noted.clear();
         out.user_noting(user, resources, &mut noted);
         for (&(_, i), &at) in run.iter().zip(&noted) {
-            amounts_at[i as usize] = u32::try_from(at - start).unwrap_or(u32::MAX);
+            amounts_at[i as usize] = u32::try_from(at).unwrap_or(u32::MAX);
         }
     }
 }
