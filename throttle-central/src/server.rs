@@ -935,6 +935,13 @@ impl Actor {
                             "connected_seconds": c.since.elapsed().as_secs_f64(),
                             "reports": c.reports,
                             "answered_ahead": c.answered_ahead,
+                            // The form its quotas are written in: packed
+                            // while every stream of the node accepts it.
+                            "quotas": if self.assigner.ledger().is_packed(c.node) {
+                                "packed"
+                            } else {
+                                "classic"
+                            },
                         })
                     })
                     .collect();

@@ -357,6 +357,21 @@ async fn pushes_classic_shares(b_accepts: &[&str]) {
     assert!(qa + qb <= 1000.0 * 10.0 + 1e-6);
     let quota = json(&central, "/v1/monitor/quota").await;
     assert!(quota["front"][slot_a.to_string()]["a"]["alice"]["requests"].is_number());
+    let conns = json(&central, "/v1/monitor/connections").await;
+    let form = |node: &str| {
+        let conns = conns["connections"].as_array().unwrap();
+        let c = conns.iter().find(|c| c["node_id"] == node).unwrap();
+        c["quotas"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(form("a"), "classic");
+    assert_eq!(
+        form("b"),
+        if b_accepts.is_empty() {
+            "classic"
+        } else {
+            "packed"
+        }
+    );
     let dist = json(&central, "/v1/monitor/distribution").await;
     assert_eq!(
         dist["front"]["alice"]["requests"]["nodes"]["a"]["consumption"],
