@@ -817,6 +817,23 @@ fn answer(names: &[String], slot: i64, quota: f64) -> Vec<u8> {
     .encode_to_vec()
 }
 
+/// [`answer`] as the central writes it for a node that accepts packed
+/// quotas: one [`v1::PackedQuota`] per slot.
+fn packed_answer(names: &[String], slot: i64, quota: f64) -> Vec<u8> {
+    use prost::Message;
+    let mut q = throttle_proto::wire::QuotaEncoder::new();
+    for s in [slot + 1, slot + 2] {
+        q.begin_packed("front", s);
+        for u in names {
+            q.user(u, [("requests", quota)]);
+        }
+    }
+    match throttle_proto::wire::Answer::decode(&q.finish(Some(slot + 1))[..]) {
+        Ok(throttle_proto::wire::Answer::Quota(b)) => b.to_vec(),
+        _ => Vec::new(),
+    }
+}
+
 /// The node's work once per slot, off the request path but on the app's
 /// runtime (the reporter runs there): the slot's counts collected and
 /// encoded into a report, and the central's answer decoded and installed.
@@ -871,6 +888,18 @@ fn slot(c: &mut Criterion) {
             b.iter_batched(&mut next_slot, routine, criterion::BatchSize::PerIteration)
         });
     }
+    // The same slots, answered packed.
+    let mut next_packed_slot = || {
+        let (now, _) = next_slot();
+        (now, packed_answer(&names, now, 1e6))
+    };
+    g.bench_function("answer/3000 users, packed", |b| {
+        b.iter_batched(
+            &mut next_packed_slot,
+            apply,
+            criterion::BatchSize::PerIteration,
+        )
+    });
     g.finish();
 }
 

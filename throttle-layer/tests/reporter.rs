@@ -643,7 +643,7 @@ async fn packed_quotas_are_installed_and_a_bad_one_is_ignored() {
     let front = store.service("front");
     front.resource("requests").unwrap();
     let now = store.current_slot();
-    let (a, b, c, d) = (now + 5, now + 6, now + 7, now + 8);
+    let (a, b, c, d, e) = (now + 5, now + 6, now + 7, now + 8, now + 9);
     let packed = |slots: &[i64]| {
         let mut q = throttle_proto::wire::QuotaEncoder::new();
         for &slot in slots {
@@ -662,17 +662,19 @@ async fn packed_quotas_are_installed_and_a_bad_one_is_ignored() {
         quota_bytes(&packed(&[a]).encode_to_vec()),
         // Bits for one amount, and none: nothing of it is installed.
         quota_bytes(&short.encode_to_vec()),
-        // One service in two tables: read by prost, then unpacked.
+        // One service for two slots: two tables, read in place.
         quota_bytes(&packed(&[b, c]).encode_to_vec()),
+        // The same table twice: read by prost, then unpacked.
+        quota_bytes(&packed(&[e, e]).encode_to_vec()),
     ];
     let (url, task) = raw_central(messages);
     let handle = reporter(&store, &[url]);
-    within("the packed quotas applied", || front.has_quota(c)).await;
-    assert!(front.has_quota(a) && front.has_quota(b));
+    within("the packed quotas applied", || front.has_quota(e)).await;
+    assert!(front.has_quota(a) && front.has_quota(b) && front.has_quota(c));
     assert!(!front.has_quota(d), "the table with too few amounts");
     assert_eq!(
         handle.status().quotas_received,
-        2,
+        3,
         "the bad one is not counted"
     );
     assert_eq!(handle.status().connections, 1, "the stream went on");

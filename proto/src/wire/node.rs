@@ -257,6 +257,57 @@ fn quota_entry(body: &[u8]) -> Result<(&[u8], f64), RawQuotaError> {
     Ok((string_key(key)?, quota))
 }
 
+/// A `PackedUser`: its checked name and its bits; read without
+/// [`Fields::next_field`]'s loop when laid out as the central writes it
+/// (the name, then the bits, each once).
+#[inline]
+fn packed_user(body: &[u8]) -> Result<(&[u8], &[u8]), RawQuotaError> {
+    let mut f = Fields::new(body);
+    if let Some(name) = f.short_delimited(PACKED_USER_NAME)
+        && let Some(bits) = f.short_delimited(PACKED_USER_BITS)
+        && f.buf.is_empty()
+    {
+        return Ok((utf8(name)?, bits));
+    }
+    let (mut name, mut bits) = (&[][..], &[][..]);
+    let mut f = Fields::new(body);
+    while let Some((n, field)) = f.next_field()? {
+        match (n, field) {
+            (PACKED_USER_NAME, Field::Bytes(b)) => name = utf8(b)?,
+            (PACKED_USER_BITS, Field::Bytes(b)) => bits = b,
+            (PACKED_USER_NAME | PACKED_USER_BITS, _) => {
+                return Err(RawQuotaError::Malformed(
+                    "packed user field of the wrong type",
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok((name, bits))
+}
+
+/// The `float`s of a packed table's amounts, given in one or more fields
+/// (each a multiple of 4 bytes).
+struct Floats<'a> {
+    at: &'a [u8],
+    rest: std::slice::Iter<'a, &'a [u8]>,
+}
+
+impl Iterator for Floats<'_> {
+    type Item = f32;
+
+    #[inline]
+    fn next(&mut self) -> Option<f32> {
+        loop {
+            if let Some((a, rest)) = self.at.split_first_chunk::<4>() {
+                self.at = rest;
+                return Some(f32::from_le_bytes(*a));
+            }
+            self.at = self.rest.next()?;
+        }
+    }
+}
+
 impl RawQuota {
     /// Checks `bytes` (the encoding of a [`v1::Quota`]) from end to end:
     /// structure, UTF-8 of every name, every quota a double.
@@ -278,9 +329,13 @@ impl RawQuota {
             // About 24 bytes per user's quota of one resource.
             quotas: Vec::with_capacity(bytes.len() / 24),
         };
-        // Services seen; one seen twice is left to prost, once the whole
-        // quota is known to decode.
+        // The services of `services` entries and the (service, slot) of
+        // packed tables seen. A service in two entries (prost keeps the
+        // last), a (service, slot) packed twice, or a service in both forms
+        // is left to prost, once the whole quota is known to decode; one
+        // service packed for several slots is not (each is its own table).
         let mut services: Vec<&[u8]> = Vec::new();
+        let mut packed: Vec<(&[u8], i64)> = Vec::new();
         let mut repeated = false;
         let mut names = Names::default();
         let mut f = Fields::new(bytes);
@@ -289,7 +344,8 @@ impl RawQuota {
                 (QUOTA_SERVICES, Field::Bytes(b)) => {
                     let (key, value) = entry_fields(b)?;
                     let service = string_key(key)?;
-                    repeated |= services.contains(&service);
+                    repeated |=
+                        services.contains(&service) || packed.iter().any(|p| p.0 == service);
                     services.push(service);
                     let kept = names.keep(service);
                     let mut slots = Fields::new(message_value(value)?);
@@ -313,9 +369,9 @@ impl RawQuota {
                     }
                 }
                 (QUOTA_PACKED, Field::Bytes(b)) => {
-                    let service = quota.check_packed(b, &mut names)?;
-                    repeated |= services.contains(&service);
-                    services.push(service);
+                    let table = quota.check_packed(b, &mut names)?;
+                    repeated |= services.contains(&table.0) || packed.contains(&table);
+                    packed.push(table);
                 }
                 (QUOTA_REPORT_SLOT, Field::Varint(v)) => quota.report_slot = Some(v as i64),
                 (QUOTA_SERVICES | QUOTA_REPORT_SLOT | QUOTA_PACKED, _) => {
@@ -333,12 +389,12 @@ impl RawQuota {
 
     /// Checks a `PackedQuota` body, listing it as a table: its resources
     /// and amounts first, then its users (fields may come in any order).
-    /// Returns its service.
+    /// Returns its (service, slot).
     fn check_packed<'a>(
         &mut self,
         body: &'a [u8],
         names: &mut Names,
-    ) -> Result<&'a [u8], RawQuotaError> {
+    ) -> Result<(&'a [u8], i64), RawQuotaError> {
         const WRONG: RawQuotaError = RawQuotaError::Malformed("packed field of the wrong type");
         let (mut service, mut slot) = (&[][..], 0);
         let mut resources: Vec<(u32, u32)> = Vec::new();
@@ -360,26 +416,23 @@ impl RawQuota {
                 _ => {}
             }
         }
-        let mut amounts = amounts
-            .iter()
-            .flat_map(|b| b.chunks_exact(4))
-            .map(|a| a.try_into().map_or(0.0, f32::from_le_bytes));
+        let mut amounts = Floats {
+            at: &[],
+            rest: amounts.iter(),
+        };
         let first = self.users.len();
         let mut f = Fields::new(body);
-        while let Some((n, field)) = f.next_field()? {
-            let (PACKED_USERS, Field::Bytes(user)) = (n, field) else {
-                continue;
+        loop {
+            // Without the general loop where laid out as the central writes.
+            let user = match f.short_delimited(PACKED_USERS) {
+                Some(user) => user,
+                None => match f.next_field()? {
+                    Some((PACKED_USERS, Field::Bytes(user))) => user,
+                    Some(_) => continue,
+                    None => break,
+                },
             };
-            let (mut name, mut bits) = (&[][..], &[][..]);
-            let mut u = Fields::new(user);
-            while let Some((n, field)) = u.next_field()? {
-                match (n, field) {
-                    (PACKED_USER_NAME, Field::Bytes(b)) => name = utf8(b)?,
-                    (PACKED_USER_BITS, Field::Bytes(b)) => bits = b,
-                    (PACKED_USER_NAME | PACKED_USER_BITS, _) => return Err(WRONG),
-                    _ => {}
-                }
-            }
+            let (name, bits) = packed_user(user)?;
             let start = self.quotas.len();
             for bit in crate::Bits::new(bits) {
                 let resource = *resources.get(bit).ok_or(RawQuotaError::Malformed(
@@ -406,7 +459,7 @@ impl RawQuota {
             slot,
             users: first..self.users.len(),
         });
-        Ok(service)
+        Ok((service, slot))
     }
 
     /// Checks a `UserQuotas` body, listing its users and their quotas.
@@ -954,6 +1007,36 @@ mod tests {
             decoded.services["front"].slots.keys().collect::<Vec<_>>(),
             [&2]
         );
+    }
+
+    #[test]
+    fn one_service_packed_for_two_slots_reads_in_place_and_one_table_twice_does_not() {
+        let packed = |slots: &[i64]| {
+            let mut q = super::super::QuotaEncoder::new();
+            for &slot in slots {
+                q.begin_packed("front", slot);
+                q.user("bob", [("requests", 3.0)]);
+            }
+            match Answer::decode(&q.finish(None)[..]) {
+                Ok(Answer::Quota(b)) => b,
+                other => panic!("{other:?}"),
+            }
+        };
+        let raw = RawQuota::parse(&packed(&[7, 8])).unwrap();
+        let slots: Vec<i64> = raw.tables().map(|(_, slot, _)| slot).collect();
+        assert_eq!(slots, [7, 8]);
+        assert_eq!(
+            RawQuota::parse(&packed(&[7, 7])).unwrap_err(),
+            RawQuotaError::Repeated
+        );
+        // And a service in both forms.
+        let mut q = super::super::QuotaEncoder::new();
+        q.begin("front", 6);
+        let Ok(Answer::Quota(classic)) = Answer::decode(&q.finish(None)[..]) else {
+            panic!("not a quota");
+        };
+        let both = [&classic[..], &packed(&[7])[..]].concat();
+        assert_eq!(RawQuota::parse(&both).unwrap_err(), RawQuotaError::Repeated);
     }
 
     #[test]
