@@ -66,8 +66,13 @@ pub const PACKED_QUOTAS: &str = "packed-quotas";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PackedError {
     /// A user's bits name a resource the table does not list.
-    #[error("a user names a resource past the table's {0}")]
-    NoSuchResource(usize),
+    #[error("a user has a quota of resource {bit} of a table of {resources}")]
+    NoSuchResource {
+        /// The bit set.
+        bit: usize,
+        /// How many resources the table lists.
+        resources: usize,
+    },
     /// The amounts are more or fewer than the users' bits.
     #[error("{given} amounts for {wanted} quotas")]
     Amounts {
@@ -91,10 +96,10 @@ impl v1::PackedQuota {
         for u in &self.users {
             let mut resources = std::collections::BTreeMap::new();
             for bit in Bits::new(&u.resources) {
-                let name = self
-                    .resources
-                    .get(bit)
-                    .ok_or(PackedError::NoSuchResource(self.resources.len()))?;
+                let name = self.resources.get(bit).ok_or(PackedError::NoSuchResource {
+                    bit,
+                    resources: self.resources.len(),
+                })?;
                 let amount = amounts.next().ok_or(PackedError::Amounts {
                     wanted: self.wanted(),
                     given: self.amounts.len(),

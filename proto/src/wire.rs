@@ -431,11 +431,14 @@ impl QuotaEncoder {
             self.resources.clear();
             return false;
         };
+        // A block's users have at most 8 quotas a byte of it.
+        let most = users.len().saturating_mul(8 * 4);
         let (mut count, mut end) = (0, 0);
         for (at, amount) in amounts {
-            let Some(after) = at.checked_add(1).and_then(|n| n.checked_mul(4)) else {
+            let after = at.saturating_add(1).saturating_mul(4);
+            if after > most {
                 break;
-            };
+            }
             if after > self.amounts.len() {
                 self.amounts.resize(after, 0);
             }
