@@ -11,6 +11,11 @@
 //! thread of its own, and the simulated nodes on a runtime of one worker
 //! thread; the CPU time of each is measured on its threads.
 //!
+//! Answers slower than `--slow-ms` (5) are counted by the slot they were
+//! in and by the node's report point: a slow slot (an assign running
+//! late) and slow points (a queue at some moment of every slot) look
+//! different there.
+//!
 //! Nodes accept packed quotas ([`v1::PackedQuota`]) as the reporter's do;
 //! `--classic 1` has them take the original form.
 //!
@@ -232,6 +237,8 @@ fn main() -> anyhow::Result<()> {
     // Reports go at boundary + 50 ms, or with `--spread-ms` each node at its
     // point of that window after it, where the reporter would place it.
     let spread = Duration::from_secs_f64(throttle_tests::arg("--spread-ms", 0.0).max(0.0) / 1000.0);
+    // Round trips over this are listed by slot and report point.
+    let slow_ms = throttle_tests::arg("--slow-ms", 5.0) as u64;
     // Nodes accept packed quotas, as the reporter's do, unless `--classic 1`.
     let packed = throttle_tests::arg("--classic", 0.0) == 0.0;
     let accepts: Vec<String> = if packed {
@@ -270,7 +277,8 @@ fn main() -> anyhow::Result<()> {
             .await??;
         let url = format!("http://{}", central.grpc_addr());
         let slot = SlotLength::SECOND;
-        let rtts: Arc<Mutex<Vec<u64>>> = Arc::default();
+        // Per report answered: round trip (µs), slot, report point (ms).
+        let rtts: Arc<Mutex<Vec<(u64, i64, u64)>>> = Arc::default();
         let sent = Arc::new(AtomicU64::new(0));
         let answered = Arc::new(AtomicU64::new(0));
         let late_pushes = Arc::new(AtomicU64::new(0));
@@ -320,7 +328,8 @@ fn main() -> anyhow::Result<()> {
                                     if let Some((want, at, true)) = *in_flight.lock()
                                         && want == s
                                     {
-                                        rtts.lock().push(at.elapsed().as_micros() as u64);
+                                        let rtt = at.elapsed().as_micros() as u64;
+                                        rtts.lock().push((rtt, s, delay.as_millis() as u64));
                                         answered.fetch_add(1, Ordering::Relaxed);
                                     }
                                 }
@@ -380,9 +389,21 @@ fn main() -> anyhow::Result<()> {
         let central_cpu = threads_cpu_seconds("central") - central0;
         let ledger_cpu = threads_cpu_seconds(LEDGER_THREAD) - ledger0;
         let nodes_cpu = threads_cpu_seconds("nodes") - nodes0;
-        let mut r = rtts.lock().clone();
+        let answers = rtts.lock().clone();
+        let mut r: Vec<u64> = answers.iter().map(|a| a.0).collect();
         r.sort_unstable();
         let pct = |p: f64| r.get(((r.len().max(1) - 1) as f64 * p) as usize).copied().unwrap_or(0) as f64 / 1000.0;
+        // Where the slow round trips were: by slot (from the first one
+        // measured) and by report point, in 50 ms bins.
+        let slow: Vec<_> = answers.iter().filter(|a| a.0 > slow_ms * 1000).collect();
+        let first_slot = answers.iter().map(|a| a.1).min().unwrap_or(0);
+        let count_by = |key: &dyn Fn(&(u64, i64, u64)) -> i64| {
+            let mut by = std::collections::BTreeMap::<i64, usize>::new();
+            for a in &slow {
+                *by.entry(key(a)).or_default() += 1;
+            }
+            by.iter().map(|(k, n)| format!("{k}: {n}")).collect::<Vec<_>>().join(", ")
+        };
         println!(
             "{nodes} nodes x {users} users x 4 resources per report ({} entries per slot), {total_users} limited users, {seconds} s",
             nodes * users * 4
@@ -390,6 +411,13 @@ fn main() -> anyhow::Result<()> {
         println!("| what | value |\n|---|---:|");
         println!("| report -> answer p50 | {:.2} ms |", pct(0.5));
         println!("| report -> answer p99 | {:.2} ms |", pct(0.99));
+        println!(
+            "| answers over {slow_ms} ms (`--slow-ms`) | {} of {}; by slot measured: {}; by report point (ms): {} |",
+            slow.len(),
+            answers.len(),
+            count_by(&|a| a.1 - first_slot),
+            count_by(&|a| (a.2 / 50 * 50) as i64),
+        );
         println!(
             "| reports answered / sent | {} / {} |",
             answered.load(Ordering::Relaxed),
