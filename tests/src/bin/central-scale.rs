@@ -227,6 +227,21 @@ fn with_slot(body: &[u8], slot: i64) -> Vec<u8> {
     report
 }
 
+/// Reports the central has read, and of those answered ahead of filing
+/// (an answer rendered before the report came), over its streams.
+async fn answered_ahead(central: &throttle_central::RunningCentral) -> (u64, u64) {
+    let conns = central
+        .monitor(throttle_central::Subject::Connections, Default::default())
+        .await
+        .unwrap_or_default();
+    let sum = |field: &str| {
+        conns["connections"]
+            .as_array()
+            .map_or(0, |c| c.iter().filter_map(|c| c[field].as_u64()).sum())
+    };
+    (sum("reports"), sum("answered_ahead"))
+}
+
 fn main() -> anyhow::Result<()> {
     let nodes = throttle_tests::arg("--nodes", 1000.0) as u64;
     let users = throttle_tests::arg("--users", 100.0) as u64;
@@ -377,10 +392,14 @@ fn main() -> anyhow::Result<()> {
             Instant::now(),
         );
         measuring.store(true, Ordering::Relaxed);
+        let ahead0 = answered_ahead(&central).await;
         let (late0, pushes0) = (
             late_pushes.load(Ordering::Relaxed),
             pushes.load(Ordering::Relaxed),
         );
+        // While the streams are open (they close as the nodes finish).
+        tokio::time::sleep_until(end.into()).await;
+        let ahead = answered_ahead(&central).await;
         for t in tasks {
             let _ = t.await;
         }
@@ -417,6 +436,11 @@ fn main() -> anyhow::Result<()> {
             answers.len(),
             count_by(&|a| a.1 - first_slot),
             count_by(&|a| (a.2 / 50 * 50) as i64),
+        );
+        println!(
+            "| reports answered ahead of filing (the central's count) | {} of {} |",
+            ahead.1.saturating_sub(ahead0.1),
+            ahead.0.saturating_sub(ahead0.0)
         );
         println!(
             "| reports answered / sent | {} / {} |",
