@@ -81,8 +81,9 @@ pub enum LegacyError {
         /// Dotted path of the amount.
         path: String,
     },
-    /// A [`v1::PackedQuota`] whose bits and amounts do not match.
-    #[error("packed quota of `{service}`: {error}")]
+    /// A [`v1::PackedQuota`] or [`v1::PackedUsage`] whose bits and amounts
+    /// do not match.
+    #[error("packed table of `{service}`: {error}")]
     Packed {
         /// The table's service.
         service: String,
@@ -119,10 +120,28 @@ pub fn report_from_json(json: &str) -> Result<v1::Report, LegacyError> {
     parse::<JsonReport>(json).map(v1::Report::from)
 }
 
-/// Writes a [`v1::Report`] as legacy JSON.
-pub fn report_to_json(report: &v1::Report) -> String {
+/// Writes a [`v1::Report`] as legacy JSON. [`v1::Report::packed`] tables
+/// are written as the map entries they stand for ([`v1::Report::unpack`]).
+///
+/// # Errors
+///
+/// [`LegacyError::Packed`] for a packed table that does not decode.
+pub fn report_to_json(report: &v1::Report) -> Result<String, LegacyError> {
+    let json = if report.packed.is_empty() {
+        JsonReport::from(report)
+    } else {
+        let mut unpacked = report.clone();
+        if let Err(error) = unpacked.unpack() {
+            let service = unpacked.packed.first().map(|t| t.service.clone());
+            return Err(LegacyError::Packed {
+                service: service.unwrap_or_default(),
+                error,
+            });
+        }
+        JsonReport::from(&unpacked)
+    };
     // Maps of strings and integers always serialize.
-    serde_json::to_string(&JsonReport::from(report)).unwrap_or_default()
+    Ok(serde_json::to_string(&json).unwrap_or_default())
 }
 
 /// Parses a JSON quota into the protobuf [`v1::Quota`].
@@ -195,6 +214,7 @@ impl From<JsonReport> for v1::Report {
             slot_number: r.slot_number,
             consumption: usage_from_json(r.consumption),
             rejection: usage_from_json(r.rejection),
+            packed: Vec::new(),
         }
     }
 }
@@ -297,7 +317,7 @@ mod tests {
             10
         );
         let wire = v1::Report::decode(report.encode_to_vec().as_slice()).unwrap();
-        assert_eq!(json(&report_to_json(&wire)), json(REPORT));
+        assert_eq!(json(&report_to_json(&wire).unwrap()), json(REPORT));
     }
 
     #[test]
@@ -318,7 +338,7 @@ mod tests {
         assert!(r.consumption["front"].users.is_empty());
         assert!(r.rejection.contains_key("front"));
         assert_eq!(
-            json(&report_to_json(&r)),
+            json(&report_to_json(&r).unwrap()),
             json(
                 r#"{"node_id": "n", "slot_number": 7, "consumption": {"front": {}}, "rejection": {"front": {}}}"#
             )
@@ -436,6 +456,7 @@ mod tests {
                 slot_number,
                 consumption,
                 rejection,
+                packed: Vec::new(),
             },
         )
     }
@@ -460,7 +481,7 @@ mod tests {
         fn reports_round_trip(r in report()) {
             let wire = v1::Report::decode(r.encode_to_vec().as_slice()).unwrap();
             prop_assert_eq!(&wire, &r);
-            let back = report_from_json(&report_to_json(&wire)).unwrap();
+            let back = report_from_json(&report_to_json(&wire).unwrap()).unwrap();
             prop_assert_eq!(back, r);
         }
 
@@ -470,6 +491,37 @@ mod tests {
             prop_assert_eq!(&wire, &q);
             let back = quota_from_json(&quota_to_json(&wire).unwrap()).unwrap();
             prop_assert_eq!(back, q);
+        }
+
+        /// A report whose usages are packed is written as the report they
+        /// stand for.
+        #[test]
+        fn packed_reports_are_written_as_what_they_stand_for(r in report()) {
+            let mut packed = r.clone();
+            for (rejection, usages) in [(false, std::mem::take(&mut packed.consumption)), (true, std::mem::take(&mut packed.rejection))] {
+                for (service, usage) in usages {
+                    let resources: Vec<String> = usage
+                        .users
+                        .values()
+                        .flat_map(|a| a.resources.keys().cloned())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    let mut table = v1::PackedUsage { service, rejection, resources, ..Default::default() };
+                    for (user, amounts) in usage.users {
+                        let mut bits = Vec::new();
+                        for (name, amount) in amounts.resources {
+                            let bit = table.resources.iter().position(|r| *r == name).unwrap_or(0);
+                            bits.resize(bits.len().max(bit / 8 + 1), 0u8);
+                            bits[bit / 8] |= 1 << (bit % 8);
+                            table.amounts.push(amount);
+                        }
+                        table.users.push(v1::PackedUser { user, resources: bits });
+                    }
+                    packed.packed.push(table);
+                }
+            }
+            prop_assert_eq!(report_to_json(&packed).unwrap(), report_to_json(&r).unwrap());
         }
 
         /// A quota whose tables are packed is written as the quota they

@@ -83,6 +83,63 @@ pub enum PackedError {
     },
 }
 
+/// What a central node puts in [`v1::Welcome::accepts`] when it reads
+/// reports written as [`v1::PackedUsage`]s.
+pub const PACKED_REPORTS: &str = "packed-reports";
+
+/// A packed table's users, each with its amount per resource: the users in
+/// `users` with their bits over `resources`, the amounts one after the
+/// other in `amounts`.
+fn unpack_users<T: Copy>(
+    resources: &[String],
+    users: &[v1::PackedUser],
+    amounts: &[T],
+) -> Result<std::collections::BTreeMap<String, std::collections::BTreeMap<String, T>>, PackedError>
+{
+    let wanted = || users.iter().map(|u| Bits::new(&u.resources).count()).sum();
+    let short = || PackedError::Amounts {
+        wanted: wanted(),
+        given: amounts.len(),
+    };
+    let mut next = amounts.iter();
+    let mut out = std::collections::BTreeMap::new();
+    for u in users {
+        let mut of_user = std::collections::BTreeMap::new();
+        for bit in Bits::new(&u.resources) {
+            let name = resources.get(bit).ok_or(PackedError::NoSuchResource {
+                bit,
+                resources: resources.len(),
+            })?;
+            of_user.insert(name.clone(), *next.next().ok_or_else(short)?);
+        }
+        out.insert(u.user.clone(), of_user);
+    }
+    if next.next().is_some() {
+        return Err(short());
+    }
+    Ok(out)
+}
+
+/// Moves each table of `packed` into the maps with `insert`, in order; at
+/// the first one that `convert` refuses, puts it and those after it back.
+fn unpack_tables<T, U>(
+    packed: &mut Vec<T>,
+    convert: impl Fn(&T) -> Result<U, PackedError>,
+    mut insert: impl FnMut(T, U),
+) -> Result<(), PackedError> {
+    let mut tables = std::mem::take(packed).into_iter();
+    while let Some(table) = tables.next() {
+        match convert(&table) {
+            Ok(converted) => insert(table, converted),
+            Err(e) => {
+                *packed = std::iter::once(table).chain(tables).collect();
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 impl v1::PackedQuota {
     /// The table's users with their quotas, as a `services` entry holds
     /// them.
@@ -91,37 +148,62 @@ impl v1::PackedQuota {
     ///
     /// [`PackedError`] if the bits and the amounts do not match.
     pub fn to_user_quotas(&self) -> Result<v1::UserQuotas, PackedError> {
-        let mut amounts = self.amounts.iter();
-        let mut users = std::collections::BTreeMap::new();
-        for u in &self.users {
-            let mut resources = std::collections::BTreeMap::new();
-            for bit in Bits::new(&u.resources) {
-                let name = self.resources.get(bit).ok_or(PackedError::NoSuchResource {
-                    bit,
-                    resources: self.resources.len(),
-                })?;
-                let amount = amounts.next().ok_or(PackedError::Amounts {
-                    wanted: self.wanted(),
-                    given: self.amounts.len(),
-                })?;
-                resources.insert(name.clone(), f64::from(*amount));
-            }
-            users.insert(u.user.clone(), v1::ResourceQuotas { resources });
-        }
-        if amounts.next().is_some() {
-            return Err(PackedError::Amounts {
-                wanted: self.wanted(),
-                given: self.amounts.len(),
-            });
-        }
-        Ok(v1::UserQuotas { users })
+        let users = unpack_users(&self.resources, &self.users, &self.amounts)?;
+        let users = users.into_iter().map(|(user, resources)| {
+            let resources = resources
+                .into_iter()
+                .map(|(r, a)| (r, f64::from(a)))
+                .collect();
+            (user, v1::ResourceQuotas { resources })
+        });
+        Ok(v1::UserQuotas {
+            users: users.collect(),
+        })
     }
+}
 
-    fn wanted(&self) -> usize {
-        self.users
-            .iter()
-            .map(|u| Bits::new(&u.resources).count())
-            .sum()
+impl v1::PackedUsage {
+    /// The table's users with their amounts, as a `consumption` or
+    /// `rejection` entry holds them.
+    ///
+    /// # Errors
+    ///
+    /// [`PackedError`] if the bits and the amounts do not match.
+    pub fn to_usage(&self) -> Result<v1::Usage, PackedError> {
+        let users = unpack_users(&self.resources, &self.users, &self.amounts)?;
+        let users = users
+            .into_iter()
+            .map(|(user, resources)| (user, v1::Amounts { resources }));
+        Ok(v1::Usage {
+            users: users.collect(),
+        })
+    }
+}
+
+impl v1::Report {
+    /// Moves every [`v1::PackedUsage`] into `consumption` or `rejection`
+    /// (replacing the service's entry there, if any), leaving `packed`
+    /// empty: the form every reader of the maps understands.
+    ///
+    /// # Errors
+    ///
+    /// [`PackedError`] for a packed table whose bits and amounts do not
+    /// match; the tables before it are moved, it and those after it are
+    /// left in `packed`.
+    pub fn unpack(&mut self) -> Result<(), PackedError> {
+        let (consumption, rejection) = (&mut self.consumption, &mut self.rejection);
+        unpack_tables(
+            &mut self.packed,
+            v1::PackedUsage::to_usage,
+            |table, usage| {
+                let kind = if table.rejection {
+                    &mut *rejection
+                } else {
+                    &mut *consumption
+                };
+                kind.insert(table.service, usage);
+            },
+        )
     }
 }
 
@@ -172,23 +254,17 @@ impl v1::Quota {
     /// match; the tables before it are moved, it and those after it are
     /// left in `packed`.
     pub fn unpack(&mut self) -> Result<(), PackedError> {
-        let packed = std::mem::take(&mut self.packed);
-        let mut tables = packed.into_iter();
-        while let Some(table) = tables.next() {
-            match table.to_user_quotas() {
-                Ok(users) => {
-                    self.services
-                        .entry(table.service)
-                        .or_default()
-                        .slots
-                        .insert(table.slot, users);
-                }
-                Err(e) => {
-                    self.packed = std::iter::once(table).chain(tables).collect();
-                    return Err(e);
-                }
-            }
-        }
-        Ok(())
+        let services = &mut self.services;
+        unpack_tables(
+            &mut self.packed,
+            v1::PackedQuota::to_user_quotas,
+            |table, users| {
+                services
+                    .entry(table.service)
+                    .or_default()
+                    .slots
+                    .insert(table.slot, users);
+            },
+        )
     }
 }

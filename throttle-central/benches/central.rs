@@ -45,6 +45,7 @@ fn report(node: usize, slot: i64, users: impl Iterator<Item = usize>) -> v1::Rep
         slot_number: slot,
         consumption: [("front".to_string(), v1::Usage { users })].into(),
         rejection: [("front".to_string(), v1::Usage::default())].into(),
+        packed: Vec::new(),
     }
 }
 

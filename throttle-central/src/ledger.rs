@@ -1136,7 +1136,9 @@ impl Ledger {
     }
 
     /// Files a report: charges the buckets, updates the distribution and the
-    /// sums, and lets each service's policy see it.
+    /// sums, and lets each service's policy see it. Reads the report's maps:
+    /// unpack its [`packed`](v1::Report::packed) usages first
+    /// ([`v1::Report::unpack`]), as the server does.
     ///
     /// # Errors
     ///

@@ -32,7 +32,7 @@ use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::server::central_server::{Central as CentralRpc, CentralServer};
 use throttle_proto::wire::{Inbound, Outbound, RawReport, RawReportError};
-use throttle_proto::{MAX_NAME_LEN, PACKED_QUOTAS};
+use throttle_proto::{MAX_NAME_LEN, PACKED_QUOTAS, PACKED_REPORTS};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -530,9 +530,15 @@ impl Received {
         match RawReport::parse(bytes.clone()) {
             Ok(raw) => Ok(Self::Raw(raw)),
             Err(why) => match v1::Report::decode(bytes) {
-                Ok(report) => {
+                Ok(mut report) => {
                     if why == RawReportError::Unordered {
                         counter!("throttle_central_reports_decoded_total").increment(1);
+                    }
+                    // Packed usages as the maps the ledger reads.
+                    if let Err(e) = report.unpack() {
+                        counter!("throttle_central_invalid_messages_total", "reason" => "packed")
+                            .increment(1);
+                        return Err(Status::invalid_argument(format!("unreadable report: {e}")));
                     }
                     Ok(Self::Decoded(report))
                 }
@@ -1125,6 +1131,7 @@ impl CentralService {
         let welcome = central_message::Kind::Welcome(v1::Welcome {
             slot_ms: self.slot.as_ms(),
             epoch: 0,
+            accepts: vec![PACKED_REPORTS.to_owned()],
         });
         // Welcome goes out before the stream is registered for pushes.
         if tx.send(message(welcome)).await.is_err() {

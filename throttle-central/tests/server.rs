@@ -227,6 +227,53 @@ async fn hello_welcome_report_quota() {
     central.shutdown().await;
 }
 
+/// A report written packed, as throttle's nodes write them for a central
+/// whose Welcome accepts it, is filed as the same report written as maps.
+#[tokio::test]
+async fn a_packed_report_is_filed_as_the_report_it_stands_for() {
+    let central = start(Central::builder()).await;
+    let mut n = open(central.grpc_addr(), hello("n1", SLOT_MS)).await;
+    match n.recv().await.unwrap() {
+        central_message::Kind::Welcome(w) => {
+            assert_eq!(w.accepts, [throttle_proto::PACKED_REPORTS]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let s = current_slot();
+    // alice 3 requests and 7 bytes up; bob 2 requests refused.
+    let table = |rejection: bool, users: Vec<(&str, Vec<u8>)>, amounts: Vec<i64>| v1::PackedUsage {
+        service: "front".into(),
+        rejection,
+        resources: vec!["requests".into(), "traffic_up".into()],
+        users: users
+            .into_iter()
+            .map(|(user, bits)| v1::PackedUser {
+                user: user.into(),
+                resources: bits,
+            })
+            .collect(),
+        amounts,
+    };
+    let report = v1::Report {
+        node_id: "n1".into(),
+        slot_number: s,
+        packed: vec![
+            table(false, vec![("alice", vec![0b11])], vec![3, 7]),
+            table(true, vec![("bob", vec![0b01])], vec![2]),
+        ],
+        ..v1::Report::default()
+    };
+    let q = n.exchange(report).await.unwrap();
+    assert_eq!(q.report_slot, Some(s));
+    let sums = json(&central, "/v1/monitor/consumption_sum").await;
+    let slot = (s - 1).to_string();
+    assert_eq!(sums["front"][&slot]["alice"]["requests"], 3);
+    assert_eq!(sums["front"][&slot]["alice"]["traffic_up"], 7);
+    let refused = json(&central, "/v1/monitor/rejection_sum").await;
+    assert_eq!(refused["front"][&slot]["bob"]["requests"], 2);
+    central.shutdown().await;
+}
+
 #[tokio::test]
 async fn reports_after_an_assign_are_answered_ahead_of_filing() {
     let central = start(Central::builder().limits(limits(

@@ -274,6 +274,7 @@ impl ReporterBuilder {
             pending: VecDeque::new(),
             last_collected,
             announced: 0,
+            packed_reports: false,
             status: status_tx,
         };
         let mut run = run;
@@ -290,6 +291,8 @@ impl ReporterBuilder {
 struct Pending {
     slot: i64,
     report: Bytes,
+    /// Written as packed usages.
+    packed: bool,
     sent: Option<Instant>,
 }
 
@@ -304,6 +307,9 @@ struct Run {
     report_after: Duration,
     /// Services named in the last Hello.
     announced: usize,
+    /// The last central node reached reads packed reports: reports are
+    /// written packed for it (and rewritten should the next one not).
+    packed_reports: bool,
     status: watch::Sender<ReporterStatus>,
 }
 
@@ -353,7 +359,8 @@ enum Ended {
 }
 
 enum Opened {
-    Stream(mpsc::Sender<Inbound>, Box<tonic::Streaming<Answer>>),
+    /// A stream, and whether its central reads packed reports.
+    Stream(mpsc::Sender<Inbound>, Box<tonic::Streaming<Answer>>, bool),
     Redirect(String),
 }
 
@@ -389,7 +396,13 @@ async fn open(
         .await
         .map_err(|_| OpenError::NoWelcome)??;
     match first {
-        Some(Answer::Welcome(_)) => Ok(Opened::Stream(tx, Box::new(inbound))),
+        Some(Answer::Welcome(w)) => {
+            let packed = w
+                .accepts
+                .iter()
+                .any(|a| a == throttle_proto::PACKED_REPORTS);
+            Ok(Opened::Stream(tx, Box::new(inbound), packed))
+        }
         Some(Answer::NotLeader(nl)) => Ok(Opened::Redirect(nl.leader)),
         _ => Err(OpenError::NoWelcome),
     }
@@ -424,7 +437,11 @@ impl Run {
             return true;
         }
         self.last_collected = finished;
-        let report = self.cfg.store.collect_encoded(finished, &self.cfg.node_id);
+        let packed = self.packed_reports;
+        let report = self
+            .cfg
+            .store
+            .collect_encoded_as(finished, &self.cfg.node_id, packed);
         let slot = finished + 1;
         let mut ok = true;
         let sent = match tx {
@@ -434,7 +451,12 @@ impl Run {
             }
             None => None,
         };
-        self.pending.push_back(Pending { slot, report, sent });
+        self.pending.push_back(Pending {
+            slot,
+            report,
+            packed,
+            sent,
+        });
         while self.pending.len() > self.cfg.max_buffered {
             if let Some(p) = self.pending.pop_front() {
                 counter!("throttle_reports_dropped_total").increment(1);
@@ -504,8 +526,9 @@ impl Run {
                 }
             };
             match opened {
-                Ok(Opened::Stream(tx, inbound)) => {
+                Ok(Opened::Stream(tx, inbound, packed_reports)) => {
                     backoff = self.cfg.backoff_min;
+                    self.packed_reports = packed_reports;
                     if self.connected(&endpoint, tx, inbound).await == Ended::Announce {
                         // A new stream at once: its Hello names the new
                         // service, and the central pushes its quotas.
@@ -539,6 +562,9 @@ impl Run {
             "connected to central node"
         );
         gauge!("throttle_reporter_connected").set(1.0);
+        if !self.packed_reports {
+            self.unpack_pending();
+        }
         let now = Instant::now();
         let mut replayed = 0;
         for p in &mut self.pending {
@@ -607,6 +633,29 @@ impl Run {
         gauge!("throttle_reporter_connected").set(0.0);
         self.publish(|s| s.connected = false);
         ended
+    }
+
+    /// Rewrites the reports written packed for an earlier central node as
+    /// the original maps, for one that does not read packed reports.
+    fn unpack_pending(&mut self) {
+        self.pending.retain_mut(|p| {
+            if !p.packed {
+                return true;
+            }
+            match throttle_proto::wire::unpacked_report(&p.report) {
+                Ok(report) => {
+                    p.report = report;
+                    p.packed = false;
+                    true
+                }
+                // Only a report this node did not encode could fail here.
+                Err(e) => {
+                    counter!("throttle_reports_dropped_total").increment(1);
+                    tracing::error!(slot = p.slot, error = %e, "buffered report unreadable; dropped");
+                    false
+                }
+            }
+        });
     }
 
     fn quota(&mut self, bytes: Bytes) {

@@ -1086,7 +1086,7 @@ impl ServiceStore {
     /// Drains `slot` (and older) into `report`, as prost writes a
     /// [`v1::Usage`]: users and their resources in name order, each user
     /// once.
-    fn collect_into(&self, slot: i64, report: &mut ReportEncoder) {
+    fn collect_into(&self, slot: i64, report: &mut ReportEncoder, packed: bool) {
         // Each user's name, copied out of the map, and counts; sorted by
         // name through a list of small keys rather than moving the counts.
         let mut users = String::new();
@@ -1106,7 +1106,15 @@ impl ServiceStore {
             users.get(start..start + len).unwrap_or_default()
         };
         order.sort_unstable_by(|a, b| name(a).cmp(name(b)));
-        let (mut consumption, mut rejection) = (UsageEncoder::new(), UsageEncoder::new());
+        let (mut consumption, mut rejection) = if packed {
+            let sorted = || by_name.iter().map(|&r| &*names[r]);
+            (
+                UsageEncoder::packed(sorted()),
+                UsageEncoder::packed(sorted()),
+            )
+        } else {
+            (UsageEncoder::new(), UsageEncoder::new())
+        };
         let mut totals = Totals::default();
         let mut order = order.iter().peekable();
         while let Some(first) = order.next() {
@@ -1355,12 +1363,19 @@ impl SlotStore {
     /// it, with no message built): what the reporter sends. See
     /// [`SlotStore::collect`].
     pub fn collect_encoded(&self, slot: i64, node_id: &str) -> Bytes {
+        self.collect_encoded_as(slot, node_id, false)
+    }
+
+    /// [`SlotStore::collect_encoded`], with each service's usage written as
+    /// [`v1::PackedUsage`]s if `packed` (for a central node whose Welcome
+    /// accepts [`PACKED_REPORTS`](throttle_proto::PACKED_REPORTS)).
+    pub fn collect_encoded_as(&self, slot: i64, node_id: &str, packed: bool) -> Bytes {
         let mut services: Vec<Arc<ServiceStore>> = self.shared.services.lock().clone();
         // A report's maps are in key order, as prost writes them.
         services.sort_by(|a, b| a.name.cmp(&b.name));
         let mut report = ReportEncoder::new();
         for s in services {
-            s.collect_into(slot, &mut report);
+            s.collect_into(slot, &mut report, packed);
         }
         report.finish(node_id, slot + 1)
     }

@@ -564,6 +564,7 @@ mod grpc {
                         let welcome = central_message::Kind::Welcome(v1::Welcome {
                             slot_ms: 1000,
                             epoch: 0,
+                            accepts: Vec::new(),
                         });
                         let _ = tx
                             .send(Ok(v1::CentralMessage {

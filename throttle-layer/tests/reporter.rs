@@ -32,6 +32,8 @@ struct Fake {
     redirect: Option<String>,
     /// Quota answered for slot S+1: user -> requests.
     answer: Option<(&'static str, f64)>,
+    /// What its Welcome accepts.
+    accepts: Vec<String>,
 }
 
 fn quota_message(
@@ -85,6 +87,7 @@ impl Central for Fake {
                         let w = central_message::Kind::Welcome(v1::Welcome {
                             slot_ms: SLOT_MS,
                             epoch: 1,
+                            accepts: this.accepts.clone(),
                         });
                         let _ = tx.send(Ok(v1::CentralMessage { kind: Some(w) })).await;
                     }
@@ -167,6 +170,7 @@ fn fake(answer: Option<(&'static str, f64)>) -> (Fake, mpsc::UnboundedReceiver<E
             streams: Arc::default(),
             redirect: None,
             answer,
+            accepts: Vec::new(),
         },
         rx,
     )
@@ -204,7 +208,40 @@ async fn next_report(rx: &mut mpsc::UnboundedReceiver<Event>) -> v1::Report {
     }
 }
 
+/// alice admitted once in each of five slots while the central node is
+/// away, her reports buffered; returns how many were admitted.
+async fn admit_alice_for_five_slots(
+    front: &Arc<throttle_layer::store::ServiceStore>,
+    req: throttle_layer::store::ResourceId,
+    handle: &ReporterHandle,
+) -> i64 {
+    for _ in 0..5 {
+        front.admit("alice", &[(req, 1)], Fallback::Allow);
+        tokio::time::sleep(Duration::from_millis(u64::from(SLOT_MS))).await;
+    }
+    assert!(handle.status().buffered >= 3, "{:?}", handle.status());
+    5
+}
+
+/// alice's requests over `reports`, each slot's once (a report replayed
+/// counts once): all `admitted` but at most the current slot's.
+fn alice_counted_once(reports: &[v1::Report], admitted: i64) {
+    let mut seen = std::collections::BTreeMap::new();
+    for r in reports {
+        seen.entry(r.slot_number)
+            .or_insert_with(|| requests(r, "alice"));
+    }
+    let counted: i64 = seen.values().sum();
+    assert!(
+        counted >= admitted - 1 && counted <= admitted,
+        "at most the current slot is still unreported: {counted} of {admitted}"
+    );
+}
+
+/// `user`'s requests in service front, packed or not.
 fn requests(r: &v1::Report, user: &str) -> i64 {
+    let mut r = r.clone();
+    r.unpack().unwrap();
     r.consumption
         .get("front")
         .and_then(|u| u.users.get(user))
@@ -337,13 +374,7 @@ async fn reconnects_and_replays_buffered_reports_in_order() {
     server.stop().await;
     within("disconnected", || !handle.status().connected).await;
     // Traffic while the central node is away, spread over several slots.
-    let mut admitted = 0;
-    for _ in 0..5 {
-        front.admit("alice", &[(req, 1)], Fallback::Allow);
-        admitted += 1;
-        tokio::time::sleep(Duration::from_millis(u64::from(SLOT_MS))).await;
-    }
-    assert!(handle.status().buffered >= 3, "{:?}", handle.status());
+    let admitted = admit_alice_for_five_slots(&front, req, &handle).await;
     let server = FakeServer::start(addr, f).await;
     within("reconnected and drained", || {
         let s = handle.status();
@@ -365,17 +396,49 @@ async fn reconnects_and_replays_buffered_reports_in_order() {
         replay.windows(2).all(|w| w[1] == w[0] + 1),
         "in order, no gap: {received:?}"
     );
-    let mut seen = std::collections::BTreeMap::new();
-    for r in &reports {
-        seen.entry(r.slot_number)
-            .or_insert_with(|| requests(r, "alice"));
-    }
-    let counted: i64 = seen.values().sum();
-    assert!(counted <= admitted);
+    alice_counted_once(&reports, admitted);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reports_are_packed_for_a_central_that_reads_them_and_unpacked_for_one_that_does_not() {
+    let (mut f, mut events) = fake(None);
+    f.accepts = vec![throttle_proto::PACKED_REPORTS.to_owned()];
+    let server = FakeServer::start("127.0.0.1:0".parse().unwrap(), f.clone()).await;
+    let addr = server.addr;
+    let store = store();
+    let front = store.service("front");
+    let req = front.resource("requests").unwrap();
+    let handle = reporter(&store, &[server.url()]);
+    let first = next_report(&mut events).await;
     assert!(
-        counted >= admitted - 1,
-        "at most the current slot is still unreported: {counted} of {admitted}"
+        first.consumption.is_empty() && first.packed.len() == 2,
+        "front's consumption and rejection, packed: {first:?}"
     );
+    server.stop().await;
+    within("disconnected", || !handle.status().connected).await;
+    while events.try_recv().is_ok() {}
+    // Reports written packed while away, for the central last reached.
+    let admitted = admit_alice_for_five_slots(&front, req, &handle).await;
+    // Back, without packed reports.
+    f.accepts.clear();
+    let server = FakeServer::start(addr, f).await;
+    within("reconnected and drained", || {
+        let s = handle.status();
+        s.connected && s.buffered == 0 && s.connections == 2
+    })
+    .await;
+    let mut reports = vec![next_report(&mut events).await];
+    while let Ok(e) = events.try_recv() {
+        if let Event::Report(r) = e {
+            reports.push(r);
+        }
+    }
+    assert!(
+        reports.iter().all(|r| r.packed.is_empty()),
+        "rewritten as maps: {reports:?}"
+    );
+    alice_counted_once(&reports, admitted);
     server.stop().await;
 }
 
@@ -557,6 +620,7 @@ impl throttle_proto::wire::server::central_server::Central for RawSender {
                     let w = central_message::Kind::Welcome(v1::Welcome {
                         slot_ms: SLOT_MS,
                         epoch: 1,
+                        accepts: Vec::new(),
                     });
                     let _ = tx
                         .send(Ok(Outbound::Message(v1::CentralMessage { kind: Some(w) })))

@@ -13,10 +13,9 @@ use prost::encoding::{DecodeContext, WireType, encode_varint, encoded_len_varint
 
 use super::{
     CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, ENTRY_VALUE, Field, Fields, MAP_FIELD, Names, PACKED_AMOUNTS,
-    PACKED_RESOURCES, PACKED_SERVICE, PACKED_SLOT, PACKED_USER_BITS, PACKED_USER_NAME,
-    PACKED_USERS, QUOTA_PACKED, QUOTA_REPORT_SLOT, QUOTA_SERVICES, RawReportError, RawUser,
-    delimited_len, key_len, map_entry, merge_kind, name_at, put_delimited_header, put_key, put_str,
-    utf8,
+    PACKED_RESOURCES, PACKED_SERVICE, PACKED_SLOT, PACKED_USERS, QUOTA_PACKED, QUOTA_REPORT_SLOT,
+    QUOTA_SERVICES, RawReportError, RawUser, delimited_len, key_len, map_entry, merge_kind,
+    name_at, put_delimited_header, put_key, put_str, utf8,
 };
 use crate::v1;
 
@@ -257,35 +256,6 @@ fn quota_entry(body: &[u8]) -> Result<(&[u8], f64), RawQuotaError> {
     Ok((string_key(key)?, quota))
 }
 
-/// A `PackedUser`: its checked name and its bits; read without
-/// [`Fields::next_field`]'s loop when laid out as the central writes it
-/// (the name, then the bits, each once).
-#[inline]
-fn packed_user(body: &[u8]) -> Result<(&[u8], &[u8]), RawQuotaError> {
-    let mut f = Fields::new(body);
-    if let Some(name) = f.short_delimited(PACKED_USER_NAME)
-        && let Some(bits) = f.short_delimited(PACKED_USER_BITS)
-        && f.buf.is_empty()
-    {
-        return Ok((utf8(name)?, bits));
-    }
-    let (mut name, mut bits) = (&[][..], &[][..]);
-    let mut f = Fields::new(body);
-    while let Some((n, field)) = f.next_field()? {
-        match (n, field) {
-            (PACKED_USER_NAME, Field::Bytes(b)) => name = utf8(b)?,
-            (PACKED_USER_BITS, Field::Bytes(b)) => bits = b,
-            (PACKED_USER_NAME | PACKED_USER_BITS, _) => {
-                return Err(RawQuotaError::Malformed(
-                    "packed user field of the wrong type",
-                ));
-            }
-            _ => {}
-        }
-    }
-    Ok((name, bits))
-}
-
 /// The `float`s of a packed table's amounts, given in one or more fields
 /// (each a multiple of 4 bytes).
 struct Floats<'a> {
@@ -422,17 +392,7 @@ impl RawQuota {
         };
         let first = self.users.len();
         let mut f = Fields::new(body);
-        loop {
-            // Without the general loop where laid out as the central writes.
-            let user = match f.short_delimited(PACKED_USERS) {
-                Some(user) => user,
-                None => match f.next_field()? {
-                    Some((PACKED_USERS, Field::Bytes(user))) => user,
-                    Some(_) => continue,
-                    None => break,
-                },
-            };
-            let (name, bits) = packed_user(user)?;
+        while let Some((name, bits)) = f.next_packed_user()? {
             let start = self.quotas.len();
             for bit in crate::Bits::new(bits) {
                 let resource = *resources.get(bit).ok_or(RawQuotaError::Malformed(
@@ -563,10 +523,21 @@ impl<'a> Iterator for QuotaResources<'a> {
 /// rejection in a report), user by user, as prost writes them: give users
 /// in increasing name order, and each user's resources in increasing name
 /// order, as the central's [`RawReport`](super::RawReport) reads them
-/// fastest (out of order it decodes them with prost instead).
+/// fastest (out of order it decodes them with prost instead). Or, made
+/// with [`UsageEncoder::packed`], as a [`v1::PackedUsage`].
 #[derive(Debug, Default, Clone)]
 pub struct UsageEncoder {
     users: Vec<u8>,
+    packed: Option<PackedParts>,
+}
+
+/// A packed usage's resources, in the order of its bits, and its amounts
+/// (varints); scratch for one user's (bit, amount) pairs.
+#[derive(Debug, Default, Clone)]
+struct PackedParts {
+    resources: Vec<String>,
+    amounts: Vec<u8>,
+    user: Vec<(usize, i64)>,
 }
 
 /// A string map key, left out when empty, as prost leaves out defaults.
@@ -601,6 +572,19 @@ impl UsageEncoder {
         Self::default()
     }
 
+    /// No users yet, written as a [`v1::PackedUsage`] of `resources` (give
+    /// them in increasing name order, as the central reads them fastest;
+    /// a resource a user has that is not among them is added after them).
+    pub fn packed<'a>(resources: impl IntoIterator<Item = &'a str>) -> Self {
+        Self {
+            users: Vec::new(),
+            packed: Some(PackedParts {
+                resources: resources.into_iter().map(str::to_owned).collect(),
+                ..PackedParts::default()
+            }),
+        }
+    }
+
     /// Whether no user was added.
     pub fn is_empty(&self) -> bool {
         self.users.is_empty()
@@ -612,6 +596,10 @@ impl UsageEncoder {
         I: IntoIterator<Item = (&'a str, i64)>,
         I::IntoIter: Clone,
     {
+        if let Some(parts) = &mut self.packed {
+            parts.user(&mut self.users, user, amounts);
+            return;
+        }
         let amounts = amounts.into_iter();
         let amounts_len: usize = amounts
             .clone()
@@ -641,13 +629,65 @@ impl UsageEncoder {
     }
 }
 
+impl PackedParts {
+    /// A `PackedUser` of `user` into `users`, its amounts in the order of
+    /// its bits (a resource given twice keeps the last amount, as a map
+    /// would).
+    fn user<'a>(
+        &mut self,
+        users: &mut Vec<u8>,
+        user: &str,
+        amounts: impl IntoIterator<Item = (&'a str, i64)>,
+    ) {
+        self.user.clear();
+        for (name, amount) in amounts {
+            let bit = match self.resources.iter().position(|r| r == name) {
+                Some(bit) => bit,
+                None => {
+                    self.resources.push(name.to_owned());
+                    self.resources.len() - 1
+                }
+            };
+            match self.user.iter_mut().find(|(b, _)| *b == bit) {
+                Some(e) => e.1 = amount,
+                None => self.user.push((bit, amount)),
+            }
+        }
+        self.user.sort_unstable_by_key(|&(bit, _)| bit);
+        let bytes = self.user.last().map_or(0, |&(bit, _)| bit / 8 + 1);
+        let body = key_len_of(user)
+            + if bytes > 0 {
+                delimited_len(super::PACKED_USER_BITS, bytes)
+            } else {
+                0
+            };
+        put_delimited_header(users, super::PACKED_USERS, body);
+        if !user.is_empty() {
+            put_str(users, super::PACKED_USER_NAME, user);
+        }
+        if bytes > 0 {
+            put_delimited_header(users, super::PACKED_USER_BITS, bytes);
+            let at = users.len();
+            users.resize(at + bytes, 0);
+            for &(bit, _) in &self.user {
+                users[at + bit / 8] |= 1 << (bit % 8);
+            }
+        }
+        for &(_, amount) in &self.user {
+            encode_varint(amount as u64, &mut self.amounts);
+        }
+    }
+}
+
 /// Writes a [`v1::Report`] from its services' [`UsageEncoder`]s: the bytes
 /// prost writes for the same report, with no message built. Give services
-/// in increasing name order.
+/// in increasing name order. A service whose encoders are
+/// [packed](UsageEncoder::packed) goes in [`v1::Report::packed`].
 #[derive(Debug, Default)]
 pub struct ReportEncoder {
     consumption: Vec<u8>,
     rejection: Vec<u8>,
+    packed: Vec<u8>,
 }
 
 impl ReportEncoder {
@@ -658,6 +698,11 @@ impl ReportEncoder {
 
     /// Adds `service`'s consumption and rejection.
     pub fn service(&mut self, service: &str, consumption: &UsageEncoder, rejection: &UsageEncoder) {
+        for (usage, is_rejection) in [(consumption, false), (rejection, true)] {
+            if let Some(parts) = &usage.packed {
+                self.packed_usage(service, is_rejection, &usage.users, parts);
+            }
+        }
         for (buf, field, usage) in [
             (&mut self.consumption, REPORT_CONSUMPTION, consumption),
             (&mut self.rejection, REPORT_REJECTION, rejection),
@@ -667,6 +712,9 @@ impl ReportEncoder {
             } else {
                 delimited_len(ENTRY_VALUE, usage.users.len())
             };
+            if usage.packed.is_some() {
+                continue;
+            }
             put_delimited_header(buf, field, key_len_of(service) + value_len);
             put_key_str(buf, service);
             if !usage.is_empty() {
@@ -676,13 +724,46 @@ impl ReportEncoder {
         }
     }
 
+    /// `PackedUsage { service, rejection, resources, users, amounts }`.
+    fn packed_usage(&mut self, service: &str, rejection: bool, users: &[u8], parts: &PackedParts) {
+        use super::{PACKED_AMOUNTS, PACKED_REJECTION, PACKED_RESOURCES, PACKED_SERVICE};
+        let resources: usize = parts
+            .resources
+            .iter()
+            .map(|r| delimited_len(PACKED_RESOURCES, r.len()))
+            .sum();
+        let body = delimited_len(PACKED_SERVICE, service.len())
+            + if rejection {
+                key_len(PACKED_REJECTION) + 1
+            } else {
+                0
+            }
+            + resources
+            + users.len()
+            + delimited_len(PACKED_AMOUNTS, parts.amounts.len());
+        let buf = &mut self.packed;
+        put_delimited_header(buf, super::REPORT_PACKED, body);
+        put_str(buf, PACKED_SERVICE, service);
+        if rejection {
+            put_key(buf, PACKED_REJECTION, WireType::Varint);
+            buf.push(1);
+        }
+        for r in &parts.resources {
+            put_str(buf, PACKED_RESOURCES, r);
+        }
+        buf.extend_from_slice(users);
+        put_delimited_header(buf, PACKED_AMOUNTS, parts.amounts.len());
+        buf.extend_from_slice(&parts.amounts);
+    }
+
     /// The encoded [`v1::Report`] of `node_id` for `slot_number`.
     pub fn finish(self, node_id: &str, slot_number: i64) -> Bytes {
         let mut out = Vec::with_capacity(
             delimited_len(REPORT_NODE_ID, node_id.len())
                 + 11
                 + self.consumption.len()
-                + self.rejection.len(),
+                + self.rejection.len()
+                + self.packed.len(),
         );
         if !node_id.is_empty() {
             put_str(&mut out, REPORT_NODE_ID, node_id);
@@ -693,8 +774,35 @@ impl ReportEncoder {
         }
         out.extend_from_slice(&self.consumption);
         out.extend_from_slice(&self.rejection);
+        out.extend_from_slice(&self.packed);
         out.into()
     }
+}
+
+/// Why [`unpacked_report`] could not rewrite a report.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    /// Not the encoding of a [`v1::Report`].
+    #[error("not a report: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// A packed table whose bits and amounts do not match.
+    #[error("packed usage: {0}")]
+    Packed(#[from] crate::PackedError),
+}
+
+/// The encoded report `bytes` with its [`v1::PackedUsage`]s written as the
+/// original maps, for a central node that does not read them: a report
+/// encoded packed for one central node and sent again to another after a
+/// reconnection.
+///
+/// # Errors
+///
+/// [`UnpackError`] if `bytes` is not a report or a packed table does not
+/// decode.
+pub fn unpacked_report(bytes: &[u8]) -> Result<Bytes, UnpackError> {
+    let mut report = v1::Report::decode(bytes)?;
+    report.unpack()?;
+    Ok(report.encode_to_vec().into())
 }
 
 #[cfg(test)]
@@ -921,7 +1029,7 @@ mod tests {
         fn answers_decode_as_central_messages(q in quota(), epoch in any::<u64>(), leader in name()) {
             for kind in [
                 Kind::Quota(q.clone()),
-                Kind::Welcome(v1::Welcome { slot_ms: 1000, epoch }),
+                Kind::Welcome(v1::Welcome { slot_ms: 1000, epoch, accepts: vec![crate::PACKED_REPORTS.into()] }),
                 Kind::NotLeader(v1::NotLeader { leader: leader.clone() }),
             ] {
                 let bytes = v1::CentralMessage { kind: Some(kind.clone()) }.encode_to_vec();
@@ -968,6 +1076,7 @@ mod tests {
                 slot_number,
                 consumption: services.iter().map(|(s, (c, _))| (s.clone(), c.clone())).collect(),
                 rejection: services.iter().map(|(s, (_, r))| (s.clone(), r.clone())).collect(),
+                packed: Vec::new(),
             };
             prop_assert_eq!(&report.finish(&node_id, slot_number)[..], &built.encode_to_vec()[..]);
         }

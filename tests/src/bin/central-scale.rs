@@ -16,8 +16,9 @@
 //! late) and slow points (a queue at some moment of every slot) look
 //! different there.
 //!
-//! Nodes accept packed quotas ([`v1::PackedQuota`]) as the reporter's do;
-//! `--classic 1` has them take the original form.
+//! Nodes accept packed quotas ([`v1::PackedQuota`]) and write packed
+//! reports ([`v1::PackedUsage`]) as the reporter's do with this central;
+//! `--classic 1` has them use the original forms both ways.
 //!
 //! Every node reports at boundary + 50 ms, as the original nodes did;
 //! `--spread-ms S` spreads them over S ms after that, each at the point
@@ -52,11 +53,11 @@ use throttle_central::{Central, LEDGER_THREAD};
 use throttle_layer::reporter::report_point;
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
 use throttle_proto::v1;
-use throttle_proto::wire::Inbound;
 use throttle_proto::wire::fields::{
     CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, MAP_FIELD as SLOTS, PACKED_SLOT, QUOTA_PACKED,
     QUOTA_REPORT_SLOT, QUOTA_SERVICES,
 };
+use throttle_proto::wire::{Inbound, ReportEncoder, UsageEncoder};
 use throttle_tests::fleet;
 
 fn cpu_seconds() -> f64 {
@@ -214,7 +215,38 @@ fn report(n: u64, users: u64, total_users: u64, slot: i64) -> v1::Report {
         slot_number: slot,
         consumption: [("front".to_string(), fleet::usage(n, users, total_users))].into(),
         rejection: [("front".to_string(), v1::Usage::default())].into(),
+        packed: Vec::new(),
     }
+}
+
+/// Node `n`'s report without its slot number, encoded as its maps or, as
+/// the reporter writes it for this central, with its usage packed.
+fn report_body(n: u64, users: u64, total_users: u64, packed: bool) -> Vec<u8> {
+    let report = report(n, users, total_users, 0);
+    if !packed {
+        return report.encode_to_vec();
+    }
+    let mut out = ReportEncoder::new();
+    for (service, consumption) in &report.consumption {
+        let encode = |usage: &v1::Usage| {
+            let resources: std::collections::BTreeSet<&str> = usage
+                .users
+                .values()
+                .flat_map(|a| a.resources.keys().map(String::as_str))
+                .collect();
+            let mut e = UsageEncoder::packed(resources);
+            for (user, amounts) in &usage.users {
+                e.user(
+                    user,
+                    amounts.resources.iter().map(|(r, a)| (r.as_str(), *a)),
+                );
+            }
+            e
+        };
+        let rejection = report.rejection.get(service).cloned().unwrap_or_default();
+        out.service(service, &encode(consumption), &encode(&rejection));
+    }
+    out.finish("", 0).to_vec()
 }
 
 /// A report for `slot` from the encoding of the same report for slot 0
@@ -254,7 +286,8 @@ fn main() -> anyhow::Result<()> {
     let spread = Duration::from_secs_f64(throttle_tests::arg("--spread-ms", 0.0).max(0.0) / 1000.0);
     // Round trips over this are listed by slot and report point.
     let slow_ms = throttle_tests::arg("--slow-ms", 5.0) as u64;
-    // Nodes accept packed quotas, as the reporter's do, unless `--classic 1`.
+    // Nodes accept packed quotas and write packed reports, as the
+    // reporter's do, unless `--classic 1`.
     let packed = throttle_tests::arg("--classic", 0.0) == 0.0;
     let accepts: Vec<String> = if packed {
         vec![throttle_proto::PACKED_QUOTAS.into()]
@@ -271,6 +304,12 @@ fn main() -> anyhow::Result<()> {
         ) == probe.encode_to_vec(),
         "a report with its slot put in front is not the report prost encodes"
     );
+    // And packed, it must be the same report once unpacked.
+    let mut unpacked = v1::Report::decode(
+        &with_slot(&report_body(0, users, total_users, true), probe.slot_number)[..],
+    )?;
+    unpacked.unpack()?;
+    anyhow::ensure!(unpacked == probe, "the packed report is not the report");
     let central_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(central_threads.max(1))
         .thread_name("central")
@@ -313,7 +352,7 @@ fn main() -> anyhow::Result<()> {
             let (accepts, quota_bytes) = (accepts.clone(), quota_bytes.clone());
             let delay = report_point(&fleet::node_id(n), Duration::from_millis(50), spread);
             tasks.push(tokio::spawn(async move {
-                let body = report(n, users, total_users, 0).encode_to_vec();
+                let body = report_body(n, users, total_users, packed);
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
                 let hello = v1::Hello {
                     node_id: fleet::node_id(n),
@@ -456,6 +495,11 @@ fn main() -> anyhow::Result<()> {
             "| quotas received ({}) | {:.1} MB/s |",
             if packed { "packed" } else { "classic, `--classic 1`" },
             quota_bytes.load(Ordering::Relaxed) as f64 / 1e6 / wall
+        );
+        println!(
+            "| a report ({}) | {} bytes |",
+            if packed { "packed" } else { "classic" },
+            report_body(0, users, total_users, packed).len()
         );
         println!("| ingest | {:.0} entries/s |", (nodes * users * 4) as f64 / slot.as_duration().as_secs_f64());
         println!("| central node CPU: streams (its worker threads) | {:.0}% of one core |", 100.0 * central_cpu / wall);
