@@ -870,6 +870,10 @@ fn slot(c: &mut Criterion) {
     let collect = |(slot, _): (i64, Vec<u8>)| {
         black_box(store.collect_encoded(slot, "bench-node"));
     };
+    // For a central that reads packed reports.
+    let collect_packed = |(slot, _): (i64, Vec<u8>)| {
+        black_box(store.collect_encoded_as(slot, "bench-node", true));
+    };
     let apply = |(_, bytes): (i64, Vec<u8>)| {
         let quota = RawQuota::parse(&bytes).expect("the bench's own encoding");
         store.apply_raw_quota(&quota);
@@ -878,8 +882,9 @@ fn slot(c: &mut Criterion) {
         let quota = v1::Quota::decode(&bytes[..]).expect("the bench's own encoding");
         store.apply_quota(&quota);
     };
-    let routines: [(&str, SlotWork<'_>); 3] = [
+    let routines: [(&str, SlotWork<'_>); 4] = [
         ("report/3000 users", &collect),
+        ("report/3000 users, packed", &collect_packed),
         ("answer/3000 users", &apply),
         ("answer/3000 users, decoded by prost", &apply_decoded),
     ];
