@@ -127,19 +127,12 @@ pub fn report_from_json(json: &str) -> Result<v1::Report, LegacyError> {
 ///
 /// [`LegacyError::Packed`] for a packed table that does not decode.
 pub fn report_to_json(report: &v1::Report) -> Result<String, LegacyError> {
-    let json = if report.packed.is_empty() {
-        JsonReport::from(report)
-    } else {
-        let mut unpacked = report.clone();
-        if let Err(error) = unpacked.unpack() {
-            let service = unpacked.packed.first().map(|t| t.service.clone());
-            return Err(LegacyError::Packed {
-                service: service.unwrap_or_default(),
-                error,
-            });
-        }
-        JsonReport::from(&unpacked)
-    };
+    let json = unpacked(
+        report,
+        |r| r.packed.first().map(|t| t.service.as_str()),
+        v1::Report::unpack,
+    )?;
+    let json = JsonReport::from(&*json);
     // Maps of strings and integers always serialize.
     Ok(serde_json::to_string(&json).unwrap_or_default())
 }
@@ -164,20 +157,34 @@ pub fn quota_from_json(json: &str) -> Result<v1::Quota, LegacyError> {
 /// [`LegacyError::NonFinite`] when an amount is NaN or infinite,
 /// [`LegacyError::Packed`] for a packed table that does not decode.
 pub fn quota_to_json(quota: &v1::Quota) -> Result<String, LegacyError> {
-    let json = if quota.packed.is_empty() {
-        JsonQuota::try_from(quota)?
-    } else {
-        let mut unpacked = quota.clone();
-        if let Err(error) = unpacked.unpack() {
-            let service = unpacked.packed.first().map(|t| t.service.clone());
-            return Err(LegacyError::Packed {
-                service: service.unwrap_or_default(),
-                error,
-            });
-        }
-        JsonQuota::try_from(&unpacked)?
-    };
+    let json = unpacked(
+        quota,
+        |q| q.packed.first().map(|t| t.service.as_str()),
+        v1::Quota::unpack,
+    )?;
+    let json = JsonQuota::try_from(&*json)?;
     Ok(serde_json::to_string(&json).unwrap_or_default())
+}
+
+/// `message` in the only form the JSON has: as it is, or, if it carries
+/// packed tables (`first_packed` names the service of its first), a copy
+/// with them unpacked.
+fn unpacked<'m, T: Clone>(
+    message: &'m T,
+    first_packed: fn(&T) -> Option<&str>,
+    unpack: impl FnOnce(&mut T) -> Result<(), crate::PackedError>,
+) -> Result<std::borrow::Cow<'m, T>, LegacyError> {
+    if first_packed(message).is_none() {
+        return Ok(std::borrow::Cow::Borrowed(message));
+    }
+    let mut copy = message.clone();
+    match unpack(&mut copy) {
+        Ok(()) => Ok(std::borrow::Cow::Owned(copy)),
+        Err(error) => Err(LegacyError::Packed {
+            service: first_packed(&copy).unwrap_or_default().to_owned(),
+            error,
+        }),
+    }
 }
 
 fn usage_from_json(usage: JsonUsage) -> BTreeMap<String, v1::Usage> {

@@ -301,46 +301,17 @@ impl QuotaEncoder {
     where
         I: IntoIterator<Item = (&'a str, f64)>,
     {
-        self.user_bits.clear();
         self.given.clear();
-        for (name, amount) in resources {
-            let bit = match self.resources.iter().position(|r| r == name) {
-                Some(bit) => bit,
-                None => {
-                    self.resources.push(name.to_owned());
-                    self.resources.len() - 1
-                }
-            };
-            let amount = crate::f32_at_most(amount);
-            match self.user_bits.iter_mut().find(|(b, _)| *b == bit) {
-                Some(e) => e.1 = amount,
-                None => self.user_bits.push((bit, amount)),
-            }
-            self.given.push(bit);
-        }
-        self.user_bits.sort_unstable_by_key(|&(bit, _)| bit);
-        let bytes_len = self.user_bits.last().map_or(0, |&(bit, _)| bit / 8 + 1);
-        let mut body_len = if user.is_empty() {
-            0
-        } else {
-            delimited_len(PACKED_USER_NAME, user.len())
-        };
-        if bytes_len > 0 {
-            body_len += delimited_len(PACKED_USER_BITS, bytes_len);
-        }
-        let buf = &mut self.users;
-        put_delimited_header(buf, PACKED_USERS, body_len);
-        if !user.is_empty() {
-            put_str(buf, PACKED_USER_NAME, user);
-        }
-        if bytes_len > 0 {
-            put_delimited_header(buf, PACKED_USER_BITS, bytes_len);
-            let bits = buf.len();
-            buf.resize(bits + bytes_len, 0);
-            for &(bit, _) in &self.user_bits {
-                buf[bits + bit / 8] |= 1 << (bit % 8);
-            }
-        }
+        put_packed_user(
+            &mut self.users,
+            &mut self.resources,
+            &mut self.user_bits,
+            user,
+            resources
+                .into_iter()
+                .map(|(name, amount)| (name, crate::f32_at_most(amount))),
+            Some(&mut self.given),
+        );
         let first = self.amounts.len() / 4;
         if let Some(at) = noting {
             for bit in &self.given {
@@ -918,6 +889,63 @@ fn in_order<'a>(prev: &mut Option<&'a [u8]>, key: &'a [u8]) -> Result<(), RawRep
     }
     *prev = Some(key);
     Ok(())
+}
+
+/// Writes a `PackedUser` of `user` into `buf` from its (resource, amount)
+/// pairs. A resource's bit is its place in `resources`, where a name not
+/// listed yet is added. `user_bits` is left holding the user's (bit,
+/// amount) pairs in the order of its bits, which is the order its amounts
+/// go in: a resource given twice keeps its last amount, as a map would.
+/// `given`, if any, gets each pair's bit in the order given.
+fn put_packed_user<'a, A: Copy>(
+    buf: &mut Vec<u8>,
+    resources: &mut Vec<String>,
+    user_bits: &mut Vec<(usize, A)>,
+    user: &str,
+    pairs: impl IntoIterator<Item = (&'a str, A)>,
+    mut given: Option<&mut Vec<usize>>,
+) {
+    user_bits.clear();
+    for (name, amount) in pairs {
+        let bit = match resources.iter().position(|r| r == name) {
+            Some(bit) => bit,
+            None => {
+                resources.push(name.to_owned());
+                resources.len() - 1
+            }
+        };
+        match user_bits.iter_mut().find(|(b, _)| *b == bit) {
+            Some(e) => e.1 = amount,
+            None => user_bits.push((bit, amount)),
+        }
+        if let Some(given) = given.as_deref_mut() {
+            given.push(bit);
+        }
+    }
+    user_bits.sort_unstable_by_key(|&(bit, _)| bit);
+    let bytes = user_bits.last().map_or(0, |&(bit, _)| bit / 8 + 1);
+    let name_len = if user.is_empty() {
+        0
+    } else {
+        delimited_len(PACKED_USER_NAME, user.len())
+    };
+    let bits_len = if bytes > 0 {
+        delimited_len(PACKED_USER_BITS, bytes)
+    } else {
+        0
+    };
+    put_delimited_header(buf, PACKED_USERS, name_len + bits_len);
+    if !user.is_empty() {
+        put_str(buf, PACKED_USER_NAME, user);
+    }
+    if bytes > 0 {
+        put_delimited_header(buf, PACKED_USER_BITS, bytes);
+        let at = buf.len();
+        buf.resize(at + bytes, 0);
+        for &(bit, _) in user_bits.iter() {
+            buf[at + bit / 8] |= 1 << (bit % 8);
+        }
+    }
 }
 
 /// A packed table's user: its name and its bits.

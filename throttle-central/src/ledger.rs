@@ -912,6 +912,9 @@ pub enum ReportError {
         /// The configured maximum.
         max: usize,
     },
+    /// A packed usage whose bits and amounts do not match.
+    #[error("packed usage: {0}")]
+    Packed(#[from] throttle_proto::PackedError),
 }
 
 /// Why one entry of a report was left out (the rest is kept).
@@ -1136,16 +1139,21 @@ impl Ledger {
     }
 
     /// Files a report: charges the buckets, updates the distribution and the
-    /// sums, and lets each service's policy see it. Reads the report's maps:
-    /// unpack its [`packed`](v1::Report::packed) usages first
-    /// ([`v1::Report::unpack`]), as the server does.
+    /// sums, and lets each service's policy see it. Its
+    /// [`packed`](v1::Report::packed) usages are read as the map entries they
+    /// stand for ([`v1::Report::unpack`]).
     ///
     /// # Errors
     ///
     /// [`ReportError`] when the report as a whole is unusable; bad entries
     /// are only left out and listed in [`Ingested::dropped`].
     pub fn ingest(&mut self, report: &v1::Report, now_ms: i64) -> Result<Ingested, ReportError> {
-        self.ingest_from(report, now_ms)
+        if report.packed.is_empty() {
+            return self.ingest_from(report, now_ms);
+        }
+        let mut unpacked = report.clone();
+        unpacked.unpack()?;
+        self.ingest_from(&unpacked, now_ms)
     }
 
     /// [`Ledger::ingest`] for any [`ReportSource`], such as a
@@ -1958,6 +1966,36 @@ pub(crate) mod tests {
             nr_slot,
             ..LedgerConfig::default()
         })
+    }
+
+    /// A report's packed usages are filed as the map entries they stand
+    /// for; one whose bits and amounts disagree is refused whole.
+    #[test]
+    fn packed_usages_are_ingested_as_the_maps_they_stand_for() {
+        let mut l = keeping(3);
+        let table = |rejection, amounts: Vec<i64>| v1::PackedUsage {
+            service: "front".into(),
+            rejection,
+            resources: vec!["requests".into()],
+            users: vec![v1::PackedUser {
+                user: "alice".into(),
+                resources: vec![1],
+            }],
+            amounts,
+        };
+        let packed = |amounts: Vec<i64>| v1::Report {
+            node_id: "n1".into(),
+            slot_number: 100,
+            packed: vec![table(false, amounts), table(true, vec![2])],
+            ..v1::Report::default()
+        };
+        assert!(matches!(
+            l.ingest(&packed(vec![]), T),
+            Err(ReportError::Packed(_))
+        ));
+        l.ingest(&packed(vec![5]), T).unwrap();
+        assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 5);
+        assert_eq!(l.slot_sum("front", "alice", "requests", 99, true), 2);
     }
 
     #[test]

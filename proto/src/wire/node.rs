@@ -639,40 +639,14 @@ impl PackedParts {
         user: &str,
         amounts: impl IntoIterator<Item = (&'a str, i64)>,
     ) {
-        self.user.clear();
-        for (name, amount) in amounts {
-            let bit = match self.resources.iter().position(|r| r == name) {
-                Some(bit) => bit,
-                None => {
-                    self.resources.push(name.to_owned());
-                    self.resources.len() - 1
-                }
-            };
-            match self.user.iter_mut().find(|(b, _)| *b == bit) {
-                Some(e) => e.1 = amount,
-                None => self.user.push((bit, amount)),
-            }
-        }
-        self.user.sort_unstable_by_key(|&(bit, _)| bit);
-        let bytes = self.user.last().map_or(0, |&(bit, _)| bit / 8 + 1);
-        let body = key_len_of(user)
-            + if bytes > 0 {
-                delimited_len(super::PACKED_USER_BITS, bytes)
-            } else {
-                0
-            };
-        put_delimited_header(users, super::PACKED_USERS, body);
-        if !user.is_empty() {
-            put_str(users, super::PACKED_USER_NAME, user);
-        }
-        if bytes > 0 {
-            put_delimited_header(users, super::PACKED_USER_BITS, bytes);
-            let at = users.len();
-            users.resize(at + bytes, 0);
-            for &(bit, _) in &self.user {
-                users[at + bit / 8] |= 1 << (bit % 8);
-            }
-        }
+        super::put_packed_user(
+            users,
+            &mut self.resources,
+            &mut self.user,
+            user,
+            amounts,
+            None,
+        );
         for &(_, amount) in &self.user {
             encode_varint(amount as u64, &mut self.amounts);
         }
