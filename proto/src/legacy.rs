@@ -81,6 +81,14 @@ pub enum LegacyError {
         /// Dotted path of the amount.
         path: String,
     },
+    /// A quota that refers to tables sent before ([`v1::QuotaRef`]), which
+    /// the JSON cannot say: only a node that accepts them
+    /// ([`QUOTA_REFS`](crate::QUOTA_REFS)) is sent any.
+    #[error("quota refers to the tables of `{service}` sent before")]
+    Refs {
+        /// The first ref's service.
+        service: String,
+    },
     /// A [`v1::PackedQuota`] or [`v1::PackedUsage`] whose bits and amounts
     /// do not match.
     #[error("packed table of `{service}`: {error}")]
@@ -97,7 +105,7 @@ impl LegacyError {
     pub fn path(&self) -> &str {
         match self {
             Self::Json { path, .. } | Self::SlotKey { path, .. } | Self::NonFinite { path } => path,
-            Self::Packed { service, .. } => service,
+            Self::Packed { service, .. } | Self::Refs { service } => service,
         }
     }
 }
@@ -155,8 +163,14 @@ pub fn quota_from_json(json: &str) -> Result<v1::Quota, LegacyError> {
 /// # Errors
 ///
 /// [`LegacyError::NonFinite`] when an amount is NaN or infinite,
-/// [`LegacyError::Packed`] for a packed table that does not decode.
+/// [`LegacyError::Packed`] for a packed table that does not decode,
+/// [`LegacyError::Refs`] for a quota with [`v1::Quota::refs`].
 pub fn quota_to_json(quota: &v1::Quota) -> Result<String, LegacyError> {
+    if let Some(r) = quota.refs.first() {
+        return Err(LegacyError::Refs {
+            service: r.service.clone(),
+        });
+    }
     let json = unpacked(
         quota,
         |q| q.packed.first().map(|t| t.service.as_str()),
@@ -266,6 +280,7 @@ impl TryFrom<JsonQuota> for v1::Quota {
             services,
             report_slot: None,
             packed: Vec::new(),
+            refs: Vec::new(),
         })
     }
 }
@@ -443,6 +458,21 @@ mod tests {
         assert_eq!(e.path(), "front.1515120413.user_foo.requests");
     }
 
+    /// The JSON has no way to say "the quotas sent before": such a quota
+    /// is refused, not written without them.
+    #[test]
+    fn a_quota_with_refs_cannot_be_written() {
+        let mut q = quota_from_json(QUOTA).unwrap();
+        q.refs.push(v1::QuotaRef {
+            service: "front".into(),
+            slot: 8,
+            from_slot: 7,
+        });
+        let e = quota_to_json(&q).unwrap_err();
+        assert!(matches!(e, LegacyError::Refs { .. }), "{e}");
+        assert_eq!(e.path(), "front");
+    }
+
     fn name() -> impl Strategy<Value = String> {
         // Any Unicode, including the characters JSON must escape.
         ".{0,12}"
@@ -480,6 +510,7 @@ mod tests {
             services,
             report_slot: None,
             packed: Vec::new(),
+            refs: Vec::new(),
         })
     }
 

@@ -9,7 +9,9 @@
 //! A node whose Hello [accepts](v1::Hello::accepts) [`PACKED_QUOTAS`] gets
 //! each (service, slot) of its quotas as a [`v1::PackedQuota`] rather than
 //! a [`v1::Quota::services`] entry: the same content in a third of the
-//! bytes ([`v1::Quota::unpack`] turns it back).
+//! bytes ([`v1::Quota::unpack`] turns it back). One that accepts
+//! [`QUOTA_REFS`] is answered with [`v1::QuotaRef`]s to tables its stream
+//! already delivered, where the answer would repeat them.
 //!
 //! Besides the generated code this crate holds what both sides must agree on:
 //!
@@ -61,6 +63,12 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// What a node puts in [`v1::Hello::accepts`] to be sent its quotas as
 /// [`v1::PackedQuota`]s.
 pub const PACKED_QUOTAS: &str = "packed-quotas";
+
+/// What a node puts in [`v1::Hello::accepts`] to be answered with
+/// [`v1::QuotaRef`]s to quotas its stream already delivered rather than
+/// with those quotas again (the answer to a report repeats the push that
+/// came before it).
+pub const QUOTA_REFS: &str = "quota-refs";
 
 /// Why a [`v1::PackedQuota`] does not decode to quotas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -122,6 +122,14 @@ pub mod fields {
     pub const QUOTA_REPORT_SLOT: u32 = 2;
     /// `Quota.packed`.
     pub const QUOTA_PACKED: u32 = 3;
+    /// `Quota.refs` (each entry one [`QuotaRef`](crate::v1::QuotaRef)).
+    pub const QUOTA_REF: u32 = 4;
+    /// `QuotaRef.service`.
+    pub const REF_SERVICE: u32 = 1;
+    /// `QuotaRef.slot`.
+    pub const REF_SLOT: u32 = 2;
+    /// `QuotaRef.from_slot`.
+    pub const REF_FROM_SLOT: u32 = 3;
     /// `ServiceQuota.slots`, `UserQuotas.users` and `ResourceQuotas.resources`.
     pub const MAP_FIELD: u32 = 1;
     /// A map entry's key.
@@ -208,6 +216,8 @@ pub struct QuotaEncoder {
     /// resource given, in the order given.
     user_bits: Vec<(usize, f32)>,
     given: Vec<usize>,
+    /// Encoded `refs` entries.
+    refs: Vec<u8>,
 }
 
 impl QuotaEncoder {
@@ -230,6 +240,24 @@ impl QuotaEncoder {
     pub fn begin_packed(&mut self, service: &str, slot: i64) {
         self.end();
         self.open = Some((service.to_owned(), slot, true));
+    }
+
+    /// Refers the node to quotas its stream already delivered: `service`'s
+    /// quotas for `slot` are those it holds for `from_slot`
+    /// ([`v1::QuotaRef`]; only for a node that accepts them,
+    /// [`QUOTA_REFS`](crate::QUOTA_REFS)).
+    pub fn refer(&mut self, service: &str, slot: i64, from_slot: i64) {
+        let len = delimited_len(REF_SERVICE, service.len())
+            + key_len(REF_SLOT)
+            + encoded_len_varint(slot as u64)
+            + key_len(REF_FROM_SLOT)
+            + encoded_len_varint(from_slot as u64);
+        put_delimited_header(&mut self.refs, QUOTA_REF, len);
+        put_str(&mut self.refs, REF_SERVICE, service);
+        put_key(&mut self.refs, REF_SLOT, WireType::Varint);
+        encode_varint(slot as u64, &mut self.refs);
+        put_key(&mut self.refs, REF_FROM_SLOT, WireType::Varint);
+        encode_varint(from_slot as u64, &mut self.refs);
     }
 
     /// Adds `user`'s quota per resource to the (service, slot) under way; a
@@ -514,12 +542,13 @@ impl QuotaEncoder {
         let report_len = report_slot.map_or(0, |s| {
             key_len(QUOTA_REPORT_SLOT) + encoded_len_varint(s as u64)
         });
-        let quota_len = self.services.len() + self.packed.len() + report_len;
+        let quota_len = self.services.len() + self.packed.len() + self.refs.len() + report_len;
         let mut out = Vec::with_capacity(delimited_len(CENTRAL_MESSAGE_QUOTA, quota_len));
         put_delimited_header(&mut out, CENTRAL_MESSAGE_QUOTA, quota_len);
         let shift = out.len();
         out.extend_from_slice(&self.services);
         out.extend_from_slice(&self.packed);
+        out.extend_from_slice(&self.refs);
         if let Some(s) = report_slot {
             put_key(&mut out, QUOTA_REPORT_SLOT, WireType::Varint);
             encode_varint(s as u64, &mut out);
@@ -554,6 +583,9 @@ pub(crate) fn encode_tables(q: &v1::Quota, packed: impl Fn(usize) -> bool) -> By
                 encoder.user(user, rq.resources.iter().map(|(r, a)| (r.as_str(), *a)));
             }
         }
+    }
+    for r in &q.refs {
+        encoder.refer(&r.service, r.slot, r.from_slot);
     }
     encoder.finish(q.report_slot)
 }
@@ -1414,6 +1446,7 @@ mod tests {
                 services,
                 report_slot,
                 packed: Vec::new(),
+                refs: Vec::new(),
             })),
         }
     }

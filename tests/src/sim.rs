@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use throttle_central::assigner::Assigner;
+use throttle_central::assigner::{Accepts, Assigner};
 use throttle_central::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory};
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
 use throttle_layer::reporter::report_point;
@@ -234,15 +234,19 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
             let up = (scenario.alive)(t, i);
             match (up, n.id) {
                 (true, None) => {
-                    let (id, pushes) =
-                        central.connect(&format!("node-{i}"), &[SERVICE.to_string()], false, now);
+                    let (id, pushes) = central.connect(
+                        &format!("node-{i}"),
+                        &[SERVICE.to_string()],
+                        Accepts::NONE,
+                        now,
+                    );
                     n.id = Some(id);
                     for (_, q) in pushes {
                         n.store.apply_quota(&q);
                     }
                 }
                 (false, Some(id)) => {
-                    central.disconnect(id, false);
+                    central.disconnect(id, Accepts::NONE);
                     n.id = None;
                 }
                 _ => {}

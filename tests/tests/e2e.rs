@@ -97,6 +97,18 @@ async fn holds_alice_to_her_limit_and_never_refuses_bob(cluster: &Cluster) {
         "bob is under his limit; refused per slot {:?}",
         per_slot(&rejections, "front", "bob", "requests", start, to + 5)
     );
+    // The reporters take their answers as refs to the push before them,
+    // and the central answered ahead of filing.
+    let connections = cluster.monitor(Subject::Connections).await;
+    let connections = connections["connections"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(connections.len(), 3, "{connections:?}");
+    for c in &connections {
+        assert_eq!(c["refs"], true, "{c}");
+        assert!(c["answered_ahead"].as_u64() > Some(0), "{c}");
+    }
     let tallies = load.tallies();
     let bob_refused: u64 = tallies
         .values()

@@ -235,7 +235,7 @@ fn wire(c: &mut Criterion) {
     });
     // What the server does instead of the three steps above.
     g.bench_function("encode answer from grants", |b| {
-        b.iter(|| l.encode_quota_for(node, [("front", SLOT + 1)], Some(SLOT)))
+        b.iter(|| l.encode_quota_for(node, [("front", SLOT + 1)], &[], Some(SLOT)))
     });
     g.finish();
 }

@@ -32,19 +32,60 @@ use crate::limits::LimitSource;
 /// A quota to send to one node.
 pub type Push<Q = v1::Quota> = (NodeId, Q);
 
+/// A [`v1::QuotaRef`]: (service, slot, from slot).
+pub type QuotaRef<'a> = (&'a str, i64, i64);
+
 /// The form in which an [`Assigner`] hands out quotas.
 pub trait QuotaFormat {
     /// One node's quota.
     type Quota: fmt::Debug + Clone;
 
-    /// The quota of `node` for each `(service, slot)`, answering the report
-    /// of `report_slot` if given.
+    /// The quota of `node` for each `(service, slot)`, and `refs` to
+    /// tables sent before, answering the report of `report_slot` if given.
     fn render<'a>(
         ledger: &Ledger,
         node: NodeId,
         services: impl IntoIterator<Item = (&'a str, i64)>,
+        refs: &[QuotaRef<'_>],
         report_slot: Option<i64>,
     ) -> Self::Quota;
+}
+
+/// The forms of quota a stream's node reads besides the original maps, as
+/// its Hello's [`accepts`](v1::Hello::accepts) names them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Accepts {
+    /// Tables as [`v1::PackedQuota`]s ([`PACKED_QUOTAS`]).
+    ///
+    /// [`PACKED_QUOTAS`]: throttle_proto::PACKED_QUOTAS
+    pub packed: bool,
+    /// Answers that name the push before them ([`v1::QuotaRef`],
+    /// [`QUOTA_REFS`]).
+    ///
+    /// [`QUOTA_REFS`]: throttle_proto::QUOTA_REFS
+    pub refs: bool,
+}
+
+impl Accepts {
+    /// The original forms only.
+    pub const NONE: Self = Self {
+        packed: false,
+        refs: false,
+    };
+    /// Every form this central writes.
+    pub const ALL: Self = Self {
+        packed: true,
+        refs: true,
+    };
+
+    /// The forms a Hello's `accepts` names.
+    pub fn from_hello(accepts: &[String]) -> Self {
+        let names = |form: &str| accepts.iter().any(|a| a == form);
+        Self {
+            packed: names(throttle_proto::PACKED_QUOTAS),
+            refs: names(throttle_proto::QUOTA_REFS),
+        }
+    }
 }
 
 /// Quotas as [`v1::Quota`] messages.
@@ -58,10 +99,19 @@ impl QuotaFormat for Messages {
         ledger: &Ledger,
         node: NodeId,
         services: impl IntoIterator<Item = (&'a str, i64)>,
+        refs: &[QuotaRef<'_>],
         report_slot: Option<i64>,
     ) -> v1::Quota {
         let mut quota = ledger.quota_for(node, services);
         quota.report_slot = report_slot;
+        quota.refs = refs
+            .iter()
+            .map(|&(service, slot, from_slot)| v1::QuotaRef {
+                service: service.to_owned(),
+                slot,
+                from_slot,
+            })
+            .collect();
         quota
     }
 }
@@ -78,9 +128,10 @@ impl QuotaFormat for Encoded {
         ledger: &Ledger,
         node: NodeId,
         services: impl IntoIterator<Item = (&'a str, i64)>,
+        refs: &[QuotaRef<'_>],
         report_slot: Option<i64>,
     ) -> Bytes {
-        ledger.encode_quota_for(node, services, report_slot)
+        ledger.encode_quota_for(node, services, refs, report_slot)
     }
 }
 
@@ -96,9 +147,10 @@ pub struct Assigner<F: QuotaFormat = Messages> {
     limits: Arc<dyn LimitSource>,
     /// Connected nodes: open streams and the services they declared or reported.
     nodes: BTreeMap<NodeId, (usize, BTreeSet<String>)>,
-    /// Per node, its open streams that do not accept packed quotas: its
-    /// quotas are packed only while there are none.
-    classic: BTreeMap<NodeId, usize>,
+    /// Per node, its open streams that do not accept packed quotas, and
+    /// those that do not accept refs: its quotas take each form only
+    /// while there are none.
+    lacking: BTreeMap<NodeId, Lacking>,
     /// Per service, the last slot re-assigned once every report was in.
     reassigned: BTreeMap<String, i64>,
     /// The [`LimitSource::version`] of the limits applied last.
@@ -131,6 +183,26 @@ pub struct Answer<Q = v1::Quota> {
 /// [`Assigner::prepare`] returns them).
 pub type Prepared<F> = (NodeId, <F as QuotaFormat>::Quota, Vec<String>);
 
+/// A node's answer to its next report, rendered with its push at an
+/// assign ([`Assigner::tick_each`]).
+#[derive(Debug, Clone)]
+pub struct Ahead<Q> {
+    /// The answer.
+    pub quota: Q,
+    /// The services it covers.
+    pub services: Vec<String>,
+    /// It refers to tables of the push rendered with it
+    /// ([`v1::QuotaRef`]): it may go only on a stream that push went on.
+    pub refers: bool,
+}
+
+/// Counts of a node's open streams that lack a form ([`Accepts`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Lacking {
+    packed: usize,
+    refs: usize,
+}
+
 /// A report filed without an answer ([`Assigner::file`]).
 #[derive(Debug)]
 pub struct Filed {
@@ -152,7 +224,7 @@ impl<F: QuotaFormat> Assigner<F> {
             ledger,
             limits,
             nodes: BTreeMap::new(),
-            classic: BTreeMap::new(),
+            lacking: BTreeMap::new(),
             reassigned: BTreeMap::new(),
             limits_applied: None,
         }
@@ -168,27 +240,26 @@ impl<F: QuotaFormat> Assigner<F> {
         &mut self.ledger
     }
 
-    /// A stream opened for `node_id` with `services`, accepting packed
-    /// quotas or not ([`PACKED_QUOTAS`] in its Hello). Returns the node
-    /// and, for services small enough to re-assign on the spot (up to
-    /// [`CONNECT_REASSIGN_KEYS`] keys), its quota for the current slot, so a
-    /// new node does not fail open until the next assign.
+    /// A stream opened for `node_id` with `services`, accepting the forms
+    /// `accepts` (from its Hello). Returns the node and, for services small
+    /// enough to re-assign on the spot (up to [`CONNECT_REASSIGN_KEYS`]
+    /// keys), its quota for the current slot, so a new node does not fail
+    /// open until the next assign.
     ///
-    /// A node's quotas are written packed while every stream it has open
-    /// accepts them (a process replacing another of the same id may not).
-    ///
-    /// [`PACKED_QUOTAS`]: throttle_proto::PACKED_QUOTAS
+    /// A node's quotas take a form while every stream it has open accepts
+    /// it (a process replacing another of the same id may not).
     pub fn connect(
         &mut self,
         node_id: &str,
         services: &[String],
-        packed: bool,
+        accepts: Accepts,
         now_ms: i64,
     ) -> (NodeId, Vec<Push<F::Quota>>) {
         let node = self.ledger.node_id(node_id);
-        let classic = self.classic.entry(node).or_default();
-        *classic += usize::from(!packed);
-        self.ledger.set_packed(node, *classic == 0);
+        let lacking = self.lacking.entry(node).or_default();
+        lacking.packed += usize::from(!accepts.packed);
+        lacking.refs += usize::from(!accepts.refs);
+        self.ledger.set_packed(node, lacking.packed == 0);
         self.ledger
             .connect(node, services.iter().map(String::as_str), now_ms);
         let entry = self.nodes.entry(node).or_default();
@@ -203,30 +274,36 @@ impl<F: QuotaFormat> Assigner<F> {
                 .ledger
                 .reassign_for_new_node(service, CONNECT_REASSIGN_KEYS, now_ms)
             {
-                let quota = F::render(&self.ledger, node, [(service.as_str(), current)], None);
+                let quota = F::render(&self.ledger, node, [(service.as_str(), current)], &[], None);
                 pushes.push((node, quota));
             }
         }
         (node, pushes)
     }
 
-    /// A stream of `node` closed (`packed`: as given to
+    /// A stream of `node` closed (`accepts`: as given to
     /// [`Assigner::connect`] for it).
-    pub fn disconnect(&mut self, node: NodeId, packed: bool) {
+    pub fn disconnect(&mut self, node: NodeId, accepts: Accepts) {
         if let Some(entry) = self.nodes.get_mut(&node) {
             entry.0 = entry.0.saturating_sub(1);
             if entry.0 == 0 {
                 self.nodes.remove(&node);
             }
         }
-        if let Some(classic) = self.classic.get_mut(&node) {
-            *classic = classic.saturating_sub(usize::from(!packed));
-            let none = *classic == 0;
+        if let Some(lacking) = self.lacking.get_mut(&node) {
+            lacking.packed = lacking.packed.saturating_sub(usize::from(!accepts.packed));
+            lacking.refs = lacking.refs.saturating_sub(usize::from(!accepts.refs));
+            let packed = lacking.packed == 0;
             if !self.nodes.contains_key(&node) {
-                self.classic.remove(&node);
+                self.lacking.remove(&node);
             }
-            self.ledger.set_packed(node, none);
+            self.ledger.set_packed(node, packed);
         }
+    }
+
+    /// Whether every open stream of `node` accepts refs.
+    fn refers(&self, node: NodeId) -> bool {
+        self.lacking.get(&node).is_some_and(|l| l.refs == 0)
     }
 
     /// The services `node` declared or reported, if it is connected.
@@ -272,12 +349,14 @@ impl<F: QuotaFormat> Assigner<F> {
                 &self.ledger,
                 node,
                 known.iter().map(|s| (s.as_str(), next)),
+                &[],
                 answering,
             ),
             None => F::render(
                 &self.ledger,
                 node,
                 reported.iter().map(|s| (*s, next)),
+                &[],
                 answering,
             ),
         };
@@ -319,9 +398,45 @@ impl<F: QuotaFormat> Assigner<F> {
             &self.ledger,
             node,
             known.iter().map(|s| (s.as_str(), report_slot + 1)),
+            &[],
             Some(report_slot),
         );
         Some((quota, known.iter().cloned().collect()))
+    }
+
+    /// [`Assigner::prepare`] right after rendering `node`'s push of
+    /// `pushed` (service, slot) tables: for a node whose streams all accept
+    /// refs, a service whose answer holds the very grants pushed is a
+    /// [`v1::QuotaRef`] to that push rather than the table again.
+    fn prepare_after(
+        &self,
+        node: NodeId,
+        report_slot: i64,
+        pushed: &[(&str, i64)],
+    ) -> Option<Ahead<F::Quota>> {
+        let (_, known) = self.nodes.get(&node)?;
+        let slot = report_slot + 1;
+        let refs: Vec<QuotaRef<'_>> = if self.refers(node) {
+            pushed
+                .iter()
+                .filter(|&&(service, from)| {
+                    known.contains(service) && self.ledger.same_grants(node, service, slot, from)
+                })
+                .map(|&(service, from)| (service, slot, from))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let rendered = known
+            .iter()
+            .map(|s| (s.as_str(), slot))
+            .filter(|(s, _)| !refs.iter().any(|r| r.0 == *s));
+        let quota = F::render(&self.ledger, node, rendered, &refs, Some(report_slot));
+        Some(Ahead {
+            quota,
+            services: known.iter().cloned().collect(),
+            refers: !refs.is_empty(),
+        })
     }
 
     /// The connected nodes.
@@ -390,7 +505,7 @@ impl<F: QuotaFormat> Assigner<F> {
             if services.contains(service) {
                 each(
                     node,
-                    F::render(&self.ledger, node, [(service, current)], None),
+                    F::render(&self.ledger, node, [(service, current)], &[], None),
                 );
             }
         }
@@ -406,16 +521,17 @@ impl<F: QuotaFormat> Assigner<F> {
 
     /// [`Assigner::tick`], and every connected node's answer to its report
     /// due at the next boundary rendered ahead, as [`Assigner::prepare`]
-    /// renders it: each node's answer right after its push, while the
-    /// node's encoded users are still in the cache (a lead-1 policy answers
-    /// with the grants it pushed).
+    /// renders it (or, for a node that accepts them, with refs to the
+    /// push: see [`Assigner::tick_each`]): each node's answer right after
+    /// its push, while the node's encoded users are still in the cache (a
+    /// lead-1 policy answers with the grants it pushed).
     pub fn tick_and_prepare(&mut self, now_ms: i64) -> (Vec<Push<F::Quota>>, Vec<Prepared<F>>) {
         let mut pushes = Vec::with_capacity(self.nodes.len());
         let mut prepared = Vec::new();
         self.tick_each(now_ms, |node, quota, answer| {
             pushes.push((node, quota));
-            if let Some((answer, services)) = answer {
-                prepared.push((node, answer, services));
+            if let Some(answer) = answer {
+                prepared.push((node, answer.quota, answer.services));
             }
         });
         (pushes, prepared)
@@ -426,10 +542,13 @@ impl<F: QuotaFormat> Assigner<F> {
     /// node's are held at a time (at 1,000 nodes x 1,000 users all of them
     /// are some 100 MB), and the first nodes' go out while the others' are
     /// rendered.
+    ///
+    /// For a node whose streams all accept refs, the answer names the
+    /// tables of the push that hold the same grants ([`Ahead::refers`]).
     pub fn tick_each(
         &mut self,
         now_ms: i64,
-        each: impl FnMut(NodeId, F::Quota, Option<(F::Quota, Vec<String>)>),
+        each: impl FnMut(NodeId, F::Quota, Option<Ahead<F::Quota>>),
     ) {
         self.tick_inner(now_ms, true, each);
     }
@@ -438,7 +557,7 @@ impl<F: QuotaFormat> Assigner<F> {
         &mut self,
         now_ms: i64,
         prepare: bool,
-        mut each: impl FnMut(NodeId, F::Quota, Option<(F::Quota, Vec<String>)>),
+        mut each: impl FnMut(NodeId, F::Quota, Option<Ahead<F::Quota>>),
     ) {
         let next = self.ledger.config().slot.slot_at(now_ms) + 1;
         self.refresh_limits(now_ms);
@@ -449,11 +568,14 @@ impl<F: QuotaFormat> Assigner<F> {
         for (&node, (_, services)) in &self.nodes {
             // A service the ledger does not know yet has no limits: say so
             // for the next slot, so the node knows the central is alive.
-            let pushed = services
+            let pushed: Vec<(&str, i64)> = services
                 .iter()
-                .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)));
-            let push = F::render(&self.ledger, node, pushed, None);
-            let answer = prepare.then(|| self.prepare(node, next)).flatten();
+                .map(|s| (s.as_str(), assigned.get(s).copied().unwrap_or(next)))
+                .collect();
+            let push = F::render(&self.ledger, node, pushed.iter().copied(), &[], None);
+            let answer = prepare
+                .then(|| self.prepare_after(node, next, &pushed))
+                .flatten();
             each(node, push, answer);
         }
         self.ledger.forget(now_ms);
@@ -542,6 +664,14 @@ mod tests {
         );
     }
 
+    /// Accepts packed quotas or not, and no refs.
+    fn packed(packed: bool) -> Accepts {
+        Accepts {
+            packed,
+            refs: false,
+        }
+    }
+
     fn report(node: &str, slot: i64, requests: i64) -> v1::Report {
         let alice = format!(r#"{{"alice": {{"requests": {requests}}}}}"#);
         crate::ledger::tests::report(node, slot, &alice, "{}")
@@ -552,17 +682,17 @@ mod tests {
         let limits = Arc::new(StaticLimits::new(set(10.0)));
         let mut a: Assigner<Encoded> = Assigner::new(Ledger::new(LedgerConfig::default()), limits);
         let front = ["front".to_string()];
-        let (n1, _) = a.connect("n1", &front, true, 0);
-        let (n2, _) = a.connect("n2", &front, false, 0);
+        let (n1, _) = a.connect("n1", &front, packed(true), 0);
+        let (n2, _) = a.connect("n2", &front, packed(false), 0);
         assert!(a.ledger().is_packed(n1));
         assert!(!a.ledger().is_packed(n2));
         // A second stream of n1 (a process replacing it) that does not.
-        a.connect("n1", &front, false, 0);
+        a.connect("n1", &front, packed(false), 0);
         assert!(!a.ledger().is_packed(n1));
-        a.disconnect(n1, true);
+        a.disconnect(n1, packed(true));
         assert!(!a.ledger().is_packed(n1), "the stream left does not");
-        a.disconnect(n1, false);
-        a.connect("n1", &front, true, 0);
+        a.disconnect(n1, packed(false));
+        a.connect("n1", &front, packed(true), 0);
         assert!(a.ledger().is_packed(n1));
         // What is rendered for each.
         for (slot, t) in [(1, 1_050), (2, 2_050)] {
@@ -601,8 +731,8 @@ mod tests {
     fn a_prepared_answer_is_the_answer_the_report_gets() {
         let limits = Arc::new(StaticLimits::new(set(10.0)));
         let mut a: Assigner<Encoded> = Assigner::new(Ledger::new(LedgerConfig::default()), limits);
-        let (n1, _) = a.connect("n1", &["front".to_string()], false, 0);
-        let (n2, _) = a.connect("n2", &["front".to_string()], false, 0);
+        let (n1, _) = a.connect("n1", &["front".to_string()], packed(false), 0);
+        let (n2, _) = a.connect("n2", &["front".to_string()], packed(false), 0);
         for (slot, t) in [(1, 1_050), (2, 2_050), (3, 3_050)] {
             a.report(n1, &report("n1", slot, 3), t).unwrap();
             a.report(n2, &report("n2", slot, 1), t).unwrap();
@@ -628,22 +758,26 @@ mod tests {
         );
     }
 
+    /// For each policy, a maker of assigners over it, with limits of 10.
+    fn per_policy<F: QuotaFormat>() -> [fn() -> Assigner<F>; 3] {
+        fn make<F: QuotaFormat>(policy: fn() -> Box<dyn crate::policy::Policy>) -> Assigner<F> {
+            let limits = Arc::new(StaticLimits::new(set(10.0)));
+            let ledger =
+                Ledger::with_policies(LedgerConfig::default(), Box::new(move |_| policy()));
+            Assigner::new(ledger, limits)
+        }
+        [
+            || make(|| Box::new(crate::policy::Projected::new())),
+            || make(|| Box::new(crate::policy::Classic::new())),
+            || make(|| Box::new(crate::policy::StaticSplit::new())),
+        ]
+    }
+
     #[test]
     fn answers_rendered_with_the_tick_are_those_prepare_renders() {
-        type Factory = fn() -> crate::ledger::PolicyFactory;
-        let factories: [Factory; 3] = [
-            || Box::new(|_| Box::new(crate::policy::Projected::new())),
-            || Box::new(|_| Box::new(crate::policy::Classic::new())),
-            || Box::new(|_| Box::new(crate::policy::StaticSplit::new())),
-        ];
-        for factory in factories {
+        for make in per_policy::<Encoded>() {
             // Two assigners fed alike: one ticks and prepares in one pass,
             // the other ticks, then prepares each node.
-            let make = || {
-                let limits = Arc::new(StaticLimits::new(set(10.0)));
-                let ledger = Ledger::with_policies(LedgerConfig::default(), factory());
-                Assigner::<Encoded>::new(ledger, limits)
-            };
             let (mut one, mut two) = (make(), make());
             // n1 is also in a service without limits: nothing to reuse there.
             let services = [
@@ -653,8 +787,8 @@ mod tests {
             let mut nodes = Vec::new();
             // n1 takes its quotas packed.
             for (name, services) in ["n1", "n2"].iter().zip(&services) {
-                nodes.push(one.connect(name, services, *name == "n1", 0).0);
-                two.connect(name, services, *name == "n1", 0);
+                nodes.push(one.connect(name, services, packed(*name == "n1"), 0).0);
+                two.connect(name, services, packed(*name == "n1"), 0);
             }
             for (slot, t) in [(1, 1_050), (2, 2_050), (3, 3_050)] {
                 for (name, requests) in [("n1", 3), ("n2", 1)] {
@@ -671,6 +805,66 @@ mod tests {
                     assert_eq!(services, want_services);
                 }
             }
+        }
+    }
+
+    /// An answer rendered ahead for a node that accepts refs names the
+    /// tables of the push rendered with it that hold its grants, and once
+    /// those tables are put in for the refs it is the whole answer; for
+    /// every policy, and only while every stream of the node accepts refs.
+    #[test]
+    fn an_answer_ahead_refers_to_the_push_it_repeats() {
+        for make in per_policy::<Messages>() {
+            // `refs` answers n1 with refs, `whole` without; n2 takes none.
+            let (mut refs, mut whole) = (make(), make());
+            let services = ["front".to_string(), "other".to_string()];
+            let n1 = refs.connect("n1", &services, Accepts::ALL, 0).0;
+            whole.connect("n1", &services, packed(true), 0);
+            let n2 = refs.connect("n2", &services, packed(true), 0).0;
+            whole.connect("n2", &services, packed(true), 0);
+            for (slot, t) in [(1, 1_050), (2, 2_050), (3, 3_050)] {
+                for (node, name, requests) in [(n1, "n1", 3), (n2, "n2", 1)] {
+                    refs.report(node, &report(name, slot, requests), t).unwrap();
+                    whole
+                        .report(node, &report(name, slot, requests), t)
+                        .unwrap();
+                }
+                let mut answers = BTreeMap::new();
+                refs.tick_each(t + 450, |node, push, answer| {
+                    answers.insert(node, (push, answer.unwrap()));
+                });
+                let (_, want) = whole.tick_and_prepare(t + 450);
+                for (node, want, want_services) in want {
+                    let (push, mut answer) = answers.remove(&node).unwrap();
+                    assert_eq!(answer.services, want_services);
+                    assert_eq!(answer.refers, !answer.quota.refs.is_empty());
+                    if node == n2 {
+                        assert_eq!(answer.quota, want, "n2 takes no refs");
+                        continue;
+                    }
+                    // "front" has grants for n1, which the push holds;
+                    // "other" has none, and is sent whole.
+                    let referred: Vec<&str> = answer
+                        .quota
+                        .refs
+                        .iter()
+                        .map(|r| r.service.as_str())
+                        .collect();
+                    assert_eq!(referred, ["front"], "slot {slot}");
+                    for r in std::mem::take(&mut answer.quota.refs) {
+                        assert_eq!(r.slot, slot + 2);
+                        let table = push.services[&r.service].slots[&r.from_slot].clone();
+                        let slots = &mut answer.quota.services.entry(r.service).or_default().slots;
+                        slots.insert(r.slot, table);
+                    }
+                    assert_eq!(answer.quota, want, "slot {slot}");
+                }
+            }
+            // A second stream of n1 that does not take refs.
+            refs.connect("n1", &services, packed(true), 4_000);
+            refs.tick_each(4_500, |node, _, answer| {
+                assert!(!answer.unwrap().refers, "{node:?}");
+            });
         }
     }
 

@@ -1330,6 +1330,20 @@ impl Ledger {
         Some((&svc.state, grants))
     }
 
+    /// Whether `node`'s grants of `service` for `slot` are the very ones
+    /// of `other` (a lead-1 policy answers for a slot not yet assigned
+    /// with the grants of the slot before): false where either has none.
+    pub fn same_grants(&self, node: NodeId, service: &str, slot: i64, other: i64) -> bool {
+        let Some(svc) = self.services.get(service) else {
+            return false;
+        };
+        let grants = |slot| svc.policy.grants_for(&svc.book, node, slot);
+        match (grants(slot), grants(other)) {
+            (Some(a), Some(b)) => a.is(&b),
+            _ => false,
+        }
+    }
+
     /// The quota of `node` for each `(service, slot)`: `{slot: {}}` for a
     /// service with nothing for this node.
     pub fn quota_for<'a>(
@@ -1358,6 +1372,7 @@ impl Ledger {
         &self,
         node: NodeId,
         services: impl IntoIterator<Item = (&'a str, i64)>,
+        refs: &[crate::assigner::QuotaRef<'_>],
         report_slot: Option<i64>,
     ) -> Bytes {
         let mut out = QuotaEncoder::new();
@@ -1381,6 +1396,9 @@ impl Ledger {
                 _ => false,
             };
             skeletons.push(svc.filter(|_| kept));
+        }
+        for &(service, slot, from) in refs {
+            out.refer(service, slot, from);
         }
         let (message, blocks) = out.finish_with_users(report_slot);
         for (svc, block) in skeletons.into_iter().zip(blocks) {
@@ -2175,7 +2193,7 @@ pub(crate) mod tests {
             l.ingest(&report("n1", slot, r, "{}"), now).unwrap();
             let assigned = l.assign(now + 500)["front"];
             let n1 = l.node_id("n1");
-            l.encode_quota_for(n1, [("front", assigned)], Some(slot));
+            l.encode_quota_for(n1, [("front", assigned)], &[], Some(slot));
             l.forget(now + 500);
         }
         let n1 = l.node_id("n1");
@@ -2613,7 +2631,7 @@ pub(crate) mod tests {
                     let Some(n) = n else { continue };
                     for s in [slot, slot + 1, slot + 2] {
                         let built = l.quota_for(n, [("front", s), ("other", s)]);
-                        let encoded = l.encode_quota_for(n, [("front", s), ("other", s)], Some(s - 1));
+                        let encoded = l.encode_quota_for(n, [("front", s), ("other", s)], &[], Some(s - 1));
                         let decoded = v1::CentralMessage::decode(&encoded[..]);
                         let want = v1::CentralMessage {
                             kind: Some(v1::central_message::Kind::Quota(v1::Quota {

@@ -32,7 +32,7 @@ use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::server::central_server::{Central as CentralRpc, CentralServer};
 use throttle_proto::wire::{Inbound, Outbound, RawReport, RawReportError};
-use throttle_proto::{MAX_NAME_LEN, PACKED_QUOTAS, PACKED_REPORTS};
+use throttle_proto::{MAX_NAME_LEN, PACKED_REPORTS};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -40,7 +40,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::assigner::{Assigner, Encoded, Filed, Push};
+use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{
     FromNode, Ledger, LedgerConfig, NodeId, PolicyFactory, ReportError, ReportSource, SlotRange,
@@ -444,8 +444,8 @@ pub(crate) type Snapshot = (Subject, oneshot::Sender<Value>);
 struct Conn {
     node_id: String,
     node: NodeId,
-    /// Its Hello accepts packed quotas.
-    packed: bool,
+    /// The forms its Hello accepts.
+    accepts: Accepts,
     addr: Option<SocketAddr>,
     since: Instant,
     reports: u64,
@@ -488,6 +488,13 @@ struct Conn {
 /// A report the stream cannot answer ahead (an older slot, a service
 /// outside the prepared answer, a check the ledger would fail) goes the way
 /// every report went before: filed, then answered by the ledger.
+///
+/// For a node that accepts refs ([`QUOTA_REFS`](throttle_proto::QUOTA_REFS)),
+/// the answer names the tables of the push queued just before it on the
+/// same stream instead of repeating them (the answer to the report after
+/// an assign holds the grants that assign pushed). Such an answer is kept
+/// only on a stream that took the push; the others answer after filing,
+/// in full.
 #[derive(Debug, Default)]
 pub(crate) struct AnswerAhead {
     ready: parking_lot::Mutex<Option<Ready>>,
@@ -661,7 +668,7 @@ impl Actor {
         // close.
         self.forget_answers();
         for (_, c) in std::mem::take(&mut self.conns) {
-            self.assigner.disconnect(c.node, c.packed);
+            self.assigner.disconnect(c.node, c.accepts);
             let _ =
                 c.tx.try_send(Err(Status::unavailable("central node shutting down")));
         }
@@ -681,7 +688,7 @@ impl Actor {
             } => {
                 let conn = self.next_conn;
                 self.next_conn += 1;
-                let packed = hello.accepts.iter().any(|a| a == PACKED_QUOTAS);
+                let accepts = Accepts::from_hello(&hello.accepts);
                 let ledger = self.assigner.ledger();
                 let was_packed = ledger
                     .find_node(&hello.node_id)
@@ -689,16 +696,16 @@ impl Actor {
                 let (node, pushes) = self.assigner.connect(
                     &hello.node_id,
                     &hello.services,
-                    packed,
+                    accepts,
                     self.clock.now_ms(),
                 );
-                tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, packed, "node connected");
+                tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, packed = accepts.packed, refs = accepts.refs, "node connected");
                 self.conns.insert(
                     conn,
                     Conn {
                         node_id: hello.node_id,
                         node,
-                        packed,
+                        accepts,
                         addr,
                         since: Instant::now(),
                         reports: 0,
@@ -719,7 +726,7 @@ impl Actor {
             Command::Disconnect { conn } => {
                 if let Some(c) = self.conns.remove(&conn) {
                     let was_packed = self.assigner.ledger().is_packed(c.node);
-                    self.assigner.disconnect(c.node, c.packed);
+                    self.assigner.disconnect(c.node, c.accepts);
                     if self.assigner.ledger().is_packed(c.node) != was_packed {
                         self.forget_answers();
                     }
@@ -860,14 +867,17 @@ impl Actor {
 
     /// Queues `quota` on every stream in `streams`, never waiting. Encoded
     /// once; a node with two streams (for a moment, while it reconnects)
-    /// shares the bytes.
-    fn push(streams: &[&Conn], quota: &bytes::Bytes) {
+    /// shares the bytes. Returns whether every stream took it.
+    fn push(streams: &[&Conn], quota: &bytes::Bytes) -> bool {
+        let mut all = true;
         for c in streams {
             if c.tx.try_send(Ok(Outbound::Encoded(quota.clone()))).is_err() {
                 counter!("throttle_central_pushes_dropped_total").increment(1);
                 tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
+                all = false;
             }
         }
+        all
     }
 
     /// Queues each push on every stream of its node.
@@ -908,16 +918,19 @@ impl Actor {
         let report_slot = self.assigner.ledger().config().slot.slot_at(now) + 1;
         let mut streams = Self::streams(&self.conns);
         self.assigner.tick_each(now, |node, quota, answer| {
-            let ready = answer.map(|(quota, services)| Ready {
+            let refers = answer.as_ref().is_some_and(|a| a.refers);
+            let ready = answer.map(|a| Ready {
                 report_slot,
-                services: services.into(),
-                quota,
+                services: a.services.into(),
+                quota: a.quota,
             });
-            let streams = streams.remove(&node).unwrap_or_default();
-            for c in &streams {
-                *c.ahead.ready.lock() = ready.clone();
+            for c in streams.remove(&node).unwrap_or_default() {
+                let mut ahead = c.ahead.ready.lock();
+                // An answer that refers to the push goes only where the
+                // push went: otherwise the ledger answers after filing.
+                let pushed = Self::push(&[c], &quota);
+                *ahead = ready.clone().filter(|_| pushed || !refers);
             }
-            Self::push(&streams, &quota);
         });
         // Streams of a node the assigner no longer serves answer nothing
         // ahead.
@@ -948,6 +961,8 @@ impl Actor {
                             } else {
                                 "classic"
                             },
+                            // Its answers may name the push before them.
+                            "refs": c.accepts.refs,
                         })
                     })
                     .collect();

@@ -8,11 +8,11 @@ use serde_json::Value;
 use throttle_central::leadership::Follower;
 use throttle_central::limits::{FileLimits, LimitSet, StaticLimits};
 use throttle_central::{Central, RunningCentral, Subject};
-use throttle_proto::PACKED_QUOTAS;
 use throttle_proto::legacy::report_from_json;
 use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::central_client::CentralClient;
 use throttle_proto::v1::{self, central_message, node_message};
+use throttle_proto::{PACKED_QUOTAS, QUOTA_REFS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tonic::Streaming;
@@ -50,6 +50,13 @@ struct Node {
     /// Its Hello accepts packed quotas: every quota it receives is checked
     /// to be in the form it accepts, and unpacked.
     packed: bool,
+    /// Its Hello accepts refs: each is resolved from the tables this
+    /// stream delivered before (and must name one), as a node installs it.
+    refs: bool,
+    /// Every (service, slot) table received, the last of each.
+    tables: std::collections::BTreeMap<(String, i64), v1::UserQuotas>,
+    /// Refs resolved so far.
+    resolved: usize,
 }
 
 fn hello(node_id: &str, slot_ms: u32) -> v1::NodeMessage {
@@ -69,10 +76,11 @@ fn hello_accepting(node_id: &str, slot_ms: u32, accepts: &[&str]) -> v1::NodeMes
 }
 
 async fn open(addr: SocketAddr, first: v1::NodeMessage) -> Node {
-    let packed = match &first.kind {
-        Some(node_message::Kind::Hello(h)) => h.accepts.iter().any(|a| a == PACKED_QUOTAS),
+    let accepts = |form: &str| match &first.kind {
+        Some(node_message::Kind::Hello(h)) => h.accepts.iter().any(|a| a == form),
         _ => false,
     };
+    let (packed, refs) = (accepts(PACKED_QUOTAS), accepts(QUOTA_REFS));
     let mut client = CentralClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -87,6 +95,9 @@ async fn open(addr: SocketAddr, first: v1::NodeMessage) -> Node {
         tx,
         inbound,
         packed,
+        refs,
+        tables: Default::default(),
+        resolved: 0,
     }
 }
 
@@ -129,13 +140,36 @@ impl Node {
         if let central_message::Kind::Quota(q) = &mut kind {
             if self.packed {
                 assert!(q.services.is_empty(), "not packed: {q:?}");
-                assert!(!q.packed.is_empty(), "no table: {q:?}");
+                assert!(
+                    !q.packed.is_empty() || !q.refs.is_empty(),
+                    "no table: {q:?}"
+                );
                 q.unpack().unwrap();
             } else {
                 assert!(
                     q.packed.is_empty(),
                     "packed for a node that did not ask: {q:?}"
                 );
+            }
+            assert!(
+                self.refs || q.refs.is_empty(),
+                "refs for a node that did not ask: {q:?}"
+            );
+            for (service, sq) in &q.services {
+                for (slot, users) in &sq.slots {
+                    self.tables.insert((service.clone(), *slot), users.clone());
+                }
+            }
+            for r in std::mem::take(&mut q.refs) {
+                let Some(table) = self.tables.get(&(r.service.clone(), r.from_slot)).cloned()
+                else {
+                    panic!("{r:?} names no table this stream delivered");
+                };
+                self.tables
+                    .insert((r.service.clone(), r.slot), table.clone());
+                let sq = q.services.entry(r.service).or_default();
+                sq.slots.insert(r.slot, table);
+                self.resolved += 1;
             }
         }
         Ok(kind)
@@ -276,11 +310,23 @@ async fn a_packed_report_is_filed_as_the_report_it_stands_for() {
 
 #[tokio::test]
 async fn reports_after_an_assign_are_answered_ahead_of_filing() {
+    answered_ahead(&[]).await;
+}
+
+/// As above, for a node that accepts refs: the answers ahead name the
+/// push before them instead of repeating it, and say the same.
+#[tokio::test]
+async fn answers_ahead_refer_to_the_push_before_them() {
+    let n = answered_ahead(&[PACKED_QUOTAS, QUOTA_REFS]).await;
+    assert!(n.resolved >= 12 - 4, "{} refs", n.resolved);
+}
+
+async fn answered_ahead(accepts: &[&str]) -> Node {
     let central = start(Central::builder().limits(limits(
         "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = { requests = 1000 }\n",
     )))
     .await;
-    let mut n = node(central.grpc_addr(), "n1").await;
+    let mut n = node_accepting(central.grpc_addr(), "n1", accepts).await;
     let slot = SlotLength::from_ms(SLOT_MS).unwrap();
     // Every report after the first mid-slot assign is answered ahead. The
     // stream decides before it queues the report, so the ledger, woken by
@@ -297,7 +343,13 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
             .await
             .unwrap();
         assert_eq!(q.report_slot, Some(s));
-        assert!(q.services["front"].slots.contains_key(&(s + 1)), "{q:?}");
+        let alice = q.services["front"].slots[&(s + 1)].users.get("alice");
+        if done > 1 {
+            assert!(
+                alice.is_some_and(|a| a.resources["requests"] > 0.0),
+                "{q:?}"
+            );
+        }
         let conns = json(&central, "/v1/monitor/connections").await;
         c = conns["connections"][0].clone();
         assert_eq!(c["reports"], done);
@@ -318,7 +370,9 @@ async fn reports_after_an_assign_are_answered_ahead_of_filing() {
         .map(|v| v["alice"]["requests"].as_i64().unwrap())
         .sum();
     assert_eq!(filed, 3 * reports as i64);
+    assert_eq!(c["refs"], accepts.contains(&QUOTA_REFS));
     central.shutdown().await;
+    n
 }
 
 #[tokio::test]

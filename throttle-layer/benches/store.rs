@@ -90,6 +90,7 @@ fn quota_message(store: &SlotStore, quota: f64) -> v1::Quota {
         .into(),
         report_slot: None,
         packed: Vec::new(),
+        refs: Vec::new(),
     }
 }
 
@@ -706,6 +707,7 @@ fn memory(_: &mut Criterion) {
             .into(),
             report_slot: None,
             packed: Vec::new(),
+            refs: Vec::new(),
         })
         .collect();
     let clock = Arc::new(throttle_proto::slot::ManualClock::new(100_000));
@@ -813,6 +815,7 @@ fn answer(names: &[String], slot: i64, quota: f64) -> Vec<u8> {
         .into(),
         report_slot: Some(slot + 1),
         packed: Vec::new(),
+        refs: Vec::new(),
     }
     .encode_to_vec()
 }
@@ -820,15 +823,30 @@ fn answer(names: &[String], slot: i64, quota: f64) -> Vec<u8> {
 /// [`answer`] as the central writes it for a node that accepts packed
 /// quotas: one [`v1::PackedQuota`] per slot.
 fn packed_answer(names: &[String], slot: i64, quota: f64) -> Vec<u8> {
+    packed_tables(names, &[slot + 1, slot + 2], &[], Some(slot + 1), quota)
+}
+
+/// A quota as the central writes it: a packed table of `names` for each of
+/// `slots`, then `refs` as (slot, from slot) of service front.
+fn packed_tables(
+    names: &[String],
+    slots: &[i64],
+    refs: &[(i64, i64)],
+    report_slot: Option<i64>,
+    quota: f64,
+) -> Vec<u8> {
     use prost::Message;
     let mut q = throttle_proto::wire::QuotaEncoder::new();
-    for s in [slot + 1, slot + 2] {
+    for &s in slots {
         q.begin_packed("front", s);
         for u in names {
             q.user(u, [("requests", quota)]);
         }
     }
-    match throttle_proto::wire::Answer::decode(&q.finish(Some(slot + 1))[..]) {
+    for &(slot, from) in refs {
+        q.refer("front", slot, from);
+    }
+    match throttle_proto::wire::Answer::decode(&q.finish(report_slot)[..]) {
         Ok(throttle_proto::wire::Answer::Quota(b)) => b.to_vec(),
         _ => Vec::new(),
     }
@@ -905,6 +923,33 @@ fn slot(c: &mut Criterion) {
             criterion::BatchSize::PerIteration,
         )
     });
+    // The answer to a report as the central renders it ahead, after the
+    // push of the slot before (installed outside the timing): the next
+    // slot's table again, or, for a node that accepts refs, a ref to that
+    // push (`v1::QuotaRef`), which the node installs by copying rows.
+    let mut after_push = |refs: bool| {
+        let (now, _) = next_slot();
+        let push = packed_tables(&names, &[now + 1], &[], None, 1e6);
+        apply((now, push));
+        let answer = if refs {
+            packed_tables(&names, &[], &[(now + 2, now + 1)], Some(now + 1), 1e6)
+        } else {
+            packed_tables(&names, &[now + 2], &[], Some(now + 1), 1e6)
+        };
+        (now, answer)
+    };
+    for (name, refs) in [
+        ("answer/3000 users, one table packed", false),
+        ("answer/3000 users, a ref to the push", true),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || after_push(refs),
+                apply,
+                criterion::BatchSize::PerIteration,
+            )
+        });
+    }
     g.finish();
 }
 

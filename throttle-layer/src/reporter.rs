@@ -481,9 +481,13 @@ impl Run {
             slot_ms: self.cfg.store.slot_length().as_ms(),
             services,
             version: throttle_proto::VERSION.to_owned(),
-            // A third of the bytes; a central that does not know the
-            // form sends the original one.
-            accepts: vec![throttle_proto::PACKED_QUOTAS.to_owned()],
+            // Packed: a third of the bytes. Refs: an answer that repeats
+            // the push before it names that push rather than sending it
+            // again. A central that knows neither sends the original form.
+            accepts: vec![
+                throttle_proto::PACKED_QUOTAS.to_owned(),
+                throttle_proto::QUOTA_REFS.to_owned(),
+            ],
         });
         open(endpoint, timeout, queue, self.cfg.max_message_bytes, hello)
     }

@@ -995,19 +995,7 @@ impl ServiceStore {
         R: Iterator<Item = (&'a str, f64)>,
     {
         let _g = self.register.lock();
-        let idx = slot.rem_euclid(QUOTA_RING as i64) as usize;
-        let old = self.ring[idx].load(Ordering::Acquire);
-        let tag = (slot as u64 & SLOT_MASK) << (64 - SLOT_BITS);
-        let version = if old >> (64 - SLOT_BITS) == tag >> (64 - SLOT_BITS) {
-            old & VERSION_MASK
-        } else {
-            0
-        } + 1;
-        let Ok(row_version) = u16::try_from(version) else {
-            // Rows keep 16-bit versions; no central sends 65,535 tables for
-            // one slot, and counting on would make older rows read as newer.
-            counter!("throttle_quota_ignored_total").increment(1);
-            tracing::warn!(service = %self.name, slot, "too many quota tables for one slot; ignored");
+        let Some((idx, published, row_version)) = self.next_version(slot) else {
             return;
         };
         if self.users.get().is_none() {
@@ -1042,7 +1030,70 @@ impl ServiceStore {
         });
         // Rows first, then the version: readers never see a version whose
         // rows are missing.
-        self.ring[idx].store(tag | version, Ordering::Release);
+        self.ring[idx].store(published, Ordering::Release);
+    }
+
+    /// The next version of `slot`'s table: its index in the ring, the
+    /// value to publish there once its rows are in, and the rows' version.
+    /// `None` (counted and logged) past the rows' 16-bit versions. For a
+    /// caller holding `register`.
+    fn next_version(&self, slot: i64) -> Option<(usize, u64, u16)> {
+        let idx = slot.rem_euclid(QUOTA_RING as i64) as usize;
+        let old = self.ring[idx].load(Ordering::Acquire);
+        let tag = (slot as u64 & SLOT_MASK) << (64 - SLOT_BITS);
+        let version = if old >> (64 - SLOT_BITS) == tag >> (64 - SLOT_BITS) {
+            old & VERSION_MASK
+        } else {
+            0
+        } + 1;
+        let Ok(row_version) = u16::try_from(version) else {
+            // Rows keep 16-bit versions; no central sends 65,535 tables for
+            // one slot, and counting on would make older rows read as newer.
+            counter!("throttle_quota_ignored_total").increment(1);
+            tracing::warn!(service = %self.name, slot, "too many quota tables for one slot; ignored");
+            return None;
+        };
+        Some((idx, tag | version, row_version))
+    }
+
+    /// Installs as `slot`'s table the one installed for `from` (a
+    /// [`v1::QuotaRef`]): every user with a row of `from`'s table gets the
+    /// same quotas for `slot`, as if that table had come again for `slot`.
+    /// Returns whether a table for `from` is installed; without one
+    /// nothing is.
+    fn copy_table(&self, slot: i64, from: i64, now_slot: i64) -> bool {
+        let _g = self.register.lock();
+        let Some(from_version) = self.quota_version(from) else {
+            return false;
+        };
+        if slot == from {
+            return true;
+        }
+        let Some((idx, published, row_version)) = self.next_version(slot) else {
+            return true;
+        };
+        if let Some(users) = self.users.get() {
+            with_users!(users, map => {
+                let users = map.pin();
+                let mut quotas = [f32::NAN; MAX_RESOURCES];
+                for (_, entry) in users.iter() {
+                    let state: &UserLock<UserState> = entry;
+                    let mut st = state.lock();
+                    let Some(k) = st.row(from, from_version).filter(|_| !st.evicted) else {
+                        continue;
+                    };
+                    let cells = st.cells();
+                    let len = cells.len().min(MAX_RESOURCES);
+                    for (q, cell) in quotas.iter_mut().zip(cells) {
+                        let rows = cell.quota;
+                        *q = rows[k];
+                    }
+                    st.insert_row(slot, row_version, &quotas[..len], now_slot);
+                }
+            });
+        }
+        self.ring[idx].store(published, Ordering::Release);
+        true
     }
 
     /// [`ServiceStore::resource`] for a caller already holding `register`.
@@ -1381,8 +1432,10 @@ impl SlotStore {
     }
 
     /// Installs a quota from the central node: each (service, slot) table
-    /// replaces any earlier one for that slot. Slots more than 16 slots in the
-    /// past or future are ignored.
+    /// replaces any earlier one for that slot, then each of its
+    /// [`refs`](v1::Quota::refs) installs a copy of a table already
+    /// installed. Slots more than 16 slots in the past or future are
+    /// ignored.
     pub fn apply_quota(&self, quota: &v1::Quota) {
         let now = self.current_slot();
         for (name, sq) in &quota.services {
@@ -1394,6 +1447,9 @@ impl SlotStore {
                 self.apply_table(name, slot, users, now);
             }
         }
+        for r in &quota.refs {
+            self.apply_ref(&r.service, r.slot, r.from_slot, now);
+        }
     }
 
     /// [`SlotStore::apply_quota`] for a quota read in place, as the
@@ -1404,6 +1460,9 @@ impl SlotStore {
         for (name, slot, users) in quota.tables() {
             self.apply_table(name, slot, users, now);
         }
+        for (name, slot, from) in quota.refs() {
+            self.apply_ref(name, slot, from, now);
+        }
     }
 
     fn apply_table<'a, U, R>(&self, name: &str, slot: i64, users: U, now: i64)
@@ -1411,15 +1470,45 @@ impl SlotStore {
         U: Iterator<Item = (&'a str, R)> + Clone,
         R: Iterator<Item = (&'a str, f64)>,
     {
-        if name.is_empty() || name.len() > MAX_NAME_LEN {
+        if self.installable(name, slot, now) {
+            self.service(name).apply(slot, users, now);
+        }
+    }
+
+    /// Installs (`name`, `slot`) as a copy of (`name`, `from`), a
+    /// [`v1::QuotaRef`]. A ref to a table this store does not hold (the
+    /// central node sends one only after the table, on the same stream)
+    /// installs nothing, so the slot goes to the [`Fallback`]: counted and
+    /// logged.
+    fn apply_ref(&self, name: &str, slot: i64, from: i64, now: i64) {
+        if !self.installable(name, slot, now) {
             return;
+        }
+        let service = self
+            .shared
+            .services
+            .lock()
+            .iter()
+            .find(|s| &*s.name == name)
+            .cloned();
+        if !service.is_some_and(|s| s.copy_table(slot, from, now)) {
+            counter!("throttle_quota_refs_missing_total").increment(1);
+            tracing::warn!(service = %name, slot, from, "quota refers to a table this node does not hold; ignored");
+        }
+    }
+
+    /// Whether a table of (`name`, `slot`) may be installed at slot `now`:
+    /// a valid name, a slot within the store's reach (else counted).
+    fn installable(&self, name: &str, slot: i64, now: i64) -> bool {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return false;
         }
         if slot.abs_diff(now) >= QUOTA_RING as u64 {
             counter!("throttle_quota_ignored_total").increment(1);
             tracing::debug!(service = %name, slot, now, "quota for a distant slot ignored");
-            return;
+            return false;
         }
-        self.service(name).apply(slot, users, now);
+        true
     }
 }
 
@@ -1522,6 +1611,70 @@ mod tests {
         // A quota for another slot does not count for this one.
         f.quota(r#"{"front": {"101": {"alice": {"requests": 0.0}}}}"#);
         assert!(f.admit("alice", Fallback::Allow).is_allowed());
+    }
+
+    /// A ref installs, for its slot, the table the store holds for its
+    /// `from_slot`, deciding as that table sent again for the slot would;
+    /// read in place or as prost decodes it. A ref to a table the store
+    /// does not hold installs nothing.
+    #[test]
+    fn a_quota_ref_installs_the_table_it_names_for_its_slot() {
+        const TABLE: &str =
+            r#"{"alice": {"requests": 2.0, "traffic_down": 5.0}, "bob": {"requests": 0.0}}"#;
+        let refer = |slot: i64, from_slot: i64| v1::Quota {
+            refs: vec![v1::QuotaRef {
+                service: "front".into(),
+                slot,
+                from_slot,
+            }],
+            ..v1::Quota::default()
+        };
+        let sent = fixture();
+        let by_ref = fixture();
+        let in_place = fixture();
+        // An older table for slot 101, which the new one replaces.
+        for f in [&sent, &by_ref, &in_place] {
+            f.quota(&format!(
+                r#"{{"front": {{"100": {TABLE}, "101": {{"carol": {{"requests": 0.0}}}}}}}}"#
+            ));
+        }
+        sent.quota(&format!(r#"{{"front": {{"101": {TABLE}}}}}"#));
+        by_ref.store.apply_quota(&refer(101, 100));
+        let bytes = refer(101, 100).encode_to_vec();
+        in_place
+            .store
+            .apply_raw_quota(&RawQuota::parse(&bytes).unwrap());
+        let decisions = |f: &Fixture| {
+            f.clock.set(T + 1_000);
+            ["alice", "alice", "alice", "alice", "bob", "carol", "dave"]
+                .map(|user| {
+                    let d = f.admit(user, Fallback::Deny);
+                    (d.is_allowed(), d.basis)
+                })
+                .to_vec()
+        };
+        let want = decisions(&sent);
+        assert_eq!(
+            want,
+            [
+                (true, Basis::Quota),
+                (true, Basis::Quota),
+                (true, Basis::Quota),
+                (false, Basis::Quota),
+                (false, Basis::Quota),
+                (true, Basis::Unlimited),
+                (true, Basis::Unlimited),
+            ]
+        );
+        assert_eq!(decisions(&by_ref), want);
+        assert_eq!(decisions(&in_place), want);
+
+        // Slot 99 has no table here: its ref installs nothing for 102.
+        by_ref.store.apply_quota(&refer(102, 99));
+        assert!(!by_ref.front.has_quota(102));
+        // A ref to its own slot keeps the table as it is.
+        by_ref.store.apply_quota(&refer(101, 101));
+        assert_eq!(by_ref.admit("bob", Fallback::Allow).basis, Basis::Quota);
     }
 
     #[test]

@@ -54,6 +54,7 @@ fn quota_message(
         services: [(service.to_string(), v1::ServiceQuota { slots })].into(),
         report_slot,
         packed: Vec::new(),
+        refs: Vec::new(),
     };
     v1::CentralMessage {
         kind: Some(central_message::Kind::Quota(quota)),
@@ -274,7 +275,10 @@ async fn hello_then_one_report_per_slot_with_the_counts() {
             assert_eq!(h.slot_ms, SLOT_MS);
             assert_eq!(h.services, vec!["front".to_string()]);
             assert!(!h.version.is_empty());
-            assert_eq!(h.accepts, [throttle_proto::PACKED_QUOTAS]);
+            assert_eq!(
+                h.accepts,
+                [throttle_proto::PACKED_QUOTAS, throttle_proto::QUOTA_REFS]
+            );
         }
         e => panic!("expected Hello, got {e:?}"),
     }

@@ -13,9 +13,10 @@ use prost::encoding::{DecodeContext, WireType, encode_varint, encoded_len_varint
 
 use super::{
     CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, ENTRY_VALUE, Field, Fields, MAP_FIELD, Names, PACKED_AMOUNTS,
-    PACKED_RESOURCES, PACKED_SERVICE, PACKED_SLOT, PACKED_USERS, QUOTA_PACKED, QUOTA_REPORT_SLOT,
-    QUOTA_SERVICES, RawReportError, RawUser, delimited_len, key_len, map_entry, merge_kind,
-    name_at, put_delimited_header, put_key, put_str, utf8,
+    PACKED_RESOURCES, PACKED_SERVICE, PACKED_SLOT, PACKED_USERS, QUOTA_PACKED, QUOTA_REF,
+    QUOTA_REPORT_SLOT, QUOTA_SERVICES, REF_FROM_SLOT, REF_SERVICE, REF_SLOT, RawReportError,
+    RawUser, delimited_len, key_len, map_entry, merge_kind, name_at, put_delimited_header, put_key,
+    put_str, utf8,
 };
 use crate::v1;
 
@@ -155,6 +156,8 @@ pub struct RawQuota {
     /// Every table's users, then every user's quotas, in the order sent.
     users: Vec<RawUser>,
     quotas: Vec<RawQuotaEntry>,
+    /// The quota's [`v1::QuotaRef`]s: (service, slot, from slot).
+    refs: Vec<((u32, u32), i64, i64)>,
 }
 
 /// One (service, slot) table of a [`RawQuota`].
@@ -256,6 +259,27 @@ fn quota_entry(body: &[u8]) -> Result<(&[u8], f64), RawQuotaError> {
     Ok((string_key(key)?, quota))
 }
 
+/// A `QuotaRef` body's (service, slot, from slot), each field the last
+/// one given, as prost reads them.
+fn check_ref(body: &[u8]) -> Result<(&[u8], i64, i64), RawQuotaError> {
+    let (mut service, mut slot, mut from) = (&[][..], 0, 0);
+    let mut f = Fields::new(body);
+    while let Some((n, field)) = f.next_field()? {
+        match (n, field) {
+            (REF_SERVICE, Field::Bytes(b)) => service = utf8(b)?,
+            (REF_SLOT, Field::Varint(v)) => slot = v as i64,
+            (REF_FROM_SLOT, Field::Varint(v)) => from = v as i64,
+            (REF_SERVICE | REF_SLOT | REF_FROM_SLOT, _) => {
+                return Err(RawQuotaError::Malformed(
+                    "quota ref field of the wrong type",
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok((service, slot, from))
+}
+
 /// The `float`s of a packed table's amounts, given in one or more fields
 /// (each a multiple of 4 bytes).
 struct Floats<'a> {
@@ -298,6 +322,7 @@ impl RawQuota {
             users: Vec::new(),
             // About 24 bytes per user's quota of one resource.
             quotas: Vec::with_capacity(bytes.len() / 24),
+            refs: Vec::new(),
         };
         // The services of `services` entries and the (service, slot) of
         // packed tables seen. A service in two entries (prost keeps the
@@ -344,7 +369,11 @@ impl RawQuota {
                     packed.push(table);
                 }
                 (QUOTA_REPORT_SLOT, Field::Varint(v)) => quota.report_slot = Some(v as i64),
-                (QUOTA_SERVICES | QUOTA_REPORT_SLOT | QUOTA_PACKED, _) => {
+                (QUOTA_REF, Field::Bytes(b)) => {
+                    let (service, slot, from) = check_ref(b)?;
+                    quota.refs.push((names.keep(service), slot, from));
+                }
+                (QUOTA_SERVICES | QUOTA_REPORT_SLOT | QUOTA_PACKED | QUOTA_REF, _) => {
                     return Err(RawQuotaError::Malformed("quota field of the wrong type"));
                 }
                 _ => {}
@@ -453,6 +482,14 @@ impl RawQuota {
     /// The slot of the report this quota answers, if it answers one.
     pub fn report_slot(&self) -> Option<i64> {
         self.report_slot
+    }
+
+    /// Every [`v1::QuotaRef`] as (service, slot, from slot), in the order
+    /// sent.
+    pub fn refs(&self) -> impl Iterator<Item = (&str, i64, i64)> {
+        self.refs
+            .iter()
+            .map(|&(service, slot, from)| (name_at(&self.names, service), slot, from))
     }
 
     /// Every (service, slot, users) table, in the order sent.
@@ -844,15 +881,39 @@ mod tests {
             .prop_map(|users| v1::UserQuotas { users });
         let slots = proptest::collection::btree_map(any::<i64>(), users, 0..3)
             .prop_map(|slots| v1::ServiceQuota { slots });
+        let refs = proptest::collection::vec(
+            (name(), any::<i64>(), any::<i64>()).prop_map(|(service, slot, from_slot)| {
+                v1::QuotaRef {
+                    service,
+                    slot,
+                    from_slot,
+                }
+            }),
+            0..3,
+        );
         (
             proptest::collection::btree_map(name(), slots, 0..3),
             any::<Option<i64>>(),
+            refs,
         )
-            .prop_map(|(services, report_slot)| v1::Quota {
+            .prop_map(|(services, report_slot, refs)| v1::Quota {
                 services,
                 report_slot,
                 packed: Vec::new(),
+                refs,
             })
+    }
+
+    /// A quota's refs as (service, slot, from slot).
+    fn prost_refs(q: &v1::Quota) -> Vec<(String, i64, i64)> {
+        q.refs
+            .iter()
+            .map(|r| (r.service.clone(), r.slot, r.from_slot))
+            .collect()
+    }
+
+    fn raw_refs(q: &RawQuota) -> Vec<(String, i64, i64)> {
+        q.refs().map(|(s, a, b)| (s.to_owned(), a, b)).collect()
     }
 
     proptest! {
@@ -866,6 +927,7 @@ mod tests {
             let decoded = v1::Quota::decode(&bytes[..]).expect("valid");
             prop_assert_eq!(raw.report_slot(), decoded.report_slot);
             prop_assert_eq!(raw_tables(&raw), prost_tables(&decoded));
+            prop_assert_eq!(raw_refs(&raw), prost_refs(&decoded));
         }
 
         /// A quota as the central writes it ([`QuotaEncoder`]) reads in
@@ -882,6 +944,8 @@ mod tests {
                 Ok(raw) => {
                     prop_assert_eq!(raw.report_slot(), decoded.report_slot);
                     prop_assert_eq!(raw_tables(&raw), prost_tables(&decoded));
+                    prop_assert_eq!(raw_refs(&raw), prost_refs(&decoded));
+                    prop_assert_eq!(prost_refs(&decoded), prost_refs(&q));
                 }
                 // The encoder writes a service once per slot begun.
                 Err(e) => prop_assert!(
@@ -1078,6 +1142,7 @@ mod tests {
             .into(),
             report_slot: None,
             packed: Vec::new(),
+            refs: Vec::new(),
         };
         let bytes = [one(1).encode_to_vec(), one(2).encode_to_vec()].concat();
         assert_eq!(

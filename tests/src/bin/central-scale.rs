@@ -16,9 +16,11 @@
 //! late) and slow points (a queue at some moment of every slot) look
 //! different there.
 //!
-//! Nodes accept packed quotas ([`v1::PackedQuota`]) and write packed
-//! reports ([`v1::PackedUsage`]) as the reporter's do with this central;
-//! `--classic 1` has them use the original forms both ways.
+//! Nodes accept packed quotas ([`v1::PackedQuota`]) and answers that
+//! refer to the push before them ([`v1::QuotaRef`]), and write packed
+//! reports ([`v1::PackedUsage`]), as the reporter's do with this central;
+//! `--refs 0` has them take whole answers, `--classic 1` use the original
+//! forms both ways.
 //!
 //! Every node reports at boundary + 50 ms, as the original nodes did;
 //! `--spread-ms S` spreads them over S ms after that, each at the point
@@ -286,14 +288,17 @@ fn main() -> anyhow::Result<()> {
     let spread = Duration::from_secs_f64(throttle_tests::arg("--spread-ms", 0.0).max(0.0) / 1000.0);
     // Round trips over this are listed by slot and report point.
     let slow_ms = throttle_tests::arg("--slow-ms", 5.0) as u64;
-    // Nodes accept packed quotas and write packed reports, as the
-    // reporter's do, unless `--classic 1`.
+    // Nodes accept packed quotas and refs and write packed reports, as the
+    // reporter's do, unless `--classic 1` (or `--refs 0`).
     let packed = throttle_tests::arg("--classic", 0.0) == 0.0;
-    let accepts: Vec<String> = if packed {
-        vec![throttle_proto::PACKED_QUOTAS.into()]
-    } else {
-        Vec::new()
-    };
+    let refs = packed && throttle_tests::arg("--refs", 1.0) != 0.0;
+    let mut accepts: Vec<String> = Vec::new();
+    if packed {
+        accepts.push(throttle_proto::PACKED_QUOTAS.into());
+    }
+    if refs {
+        accepts.push(throttle_proto::QUOTA_REFS.into());
+    }
     // The nodes send `with_slot` of a report encoded once; it must be what
     // prost writes for the whole report.
     let probe = report(0, users, total_users, 1_800_000_000);
@@ -493,7 +498,11 @@ fn main() -> anyhow::Result<()> {
         );
         println!(
             "| quotas received ({}) | {:.1} MB/s |",
-            if packed { "packed" } else { "classic, `--classic 1`" },
+            match (packed, refs) {
+                (true, true) => "packed, answers by refs",
+                (true, false) => "packed, answers whole (`--refs 0`)",
+                _ => "classic, `--classic 1`",
+            },
             quota_bytes.load(Ordering::Relaxed) as f64 / 1e6 / wall
         );
         println!(

@@ -21,8 +21,10 @@
 //! rendered ahead is kept until a re-assign clears it or the next assign
 //! replaces it, as the server keeps it for the node's next report.
 //!
-//! The nodes accept packed quotas ([`throttle_proto::v1::PackedQuota`]),
-//! as the reporter's do; `--classic 1` renders the original form.
+//! The nodes accept packed quotas ([`throttle_proto::v1::PackedQuota`])
+//! and answers that refer to the push before them
+//! ([`throttle_proto::v1::QuotaRef`]), as the reporter's do; `--refs 0`
+//! renders every answer whole, `--classic 1` the original form.
 //!
 //! `--nr-slot N` keeps `N` slots of history instead of the original's 60.
 //! `--scale N` makes every amount but the requests `N` times larger (the
@@ -41,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
-use throttle_central::assigner::{Assigner, Encoded};
+use throttle_central::assigner::{Accepts, Assigner, Encoded};
 use throttle_central::ledger::{Ledger, LedgerConfig, NodeId};
 use throttle_central::limits::StaticLimits;
 use throttle_proto::v1;
@@ -64,9 +66,13 @@ fn main() -> anyhow::Result<()> {
     // take less room the smaller they are.
     let scale = throttle_tests::arg("--scale", 1.0) as i64;
     let vary = throttle_tests::arg("--vary", 0.0) != 0.0;
-    // Quotas rendered packed, as for the reporter's nodes, unless
-    // `--classic 1`.
+    // Quotas rendered packed, with refs, as for the reporter's nodes,
+    // unless `--classic 1` (or `--refs 0`).
     let packed = throttle_tests::arg("--classic", 0.0) == 0.0;
+    let accepts = Accepts {
+        packed,
+        refs: packed && throttle_tests::arg("--refs", 1.0) != 0.0,
+    };
     let mut config = LedgerConfig::default();
     // Slots of history kept (the original's 60): a shorter one shows what
     // the history costs beside the live state.
@@ -80,7 +86,7 @@ fn main() -> anyhow::Result<()> {
     let ids: Vec<NodeId> = (0..nodes)
         .map(|n| {
             assigner
-                .connect(&fleet::node_id(n), &services, packed, first * slot_ms)
+                .connect(&fleet::node_id(n), &services, accepts, first * slot_ms)
                 .0
         })
         .collect();
@@ -100,6 +106,7 @@ fn main() -> anyhow::Result<()> {
     let rss_before = throttle_tests::rss_mib();
     let mut times: Vec<[Duration; 3]> = Vec::new();
     let mut pushed_bytes = 0usize;
+    let mut answered_bytes = 0usize;
     let mut answers: Vec<Option<_>> =
         vec![None; ids.iter().map(|n| n.index() + 1).max().unwrap_or(0)];
     for slot in first + 1..=first + slots {
@@ -139,6 +146,7 @@ fn main() -> anyhow::Result<()> {
             pushed_bytes += push.len();
             // Kept until the next assign replaces it, as the server keeps
             // each stream's answer ahead.
+            answered_bytes += answer.as_ref().map_or(0, |a| a.quota.len());
             answers[node.index()] = answer;
         });
         t[2] = started.elapsed();
@@ -183,6 +191,15 @@ fn main() -> anyhow::Result<()> {
         "| pushes rendered ({}) | {:.1} MB per slot | |",
         if packed { "packed" } else { "classic" },
         pushed_bytes as f64 / 1e6 / slots as f64
+    );
+    println!(
+        "| answers rendered ahead ({}) | {:.1} MB per slot | |",
+        if accepts.refs {
+            "refs to the push"
+        } else {
+            "whole"
+        },
+        answered_bytes as f64 / 1e6 / slots as f64
     );
     println!(
         "| resident memory, whole process | {:.0} MiB (+{:.0} MiB) | |",

@@ -241,6 +241,12 @@ impl<'a> NodeGrants<'a> {
         self.keys.is_empty()
     }
 
+    /// Whether these are the very grants `other` are (the same lists, not
+    /// equal ones).
+    pub fn is(&self, other: &NodeGrants<'_>) -> bool {
+        std::ptr::eq(self.keys, other.keys) && std::ptr::eq(self.amounts, other.amounts)
+    }
+
     /// The grants' keys.
     pub fn keys(&self) -> &'a [KeyId] {
         self.keys
