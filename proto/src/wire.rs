@@ -54,7 +54,7 @@ use crate::v1;
 mod node;
 pub use node::{
     Answer, QuotaResources, QuotaUsers, RawQuota, RawQuotaError, ReportEncoder, UnpackError,
-    UsageEncoder, client, unpacked_report,
+    UsageEncoder, client, packed_report, unpacked_report,
 };
 
 /// The central's gRPC service, sending [`Outbound`] messages.
@@ -1652,6 +1652,17 @@ mod tests {
             prop_assert!(decoded.packed.is_empty());
             prop_assert_eq!(content_of(&decoded), content_of(&built));
             prop_assert_eq!(&crate::wire::unpacked_report(&bytes).map(|b| b.to_vec()).ok(), &Some(decoded.encode_to_vec()));
+            // Packed again from the maps, or from the report as sent: the
+            // same content, read in place.
+            let with_packed = v1::Report::decode(&bytes[..]).unwrap_or_default();
+            for report in [&decoded, &with_packed] {
+                let repacked = crate::wire::packed_report(report);
+                prop_assert!(repacked.is_ok(), "{:?}", repacked);
+                let raw = RawReport::parse(repacked.unwrap_or_default());
+                prop_assert!(raw.is_ok(), "{:?}", raw);
+                let raw = raw.unwrap_or_else(|_| unreachable!());
+                prop_assert_eq!(raw_content(&raw), content_of(&built));
+            }
         }
 
         /// A packed report with one byte changed: still no panic, and

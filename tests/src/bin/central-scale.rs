@@ -55,11 +55,11 @@ use throttle_central::{Central, LEDGER_THREAD};
 use throttle_layer::reporter::report_point;
 use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
 use throttle_proto::v1;
+use throttle_proto::wire::Inbound;
 use throttle_proto::wire::fields::{
     CENTRAL_MESSAGE_QUOTA, ENTRY_KEY, MAP_FIELD as SLOTS, PACKED_SLOT, QUOTA_PACKED,
     QUOTA_REPORT_SLOT, QUOTA_SERVICES,
 };
-use throttle_proto::wire::{Inbound, ReportEncoder, UsageEncoder};
 use throttle_tests::fleet;
 
 fn cpu_seconds() -> f64 {
@@ -228,27 +228,8 @@ fn report_body(n: u64, users: u64, total_users: u64, packed: bool) -> Vec<u8> {
     if !packed {
         return report.encode_to_vec();
     }
-    let mut out = ReportEncoder::new();
-    for (service, consumption) in &report.consumption {
-        let encode = |usage: &v1::Usage| {
-            let resources: std::collections::BTreeSet<&str> = usage
-                .users
-                .values()
-                .flat_map(|a| a.resources.keys().map(String::as_str))
-                .collect();
-            let mut e = UsageEncoder::packed(resources);
-            for (user, amounts) in &usage.users {
-                e.user(
-                    user,
-                    amounts.resources.iter().map(|(r, a)| (r.as_str(), *a)),
-                );
-            }
-            e
-        };
-        let rejection = report.rejection.get(service).cloned().unwrap_or_default();
-        out.service(service, &encode(consumption), &encode(&rejection));
-    }
-    out.finish("", 0).to_vec()
+    // Maps only: packing does not fail.
+    throttle_proto::wire::packed_report(&report).map_or_else(|_| Vec::new(), |b| b.to_vec())
 }
 
 /// A report for `slot` from the encoding of the same report for slot 0
