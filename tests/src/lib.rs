@@ -226,8 +226,13 @@ impl Cluster {
 ///
 /// When the runtime cannot be built.
 pub fn one_worker(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+    workers(name, 1)
+}
+
+/// A runtime of `n` worker threads (at least one) named `name`.
+pub fn workers(name: &str, n: usize) -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(n.max(1))
         .thread_name(name)
         .enable_all()
         .build()

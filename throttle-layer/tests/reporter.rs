@@ -749,6 +749,46 @@ async fn packed_quotas_are_installed_and_a_bad_one_is_ignored() {
     task.abort();
 }
 
+/// Refs on the stream: one to a table the node received installs it for
+/// its slot; one to a table it never received installs nothing, and the
+/// stream goes on.
+#[tokio::test]
+async fn quota_refs_install_the_tables_they_name() {
+    use prost::Message;
+    let store = store();
+    let front = store.service("front");
+    front.resource("requests").unwrap();
+    let now = store.current_slot();
+    let refer = |slot: i64, from_slot: i64| v1::Quota {
+        refs: vec![v1::QuotaRef {
+            service: "front".into(),
+            slot,
+            from_slot,
+        }],
+        ..v1::Quota::default()
+    };
+    let table = match quota_message("front", now + 1, &[("bob", 0.0)], None).kind {
+        Some(central_message::Kind::Quota(q)) => q,
+        other => panic!("{other:?}"),
+    };
+    let messages = vec![
+        quota_bytes(&table.encode_to_vec()),
+        // now + 1 was received: now + 2 takes its table.
+        quota_bytes(&refer(now + 2, now + 1).encode_to_vec()),
+        // now + 4 never was: nothing for now + 3.
+        quota_bytes(&refer(now + 3, now + 4).encode_to_vec()),
+        // The stream goes on.
+        quota_bytes(&refer(now + 5, now + 2).encode_to_vec()),
+    ];
+    let (url, task) = raw_central(messages);
+    let handle = reporter(&store, &[url]);
+    within("the refs applied", || front.has_quota(now + 5)).await;
+    assert!(front.has_quota(now + 2));
+    assert!(!front.has_quota(now + 3), "a ref to a table never received");
+    assert_eq!(handle.status().connections, 1, "the stream went on");
+    task.abort();
+}
+
 #[tokio::test]
 async fn a_quota_over_tonics_default_4_mib_is_installed() {
     use prost::Message;

@@ -9,7 +9,8 @@
 //! and resident memory. The central node's streams run on a runtime of one
 //! worker thread (`--central-threads N` gives them N), its ledger on a
 //! thread of its own, and the simulated nodes on a runtime of one worker
-//! thread; the CPU time of each is measured on its threads.
+//! thread (`--node-threads N`: N); the CPU time of each is measured on its
+//! threads.
 //!
 //! Answers slower than `--slow-ms` (5) are counted by the slot they were
 //! in and by the node's report point: a slow slot (an assign running
@@ -263,6 +264,7 @@ fn main() -> anyhow::Result<()> {
     let seconds = throttle_tests::arg("--seconds", 10.0) as u64;
     let total_users = fleet::total_users(nodes, users);
     let central_threads = throttle_tests::arg("--central-threads", 1.0) as usize;
+    let node_threads = throttle_tests::arg("--node-threads", 1.0) as usize;
     let warm_up = throttle_tests::arg("--warm-up", 2.0).max(2.0) as u64;
     // Reports go at boundary + 50 ms, or with `--spread-ms` each node at its
     // point of that window after it, where the reporter would place it.
@@ -296,12 +298,8 @@ fn main() -> anyhow::Result<()> {
     )?;
     unpacked.unpack()?;
     anyhow::ensure!(unpacked == probe, "the packed report is not the report");
-    let central_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(central_threads.max(1))
-        .thread_name("central")
-        .enable_all()
-        .build()?;
-    let rt = throttle_tests::one_worker("nodes")?;
+    let central_rt = throttle_tests::workers("central", central_threads)?;
+    let rt = throttle_tests::workers("nodes", node_threads)?;
     let on_central = central_rt.handle().clone();
     rt.block_on(async {
         let limits = fleet::limits(total_users);
@@ -494,7 +492,7 @@ fn main() -> anyhow::Result<()> {
         println!("| ingest | {:.0} entries/s |", (nodes * users * 4) as f64 / slot.as_duration().as_secs_f64());
         println!("| central node CPU: streams (its worker threads) | {:.0}% of one core |", 100.0 * central_cpu / wall);
         println!("| central node CPU: ledger (its own thread) | {:.0}% of one core |", 100.0 * ledger_cpu / wall);
-        println!("| simulated nodes CPU (their one worker thread) | {:.0}% of one core |", 100.0 * nodes_cpu / wall);
+        println!("| simulated nodes CPU (their worker threads) | {:.0}% of one core |", 100.0 * nodes_cpu / wall);
         println!("| process CPU (all threads) | {:.0}% of one core |", 100.0 * cpu / wall);
         println!("| resident memory, whole process | {:.0} MiB (+{:.0} MiB) |", throttle_tests::rss_mib(), throttle_tests::rss_mib() - rss_before);
         println!("| setup | {:.1} s |", started.elapsed().as_secs_f64() - wall);
