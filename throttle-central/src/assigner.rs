@@ -179,12 +179,12 @@ pub struct Answer<Q = v1::Quota> {
     pub ingested: Ingested,
 }
 
-/// A node's answer rendered ahead, with the services it covers (as
-/// [`Assigner::prepare`] returns them).
-pub type Prepared<F> = (NodeId, <F as QuotaFormat>::Quota, Vec<String>);
+/// A node's answer rendered ahead ([`Assigner::tick_and_prepare`]).
+pub type Prepared<F> = (NodeId, Ahead<<F as QuotaFormat>::Quota>);
 
-/// A node's answer to its next report, rendered with its push at an
-/// assign ([`Assigner::tick_each`]).
+/// A node's answer to its next report, rendered ahead
+/// ([`Assigner::prepare`], or with its push at an assign:
+/// [`Assigner::tick_each`]).
 #[derive(Debug, Clone)]
 pub struct Ahead<Q> {
     /// The answer.
@@ -392,21 +392,13 @@ impl<F: QuotaFormat> Assigner<F> {
     /// Grants change on [`Assigner::tick`], [`Assigner::reassign`] and on a
     /// [`Assigner::connect`] that pushes: an answer prepared before one of
     /// those is stale.
-    pub fn prepare(&self, node: NodeId, report_slot: i64) -> Option<(F::Quota, Vec<String>)> {
-        let (_, known) = self.nodes.get(&node)?;
-        let quota = F::render(
-            &self.ledger,
-            node,
-            known.iter().map(|s| (s.as_str(), report_slot + 1)),
-            &[],
-            Some(report_slot),
-        );
-        Some((quota, known.iter().cloned().collect()))
+    pub fn prepare(&self, node: NodeId, report_slot: i64) -> Option<Ahead<F::Quota>> {
+        self.prepare_after(node, report_slot, &[])
     }
 
-    /// [`Assigner::prepare`] right after rendering `node`'s push of
-    /// `pushed` (service, slot) tables: for a node whose streams all accept
-    /// refs, a service whose answer holds the very grants pushed is a
+    /// [`Assigner::prepare`], after `node` was pushed the `pushed`
+    /// (service, slot) tables: for a node whose streams all accept refs, a
+    /// service whose answer holds the very grants pushed is a
     /// [`v1::QuotaRef`] to that push rather than the table again.
     fn prepare_after(
         &self,
@@ -531,7 +523,7 @@ impl<F: QuotaFormat> Assigner<F> {
         self.tick_each(now_ms, |node, quota, answer| {
             pushes.push((node, quota));
             if let Some(answer) = answer {
-                prepared.push((node, answer.quota, answer.services));
+                prepared.push((node, answer));
             }
         });
         (pushes, prepared)
@@ -701,7 +693,7 @@ mod tests {
             a.tick(t + 450);
         }
         let quota = |node| {
-            let (bytes, _) = a.prepare(node, 2).unwrap();
+            let bytes = a.prepare(node, 2).unwrap().quota;
             match <v1::CentralMessage as prost::Message>::decode(&bytes[..]) {
                 Ok(v1::CentralMessage {
                     kind: Some(v1::central_message::Kind::Quota(q)),
@@ -738,7 +730,12 @@ mod tests {
             a.report(n2, &report("n2", slot, 1), t).unwrap();
             a.tick(t + 450);
         }
-        let (prepared, services) = a.prepare(n1, 4).unwrap();
+        let Ahead {
+            quota: prepared,
+            services,
+            refers,
+        } = a.prepare(n1, 4).unwrap();
+        assert!(!refers);
         assert_eq!(services, ["front"]);
         let answer = a.report(n1, &report("n1", 4, 3), 4_050).unwrap();
         assert_eq!(answer.quota, prepared, "filing changes no grant");
@@ -751,7 +748,7 @@ mod tests {
         assert!(*alice > 0.0, "n1 has a share of alice's bucket: {alice}");
         // Filing alone answers nothing and leaves the next answer as it was.
         a.file(n2, &report("n2", 4, 1), 4_060).unwrap();
-        assert_eq!(a.prepare(n1, 4).unwrap().0, prepared);
+        assert_eq!(a.prepare(n1, 4).unwrap().quota, prepared);
         assert!(
             a.prepare(NodeId::from_index(99), 4).is_none(),
             "not connected"
@@ -799,10 +796,10 @@ mod tests {
                 let (pushes, prepared) = one.tick_and_prepare(t + 450);
                 assert_eq!(pushes, two.tick(t + 450));
                 assert_eq!(prepared.len(), 2);
-                for (node, quota, services) in prepared {
-                    let (want, want_services) = two.prepare(node, slot + 1).unwrap();
-                    assert_eq!(quota, want, "node {node:?} after slot {slot}");
-                    assert_eq!(services, want_services);
+                for (node, answer) in prepared {
+                    let want = two.prepare(node, slot + 1).unwrap();
+                    assert_eq!(answer.quota, want.quota, "node {node:?} after slot {slot}");
+                    assert_eq!(answer.services, want.services);
                 }
             }
         }
@@ -834,12 +831,12 @@ mod tests {
                     answers.insert(node, (push, answer.unwrap()));
                 });
                 let (_, want) = whole.tick_and_prepare(t + 450);
-                for (node, want, want_services) in want {
+                for (node, want) in want {
                     let (push, mut answer) = answers.remove(&node).unwrap();
-                    assert_eq!(answer.services, want_services);
+                    assert_eq!(answer.services, want.services);
                     assert_eq!(answer.refers, !answer.quota.refs.is_empty());
                     if node == n2 {
-                        assert_eq!(answer.quota, want, "n2 takes no refs");
+                        assert_eq!(answer.quota, want.quota, "n2 takes no refs");
                         continue;
                     }
                     // "front" has grants for n1, which the push holds;
@@ -857,7 +854,7 @@ mod tests {
                         let slots = &mut answer.quota.services.entry(r.service).or_default().slots;
                         slots.insert(r.slot, table);
                     }
-                    assert_eq!(answer.quota, want, "slot {slot}");
+                    assert_eq!(answer.quota, want.quota, "slot {slot}");
                 }
             }
             // A second stream of n1 that does not take refs.
