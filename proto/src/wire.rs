@@ -983,16 +983,23 @@ fn put_packed_user<'a, A: Copy>(
 /// A packed table's user: its name and its bits.
 type PackedUser<'a> = (&'a [u8], &'a [u8]);
 
+/// `body`'s length-delimited fields `first` and `second` when it holds just
+/// those, in that order, each once, as the encoders write them: read
+/// without [`Fields::next_field`]'s loop.
+#[inline]
+fn two_delimited(body: &[u8], first: u32, second: u32) -> Option<(&[u8], &[u8])> {
+    let mut f = Fields::new(body);
+    let a = f.short_delimited(first)?;
+    let b = f.short_delimited(second)?;
+    f.buf.is_empty().then_some((a, b))
+}
+
 /// A `PackedUser`: its checked name and its bits; read without
 /// [`Fields::next_field`]'s loop when laid out as the encoders write it
 /// (the name, then the bits, each once).
 #[inline]
 fn packed_user(body: &[u8]) -> Result<(&[u8], &[u8]), RawReportError> {
-    let mut f = Fields::new(body);
-    if let Some(name) = f.short_delimited(PACKED_USER_NAME)
-        && let Some(bits) = f.short_delimited(PACKED_USER_BITS)
-        && f.buf.is_empty()
-    {
+    if let Some((name, bits)) = two_delimited(body, PACKED_USER_NAME, PACKED_USER_BITS) {
         return Ok((utf8(name)?, bits));
     }
     let (mut name, mut bits) = (&[][..], &[][..]);

@@ -397,7 +397,7 @@ impl<F: QuotaFormat> Assigner<F> {
     }
 
     /// [`Assigner::prepare`], after `node` was pushed the `pushed`
-    /// (service, slot) tables: for a node whose streams all accept refs, a
+    /// (service, slot) tables, one per service of the node: for a node whose streams all accept refs, a
     /// service whose answer holds the very grants pushed is a
     /// [`v1::QuotaRef`] to that push rather than the table again.
     fn prepare_after(
@@ -411,9 +411,7 @@ impl<F: QuotaFormat> Assigner<F> {
         let refs: Vec<QuotaRef<'_>> = if self.refers(node) {
             pushed
                 .iter()
-                .filter(|&&(service, from)| {
-                    known.contains(service) && self.ledger.same_grants(node, service, slot, from)
-                })
+                .filter(|&&(service, from)| self.ledger.same_grants(node, service, slot, from))
                 .map(|&(service, from)| (service, slot, from))
                 .collect()
         } else {

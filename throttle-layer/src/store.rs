@@ -1341,7 +1341,7 @@ impl SlotStore {
     /// The store of `name`, created on first use.
     pub fn service(&self, name: &str) -> Arc<ServiceStore> {
         let mut services = self.shared.services.lock();
-        if let Some(s) = services.iter().find(|s| &*s.name == name) {
+        if let Some(s) = named(&services, name) {
             return s.clone();
         }
         let s = Arc::new(ServiceStore {
@@ -1484,13 +1484,7 @@ impl SlotStore {
         if !self.installable(name, slot, now) {
             return;
         }
-        let service = self
-            .shared
-            .services
-            .lock()
-            .iter()
-            .find(|s| &*s.name == name)
-            .cloned();
+        let service = named(&self.shared.services.lock(), name).cloned();
         if !service.is_some_and(|s| s.copy_table(slot, from, now)) {
             counter!("throttle_quota_refs_missing_total").increment(1);
             tracing::warn!(service = %name, slot, from, "quota refers to a table this node does not hold; ignored");
@@ -1510,6 +1504,11 @@ impl SlotStore {
         }
         true
     }
+}
+
+/// The store of `name` among `services`.
+fn named<'s>(services: &'s [Arc<ServiceStore>], name: &str) -> Option<&'s Arc<ServiceStore>> {
+    services.iter().find(|s| &*s.name == name)
 }
 
 impl StoreBuilder {

@@ -686,6 +686,21 @@ async fn a_malformed_quota_is_ignored_and_the_stream_goes_on() {
 }
 
 /// Serves `messages` (after a Welcome) from a central on 127.0.0.1.
+/// A quota as the central writes it (the encoded `CentralMessage`): for
+/// each of `slots`, a packed table of service front where bob may make 3
+/// requests, then `refs` as (slot, from slot) of front.
+fn central_quota(slots: &[i64], refs: &[(i64, i64)]) -> bytes::Bytes {
+    let mut q = throttle_proto::wire::QuotaEncoder::new();
+    for &slot in slots {
+        q.begin_packed("front", slot);
+        q.user("bob", [("requests", 3.0)]);
+    }
+    for &(slot, from_slot) in refs {
+        q.refer("front", slot, from_slot);
+    }
+    q.finish(None)
+}
+
 fn raw_central(messages: Vec<bytes::Bytes>) -> (String, tokio::task::JoinHandle<()>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -712,28 +727,22 @@ async fn packed_quotas_are_installed_and_a_bad_one_is_ignored() {
     front.resource("requests").unwrap();
     let now = store.current_slot();
     let (a, b, c, d, e) = (now + 5, now + 6, now + 7, now + 8, now + 9);
-    let packed = |slots: &[i64]| {
-        let mut q = throttle_proto::wire::QuotaEncoder::new();
-        for &slot in slots {
-            q.begin_packed("front", slot);
-            q.user("bob", [("requests", 3.0)]);
-        }
-        let message = q.finish(None);
-        match v1::CentralMessage::decode(&message[..]).unwrap().kind {
-            Some(central_message::Kind::Quota(q)) => q,
-            other => panic!("{other:?}"),
-        }
+    let mut short = match v1::CentralMessage::decode(&central_quota(&[d], &[])[..])
+        .unwrap()
+        .kind
+    {
+        Some(central_message::Kind::Quota(q)) => q,
+        other => panic!("{other:?}"),
     };
-    let mut short = packed(&[d]);
     short.packed[0].amounts.clear();
     let messages = vec![
-        quota_bytes(&packed(&[a]).encode_to_vec()),
+        central_quota(&[a], &[]),
         // Bits for one amount, and none: nothing of it is installed.
         quota_bytes(&short.encode_to_vec()),
         // One service for two slots: two tables, read in place.
-        quota_bytes(&packed(&[b, c]).encode_to_vec()),
+        central_quota(&[b, c], &[]),
         // The same table twice: read by prost, then unpacked.
-        quota_bytes(&packed(&[e, e]).encode_to_vec()),
+        central_quota(&[e, e], &[]),
     ];
     let (url, task) = raw_central(messages);
     let handle = reporter(&store, &[url]);
@@ -754,31 +763,18 @@ async fn packed_quotas_are_installed_and_a_bad_one_is_ignored() {
 /// stream goes on.
 #[tokio::test]
 async fn quota_refs_install_the_tables_they_name() {
-    use prost::Message;
     let store = store();
     let front = store.service("front");
     front.resource("requests").unwrap();
     let now = store.current_slot();
-    let refer = |slot: i64, from_slot: i64| v1::Quota {
-        refs: vec![v1::QuotaRef {
-            service: "front".into(),
-            slot,
-            from_slot,
-        }],
-        ..v1::Quota::default()
-    };
-    let table = match quota_message("front", now + 1, &[("bob", 0.0)], None).kind {
-        Some(central_message::Kind::Quota(q)) => q,
-        other => panic!("{other:?}"),
-    };
     let messages = vec![
-        quota_bytes(&table.encode_to_vec()),
+        central_quota(&[now + 1], &[]),
         // now + 1 was received: now + 2 takes its table.
-        quota_bytes(&refer(now + 2, now + 1).encode_to_vec()),
+        central_quota(&[], &[(now + 2, now + 1)]),
         // now + 4 never was: nothing for now + 3.
-        quota_bytes(&refer(now + 3, now + 4).encode_to_vec()),
+        central_quota(&[], &[(now + 3, now + 4)]),
         // The stream goes on.
-        quota_bytes(&refer(now + 5, now + 2).encode_to_vec()),
+        central_quota(&[], &[(now + 5, now + 2)]),
     ];
     let (url, task) = raw_central(messages);
     let handle = reporter(&store, &[url]);

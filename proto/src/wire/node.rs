@@ -16,7 +16,7 @@ use super::{
     PACKED_RESOURCES, PACKED_SERVICE, PACKED_SLOT, PACKED_USERS, QUOTA_PACKED, QUOTA_REF,
     QUOTA_REPORT_SLOT, QUOTA_SERVICES, REF_FROM_SLOT, REF_SERVICE, REF_SLOT, RawReportError,
     RawUser, delimited_len, key_len, map_entry, merge_kind, name_at, put_delimited_header, put_key,
-    put_str, utf8,
+    put_str, two_delimited, utf8,
 };
 use crate::v1;
 
@@ -224,11 +224,7 @@ fn message_value(value: Option<Field<'_>>) -> Result<&[u8], RawQuotaError> {
 /// the central write it (the key, then the value, each once).
 #[inline]
 fn message_entry(body: &[u8]) -> Result<(&[u8], &[u8]), RawQuotaError> {
-    let mut f = Fields::new(body);
-    if let Some(key) = f.short_delimited(ENTRY_KEY)
-        && let Some(value) = f.short_delimited(ENTRY_VALUE)
-        && f.buf.is_empty()
-    {
+    if let Some((key, value)) = two_delimited(body, ENTRY_KEY, ENTRY_VALUE) {
         return Ok((utf8(key)?, value));
     }
     let (key, value) = entry_fields(body)?;
