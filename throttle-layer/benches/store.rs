@@ -10,8 +10,9 @@
 //!   under both: the user's count found in a papaya map and bumped with
 //!   an atomic add, nothing else; `admit/allowed/slot-quota`, the least a
 //!   decision costs (see `Floor::SlotQuota`).
-//! - `threads2/*`: the same from 2 threads at once; the time is per
-//!   decision per thread, so equal numbers mean perfect scaling.
+//! - `threads2/*`: the same (and the `slot-quota` floor) from 2 threads
+//!   at once; the time is per decision per thread, so equal numbers mean
+//!   perfect scaling.
 //! - Memory, printed once before the timings: resident bytes per tracked
 //!   user and per tracked key (user, resource) of a store holding 200,000
 //!   users that each used 4 resources this slot and hold quota rows for the
@@ -32,9 +33,9 @@
 //!   `refusal-floor` that returns the same response without deciding and
 //!   a `slot-quota-rejected` that returns it after `slot-quota`'s
 //!   decision.
-//! - `router/*`: bare, through (a layer that adds nothing), throttle and
-//!   tower_governor behind axum's `Router`, which clones the layered
-//!   route for every request as it does over HTTP.
+//! - `router/*`: bare, through (a layer that adds nothing), throttle, the
+//!   `slot-quota` floor and tower_governor behind axum's `Router`, which
+//!   clones the layered route for every request as it does over HTTP.
 //! - `slot/*`: the node's work once per slot at 3,000 users: the report
 //!   written, the central's answer installed, the latter beside the way it
 //!   was done through prost's maps.
@@ -57,6 +58,10 @@ use throttle_proto::slot::{Clock, CoarseClock, ManualClock, SlotLength};
 use throttle_proto::v1;
 use throttle_proto::wire::RawQuota;
 use tower::{Service, ServiceExt};
+
+#[path = "shared/floor.rs"]
+mod floor;
+use floor::{Count, Floored, Shared, SlotCount, SlotCounts, per_user, shared, user_of};
 
 const USERS: usize = 10_000;
 
@@ -194,17 +199,14 @@ fn admit(c: &mut Criterion) {
         })
     });
     // The floor of a decision (see `Floor::SlotQuota`).
-    let two = SlotCount {
-        word: AtomicU64::new(0),
-        quota: 2,
-    };
+    let two = SlotCount::new(2);
     let decided = [7, 7, 7, 8].map(|slot| two.admit(slot));
     assert_eq!(
         decided,
         [true, true, false, true],
         "the floor decides and rolls"
     );
-    let slotted = SlotCounts::new(&names, u32::MAX);
+    let slotted = SlotCounts::new(&names, u32::MAX, bench_clock());
     g.bench_function("allowed/slot-quota", |b| {
         b.iter(|| {
             i = (i + 1) % USERS;
@@ -275,25 +277,30 @@ fn threads2(c: &mut Criterion) {
     let shared = |t: usize, i: u64| &names[(t * USERS / 2 + i as usize) % USERS];
     let (_s, front, req, _r) = store(1e15);
     let gov = governor(u32::MAX / 2);
-    both_two_threads(&mut g, "allowed", &front, req, &gov, &own);
-    both_two_threads(&mut g, "allowed-shared", &front, req, &gov, &shared);
+    let floor = SlotCounts::new(&names, u32::MAX, bench_clock());
+    both_two_threads(&mut g, "allowed", &front, req, &gov, &floor, &own);
+    both_two_threads(&mut g, "allowed-shared", &front, req, &gov, &floor, &shared);
     let (_s, front, req, _r) = store(0.0);
     let gov = governor(1);
     for n in &names {
         let _ = gov.check_key(n);
     }
-    both_two_threads(&mut g, "rejected", &front, req, &gov, &own);
+    let floor = SlotCounts::new(&names, 0, bench_clock());
+    both_two_threads(&mut g, "rejected", &front, req, &gov, &floor, &own);
     g.finish();
 }
 
-/// `threads2/{walk}/throttle` and `threads2/{walk}/governor`: a decision
-/// for the user `pick(thread, i)` on each of two threads.
+/// `threads2/{walk}/throttle`, `threads2/{walk}/governor` and
+/// `threads2/{walk}/slot-quota` (the floor of a decision, see
+/// `Floor::SlotQuota`): a decision for the user `pick(thread, i)` on each
+/// of two threads.
 fn both_two_threads<'n>(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     walk: &str,
     front: &Arc<ServiceStore>,
     req: ResourceId,
     gov: &Governor,
+    floor: &SlotCounts,
     pick: &(dyn Fn(usize, u64) -> &'n String + Sync),
 ) {
     g.bench_function(format!("{walk}/throttle"), |b| {
@@ -314,6 +321,13 @@ fn both_two_threads<'n>(
             })
         })
     });
+    g.bench_function(format!("{walk}/slot-quota"), |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |t, i| {
+                black_box(floor.admit(pick(t, i)));
+            })
+        })
+    });
 }
 
 /// tower_governor's key: the same `x-user` header.
@@ -330,16 +344,6 @@ impl tower_governor::key_extractor::KeyExtractor for HeaderKey {
             .map(str::to_owned)
             .ok_or(tower_governor::GovernorError::UnableToExtractKey)
     }
-}
-
-/// The user's header, read as `Throttle` reads it.
-#[inline]
-fn user_of<B>(req: &http::Request<B>) -> Option<&str> {
-    const X_USER: http::HeaderName = http::HeaderName::from_static("x-user");
-    req.headers()
-        .get(&X_USER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim_ascii)
 }
 
 /// The floors under `Throttle`: layers that do part of its work and
@@ -366,7 +370,7 @@ enum Floor {
     SlotQuota(SlotCounts),
 }
 
-impl Floor {
+impl Count for Floor {
     /// This floor's part of `Throttle`'s work on `req`.
     fn count<B>(&mut self, req: &http::Request<B>) {
         match self {
@@ -383,84 +387,9 @@ impl Floor {
             Floor::SharedCounter(counts) => {
                 black_box(user_of(req).and_then(|u| bump(counts, u)));
             }
-            Floor::SlotQuota(counts) => {
-                black_box(user_of(req).and_then(|u| counts.admit(u)));
-            }
+            Floor::SlotQuota(counts) => counts.count(req),
         }
     }
-}
-
-/// A user's count in one slot, lock-free: the slot's low 32 bits above
-/// the count, so that one compare-and-swap checks, counts and rolls.
-struct SlotCount {
-    word: AtomicU64,
-    quota: u32,
-}
-
-impl SlotCount {
-    /// Whether one more request fits `slot`'s quota; if so it is counted.
-    #[inline]
-    fn admit(&self, slot: i64) -> bool {
-        let tag = (slot as u64) << 32;
-        let mut word = self.word.load(Ordering::Relaxed);
-        loop {
-            let used = if word & !u64::from(u32::MAX) == tag {
-                word as u32
-            } else {
-                0
-            };
-            if used >= self.quota {
-                return false;
-            }
-            let next = tag | u64::from(used + 1);
-            match self
-                .word
-                .compare_exchange_weak(word, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return true,
-                Err(now) => word = now,
-            }
-        }
-    }
-}
-
-/// [`SlotCount`]s for the bench's users, read through the stores' clock.
-#[derive(Clone)]
-struct SlotCounts {
-    counts: Shared<SlotCount>,
-    clock: Arc<dyn Clock>,
-}
-
-impl SlotCounts {
-    fn new(names: &[String], quota: u32) -> Self {
-        Self {
-            counts: shared(names, || SlotCount {
-                word: AtomicU64::new(0),
-                quota,
-            }),
-            clock: bench_clock(),
-        }
-    }
-
-    /// The decision for `user`; `None` for a user it does not know.
-    #[inline]
-    fn admit(&self, user: &str) -> Option<bool> {
-        let slot = SlotLength::SECOND.slot_at(self.clock.now_ms());
-        Some(self.counts.pin().get(user)?.admit(slot))
-    }
-}
-
-/// A per-user map threads can share: papaya's, as the store's.
-type Shared<V> = Arc<papaya::HashMap<Box<str>, V, foldhash::fast::RandomState>>;
-
-/// A map from each of `names` to a fresh count.
-fn per_user<M: FromIterator<(Box<str>, V)>, V>(names: &[String], count: impl Fn() -> V) -> M {
-    names.iter().map(|n| (n.as_str().into(), count())).collect()
-}
-
-/// [`per_user`] in a map threads can share.
-fn shared<V>(names: &[String], count: impl Fn() -> V) -> Shared<V> {
-    Arc::new(per_user(names, count))
 }
 
 /// A count for each of `names` in a map threads can share.
@@ -472,28 +401,6 @@ fn shared_counts(names: &[String]) -> Shared<AtomicU64> {
 #[inline]
 fn bump(counts: &Shared<AtomicU64>, user: &str) -> Option<u64> {
     Some(counts.pin().get(user)?.fetch_add(1, Ordering::Relaxed))
-}
-
-/// A [`Floor`] in front of a service.
-#[derive(Clone)]
-struct Floored<S>(Floor, S);
-
-impl<S: Service<http::Request<B>>, B> Service<http::Request<B>> for Floored<S> {
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.1.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> S::Future {
-        self.0.count(&req);
-        self.1.call(req)
-    }
 }
 
 fn request(user: &str) -> http::Request<Body> {
@@ -584,7 +491,7 @@ fn service(c: &mut Criterion) {
         ),
         (
             "slot-quota",
-            Floor::SlotQuota(SlotCounts::new(&names, u32::MAX)),
+            Floor::SlotQuota(SlotCounts::new(&names, u32::MAX, bench_clock())),
         ),
     ] {
         call(&mut g, &rt, &names, name, &mut Floored(floor, bare));
@@ -633,7 +540,10 @@ fn service(c: &mut Criterion) {
         let decided = name.replace("refusal-floor", "slot-quota-rejected");
         for (name, floor) in [
             (name, Floor::Through),
-            (decided, Floor::SlotQuota(SlotCounts::new(&names, 0))),
+            (
+                decided,
+                Floor::SlotQuota(SlotCounts::new(&names, 0, bench_clock())),
+            ),
         ] {
             let mut svc = Floored(floor, refusal.clone());
             call_with(&mut g, &rt, &names, "call", &name, request, &mut svc);
@@ -763,11 +673,18 @@ fn router(c: &mut Criterion) {
         .period(Duration::from_secs(3600))
         .burst_size(u32::MAX / 2);
     let config = builder.key_extractor(HeaderKey).finish().unwrap();
+    let floor = SlotCounts::new(&names, u32::MAX, bench_clock());
     for (name, mut router) in [
         ("bare", app()),
         // A layer that adds nothing: what axum's plumbing for a layer costs.
         ("through", app().layer(tower::layer::layer_fn(|s| s))),
         ("throttle-allowed", app().layer(layer)),
+        (
+            "slot-quota",
+            app().layer(tower::layer::layer_fn(move |s| {
+                Floored(Floor::SlotQuota(floor.clone()), s)
+            })),
+        ),
         (
             "governor-allowed",
             app().layer(tower_governor::GovernorLayer::new(config)),

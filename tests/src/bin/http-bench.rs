@@ -6,9 +6,11 @@
 //! Run with: `cargo run --release -p throttle-tests --bin http-bench`
 //! (`-- --seconds 3 --rounds 3 --connections 32 --warmup 0.5
 //! --server-threads 1` are the defaults; `--only
-//! bare,through,throttle,alone,governor` runs only the variants named, to
+//! bare,through,throttle,alone,floor,governor` runs only the variants named, to
 //! profile one). `through` is a layer that does nothing: what axum's
-//! plumbing for a layered route costs any layer.
+//! plumbing for a layered route costs any layer. `floor` is the least a
+//! layer that decides per user costs: the `store` bench's `slot-quota`
+//! floor (its `benches/shared/floor.rs`) in front of the app.
 //!
 //! The server and the load generator each get one core (two single-worker
 //! runtimes on a 2-core machine). `--server-threads 2` gives the server a
@@ -33,9 +35,13 @@ use hyper_util::rt::TokioIo;
 use throttle_central::Central;
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
 use throttle_layer::{Reporter, SlotStore, ThrottleLayer, UserKey};
+use throttle_proto::slot::CoarseClock;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
+
+#[path = "../../../throttle-layer/benches/shared/floor.rs"]
+mod floor;
 
 const USERS: usize = 3000;
 /// Per-user limit, requests per second: far above what one user sends in
@@ -70,6 +76,8 @@ enum Variant {
     /// allowed by the fallback): the layer's own cost, without the
     /// reporter's work on the server's runtime.
     ThrottleAlone,
+    /// The least a per-user decision costs (see `floor`).
+    Floor,
     Governor,
 }
 
@@ -81,6 +89,7 @@ impl Variant {
             Self::Through => "through",
             Self::Throttle => "throttle",
             Self::ThrottleAlone => "alone",
+            Self::Floor => "floor",
             Self::Governor => "governor",
         }
     }
@@ -91,6 +100,7 @@ impl Variant {
             Self::Through => "a layer doing nothing",
             Self::Throttle => "throttle (ThrottleLayer)",
             Self::ThrottleAlone => "throttle, no central",
+            Self::Floor => "the least deciding layer",
             Self::Governor => "tower_governor",
         }
     }
@@ -115,7 +125,7 @@ async fn limits(attack_limit: u32) -> LimitSet {
         set.insert(
             "front",
             Limit {
-                user: format!("user-{u:04}"),
+                user: user_name(u),
                 per_second: [("requests".to_string(), f64::from(LIMIT))].into(),
                 burst_seconds: 1.0,
             },
@@ -190,6 +200,18 @@ async fn start(
                 .build()
                 .expect("layer");
             app().layer(layer)
+        }
+        Variant::Floor => {
+            let names: Vec<String> = (0..USERS).map(user_name).collect();
+            let counts = floor::SlotCounts::new(&names, LIMIT, Arc::new(CoarseClock));
+            // It knows the bench's users, so every request is decided.
+            assert_eq!(counts.admit(&user_name(0)), Some(true), "the floor decides");
+            assert_eq!(counts.admit("attacker"), None);
+            // Decides for each request's user, and passes it on (every
+            // request is allowed: the users stay far under LIMIT).
+            app().layer(tower_layer::layer_fn(move |inner| {
+                floor::Floored(counts.clone(), inner)
+            }))
         }
         Variant::Governor => {
             let mut builder = GovernorConfigBuilder::default();
@@ -321,7 +343,11 @@ async fn load(
 
 fn spread_users(c: usize, i: u64) -> String {
     // Every connection walks all users, from a different start.
-    format!("user-{:04}", (c * 97 + i as usize * 31) % USERS)
+    user_name((c * 97 + i as usize * 31) % USERS)
+}
+
+fn user_name(u: usize) -> String {
+    format!("user-{u:04}")
 }
 
 fn attacker(_: usize, _: u64) -> String {
@@ -458,6 +484,7 @@ fn main() {
                 Variant::Through,
                 Variant::Throttle,
                 Variant::ThrottleAlone,
+                Variant::Floor,
                 Variant::Governor,
             ],
         ),
@@ -544,6 +571,7 @@ fn main() {
             (Variant::Throttle, Variant::Governor),
             (Variant::ThrottleAlone, Variant::Governor),
             (Variant::Throttle, Variant::ThrottleAlone),
+            (Variant::ThrottleAlone, Variant::Floor),
         ] {
             if let (Some(runs), Some(theirs)) = (runs_of(ours), runs_of(other)) {
                 println!("{}", paired(ours.name(), runs, other.name(), theirs));
