@@ -564,14 +564,17 @@ fn main() {
         }
         println!();
         let runs_of = |v: Variant| results.iter().find(|(w, _)| *w == v).map(|(_, r)| r);
-        // Each throttle variant against tower_governor, and the layer with
-        // its reporter against the layer alone: what the reporter's work on
-        // the server's runtime costs the requests.
+        // Each throttle variant against tower_governor; the layer with its
+        // reporter against the layer alone (what the reporter's work on the
+        // server's runtime costs the requests); the layer alone and
+        // tower_governor against the floor of deciding (how far above
+        // it each is, so how much either could still gain).
         for (ours, other) in [
             (Variant::Throttle, Variant::Governor),
             (Variant::ThrottleAlone, Variant::Governor),
             (Variant::Throttle, Variant::ThrottleAlone),
             (Variant::ThrottleAlone, Variant::Floor),
+            (Variant::Governor, Variant::Floor),
         ] {
             if let (Some(runs), Some(theirs)) = (runs_of(ours), runs_of(other)) {
                 println!("{}", paired(ours.name(), runs, other.name(), theirs));
