@@ -70,6 +70,10 @@ pub const PACKED_QUOTAS: &str = "packed-quotas";
 /// came before it).
 pub const QUOTA_REFS: &str = "quota-refs";
 
+/// What a central node puts in [`v1::Welcome::accepts`] when it reads
+/// reports written as [`v1::PackedUsage`]s.
+pub const PACKED_REPORTS: &str = "packed-reports";
+
 /// Why a [`v1::PackedQuota`] does not decode to quotas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PackedError {
@@ -91,19 +95,17 @@ pub enum PackedError {
     },
 }
 
-/// What a central node puts in [`v1::Welcome::accepts`] when it reads
-/// reports written as [`v1::PackedUsage`]s.
-pub const PACKED_REPORTS: &str = "packed-reports";
-
 /// A packed table's users, each with its amount per resource: the users in
 /// `users` with their bits over `resources`, the amounts one after the
-/// other in `amounts`.
-fn unpack_users<T: Copy>(
+/// other in `amounts`, each as `amount` makes it; each user's amounts
+/// as `wrap` makes them.
+fn unpack_users<T: Copy, A, W>(
     resources: &[String],
     users: &[v1::PackedUser],
     amounts: &[T],
-) -> Result<std::collections::BTreeMap<String, std::collections::BTreeMap<String, T>>, PackedError>
-{
+    amount: impl Fn(T) -> A,
+    wrap: impl Fn(std::collections::BTreeMap<String, A>) -> W,
+) -> Result<std::collections::BTreeMap<String, W>, PackedError> {
     let wanted = || users.iter().map(|u| Bits::new(&u.resources).count()).sum();
     let short = || PackedError::Amounts {
         wanted: wanted(),
@@ -118,9 +120,9 @@ fn unpack_users<T: Copy>(
                 bit,
                 resources: resources.len(),
             })?;
-            of_user.insert(name.clone(), *next.next().ok_or_else(short)?);
+            of_user.insert(name.clone(), amount(*next.next().ok_or_else(short)?));
         }
-        out.insert(u.user.clone(), of_user);
+        out.insert(u.user.clone(), wrap(of_user));
     }
     if next.next().is_some() {
         return Err(short());
@@ -156,17 +158,14 @@ impl v1::PackedQuota {
     ///
     /// [`PackedError`] if the bits and the amounts do not match.
     pub fn to_user_quotas(&self) -> Result<v1::UserQuotas, PackedError> {
-        let users = unpack_users(&self.resources, &self.users, &self.amounts)?;
-        let users = users.into_iter().map(|(user, resources)| {
-            let resources = resources
-                .into_iter()
-                .map(|(r, a)| (r, f64::from(a)))
-                .collect();
-            (user, v1::ResourceQuotas { resources })
-        });
-        Ok(v1::UserQuotas {
-            users: users.collect(),
-        })
+        let users = unpack_users(
+            &self.resources,
+            &self.users,
+            &self.amounts,
+            f64::from,
+            |resources| v1::ResourceQuotas { resources },
+        )?;
+        Ok(v1::UserQuotas { users })
     }
 }
 
@@ -178,13 +177,14 @@ impl v1::PackedUsage {
     ///
     /// [`PackedError`] if the bits and the amounts do not match.
     pub fn to_usage(&self) -> Result<v1::Usage, PackedError> {
-        let users = unpack_users(&self.resources, &self.users, &self.amounts)?;
-        let users = users
-            .into_iter()
-            .map(|(user, resources)| (user, v1::Amounts { resources }));
-        Ok(v1::Usage {
-            users: users.collect(),
-        })
+        let users = unpack_users(
+            &self.resources,
+            &self.users,
+            &self.amounts,
+            |a| a,
+            |resources| v1::Amounts { resources },
+        )?;
+        Ok(v1::Usage { users })
     }
 }
 

@@ -397,9 +397,10 @@ impl<F: QuotaFormat> Assigner<F> {
     }
 
     /// [`Assigner::prepare`], after `node` was pushed the `pushed`
-    /// (service, slot) tables, one per service of the node: for a node whose streams all accept refs, a
-    /// service whose answer holds the very grants pushed is a
-    /// [`v1::QuotaRef`] to that push rather than the table again.
+    /// (service, slot) tables, one per service of the node: for a node
+    /// whose streams all accept refs, a service whose answer holds the very
+    /// grants pushed is a [`v1::QuotaRef`] to that push rather than the
+    /// table again.
     fn prepare_after(
         &self,
         node: NodeId,

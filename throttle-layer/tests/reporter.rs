@@ -209,19 +209,36 @@ async fn next_report(rx: &mut mpsc::UnboundedReceiver<Event>) -> v1::Report {
     }
 }
 
-/// alice admitted once in each of five slots while the central node is
-/// away, her reports buffered; returns how many were admitted.
-async fn admit_alice_for_five_slots(
+/// With the central node away: alice admitted once in each of five
+/// slots, her reports buffered; then the central back at `addr` as `back`,
+/// and the reporter reconnected (its second connection) and drained.
+/// Returns the central, every report received from `events` until one
+/// after the drain, and how many requests alice was admitted.
+async fn away_then_back(
     front: &Arc<throttle_layer::store::ServiceStore>,
     req: throttle_layer::store::ResourceId,
     handle: &ReporterHandle,
-) -> i64 {
+    (addr, back): (SocketAddr, Fake),
+    events: &mut mpsc::UnboundedReceiver<Event>,
+) -> (FakeServer, Vec<v1::Report>, i64) {
     for _ in 0..5 {
         front.admit("alice", &[(req, 1)], Fallback::Allow);
         tokio::time::sleep(Duration::from_millis(u64::from(SLOT_MS))).await;
     }
     assert!(handle.status().buffered >= 3, "{:?}", handle.status());
-    5
+    let server = FakeServer::start(addr, back).await;
+    within("reconnected and drained", || {
+        let s = handle.status();
+        s.connected && s.buffered == 0 && s.connections == 2
+    })
+    .await;
+    let mut reports = vec![next_report(events).await];
+    while let Ok(e) = events.try_recv() {
+        if let Event::Report(r) = e {
+            reports.push(r);
+        }
+    }
+    (server, reports, 5)
 }
 
 /// alice's requests over `reports`, each slot's once (a report replayed
@@ -377,22 +394,11 @@ async fn reconnects_and_replays_buffered_reports_in_order() {
     let mut reports = vec![next_report(&mut events).await];
     server.stop().await;
     within("disconnected", || !handle.status().connected).await;
-    // Traffic while the central node is away, spread over several slots.
-    let admitted = admit_alice_for_five_slots(&front, req, &handle).await;
-    let server = FakeServer::start(addr, f).await;
-    within("reconnected and drained", || {
-        let s = handle.status();
-        s.connected && s.buffered == 0 && s.connections == 2
-    })
-    .await;
-    // Read everything received so far plus one more report.
-    let after = next_report(&mut events).await.slot_number;
-    while let Ok(e) = events.try_recv() {
-        if let Event::Report(r) = e {
-            reports.push(r);
-        }
-    }
-    let _ = after;
+    // Traffic while the central node is away, spread over several slots;
+    // then everything received up to one more report.
+    let (server, after, admitted) =
+        away_then_back(&front, req, &handle, (addr, f), &mut events).await;
+    reports.extend(after);
     let mut received: Vec<i64> = reports.iter().map(|r| r.slot_number).collect();
     received.dedup();
     let replay = &received[1..];
@@ -422,22 +428,11 @@ async fn reports_are_packed_for_a_central_that_reads_them_and_unpacked_for_one_t
     server.stop().await;
     within("disconnected", || !handle.status().connected).await;
     while events.try_recv().is_ok() {}
-    // Reports written packed while away, for the central last reached.
-    let admitted = admit_alice_for_five_slots(&front, req, &handle).await;
-    // Back, without packed reports.
+    // Reports written packed while away, for the central last reached;
+    // back without packed reports.
     f.accepts.clear();
-    let server = FakeServer::start(addr, f).await;
-    within("reconnected and drained", || {
-        let s = handle.status();
-        s.connected && s.buffered == 0 && s.connections == 2
-    })
-    .await;
-    let mut reports = vec![next_report(&mut events).await];
-    while let Ok(e) = events.try_recv() {
-        if let Event::Report(r) = e {
-            reports.push(r);
-        }
-    }
+    let (server, reports, admitted) =
+        away_then_back(&front, req, &handle, (addr, f), &mut events).await;
     assert!(
         reports.iter().all(|r| r.packed.is_empty()),
         "rewritten as maps: {reports:?}"

@@ -605,6 +605,28 @@ impl UsageEncoder {
         Self::default()
     }
 
+    /// Every user of `usage`, [`packed`](UsageEncoder::packed) over the
+    /// resources they name if `packed`.
+    pub(crate) fn of(usage: &v1::Usage, packed: bool) -> Self {
+        let mut e = if packed {
+            let resources: std::collections::BTreeSet<&str> = usage
+                .users
+                .values()
+                .flat_map(|a| a.resources.keys().map(String::as_str))
+                .collect();
+            Self::packed(resources)
+        } else {
+            Self::new()
+        };
+        for (user, amounts) in &usage.users {
+            e.user(
+                user,
+                amounts.resources.iter().map(|(r, a)| (r.as_str(), *a)),
+            );
+        }
+        e
+    }
+
     /// No users yet, written as a [`v1::PackedUsage`] of `resources` (give
     /// them in increasing name order, as the central reads them fastest;
     /// a resource a user has that is not among them is added after them).
@@ -827,22 +849,7 @@ pub fn packed_report(report: &v1::Report) -> Result<Bytes, crate::PackedError> {
         return packed_report(&maps);
     }
     let encoder = |usage: Option<&v1::Usage>| {
-        let Some(usage) = usage else {
-            return UsageEncoder::new();
-        };
-        let resources: std::collections::BTreeSet<&str> = usage
-            .users
-            .values()
-            .flat_map(|a| a.resources.keys().map(String::as_str))
-            .collect();
-        let mut e = UsageEncoder::packed(resources);
-        for (user, amounts) in &usage.users {
-            e.user(
-                user,
-                amounts.resources.iter().map(|(r, a)| (r.as_str(), *a)),
-            );
-        }
-        e
+        usage.map_or_else(UsageEncoder::new, |u| UsageEncoder::of(u, true))
     };
     let mut out = ReportEncoder::new();
     let services: std::collections::BTreeSet<&String> = report
