@@ -21,6 +21,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use throttle_central::assigner::render::{Rendering, Skeletons, quota_for};
 use throttle_central::ledger::{Ledger, LedgerConfig, PolicyFactory};
 use throttle_central::limits::Limit;
 use throttle_central::policy::{Classic, Projected, StaticSplit};
@@ -229,9 +230,9 @@ fn wire(c: &mut Criterion) {
         b.iter_batched(|| decoded.clone(), drop, criterion::BatchSize::SmallInput)
     });
     g.bench_function("build answer (4000 grants)", |b| {
-        b.iter(|| l.quota_for(node, [("front", SLOT + 1)]))
+        b.iter(|| quota_for(&l, node, [("front", SLOT + 1)]))
     });
-    let answer = l.quota_for(node, [("front", SLOT + 1)]);
+    let answer = quota_for(&l, node, [("front", SLOT + 1)]);
     let grants: usize = answer.services["front"]
         .slots
         .values()
@@ -246,7 +247,14 @@ fn wire(c: &mut Criterion) {
     });
     // What the server does instead of the three steps above.
     g.bench_function("encode answer from grants", |b| {
-        b.iter(|| l.encode_quota_for(node, [("front", SLOT + 1)], &[], Some(SLOT)))
+        let skeletons = Skeletons::default();
+        let to = Rendering {
+            ledger: &l,
+            skeletons: &skeletons,
+            node,
+            packed: false,
+        };
+        b.iter(|| to.encode([("front", SLOT + 1)], &[], Some(SLOT)))
     });
     g.finish();
 }

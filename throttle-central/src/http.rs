@@ -1,5 +1,8 @@
 //! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits`, `/metrics`,
-//! `/healthz`.
+//! `/healthz`. It asks the ledger's task ([`crate::server`]) and renders
+//! the typed answers as JSON ([`monitor`]).
+
+pub(crate) mod monitor;
 
 use std::sync::Arc;
 
@@ -15,8 +18,9 @@ use tokio::sync::mpsc;
 use crate::leadership::Leadership;
 use crate::ledger::SlotRange;
 use crate::limits::LimitSource;
-use crate::server::{Command, Subject, monitor};
+use crate::server::{Command, Subject, ask};
 
+/// What the HTTP handlers share.
 #[derive(Clone)]
 pub(crate) struct HttpState {
     pub(crate) commands: mpsc::Sender<Command>,
@@ -31,6 +35,7 @@ struct RangeQuery {
     end_slot: Option<i64>,
 }
 
+/// The monitor API's routes.
 pub(crate) fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/monitor/{subject}", get(monitor_subject))
@@ -64,8 +69,8 @@ async fn monitor_subject(
         },
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    match monitor(&state.commands, subject, range).await {
-        Some(v) => axum::Json(v).into_response(),
+    match ask(&state.commands, subject, range).await {
+        Some(view) => axum::Json(monitor::to_json(&view)).into_response(),
         None => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "ledger is not running".into(),

@@ -5,19 +5,30 @@
 //! token bucket per (service, user, resource) and sends every node its share
 //! of what is left, as the quota of a coming slot.
 //!
-//! - [`bucket`], [`ledger`], [`policy`], [`limits`], [`assigner`]: the
-//!   decision logic, plain synchronous code with an injected clock;
-//! - [`server`]: the gRPC `Exchange` stream, the assigner timer and the HTTP
-//!   monitor, which only move data in and out of the ledger.
+//! The modules, from the shells down:
+//!
+//! - [`Central`] (`central.rs`): wires the gRPC server, the ledger's task,
+//!   the timers and the HTTP monitor together;
+//! - [`server`]: the ledger's task and the node streams, which only move
+//!   data in and out; the HTTP monitor (`http`) asks it and renders JSON;
+//! - [`assigner`]: what to answer a report, what to push and when, and
+//!   how quotas are written onto the wire (`assigner::render`);
+//! - [`policy`]: how a service's tokens are split between nodes;
+//! - [`ledger`]: buckets, distribution, per-slot sums; [`bucket`],
+//!   [`limits`]: the token bucket and where limits come from.
+//!
+//! Everything from the assigner down is plain synchronous code with an
+//! injected clock.
 
 pub mod assigner;
 pub mod bucket;
+mod central;
+mod http;
 pub mod leadership;
 pub mod ledger;
 pub mod limits;
 pub mod policy;
 pub mod server;
 
-mod http;
-
-pub use server::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral, Subject};
+pub use central::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral};
+pub use server::Subject;

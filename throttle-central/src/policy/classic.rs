@@ -1,6 +1,8 @@
 //! The original assign algorithm (SPEC §5), kept exactly.
 
-use super::{Assignment, Grant, Granted, Policy};
+use super::assignment::{Assignment, Grant};
+use super::granted::Granted;
+use super::policy::Policy;
 use crate::ledger::{NodeUsage, ServiceState};
 
 /// Slots in the weighting window.
@@ -107,6 +109,7 @@ impl Policy for Classic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::assigner::render::quota_for;
     use crate::ledger::{Ledger, LedgerConfig, NodeId};
     use crate::limits::Limit;
     use proptest::prelude::*;
@@ -204,15 +207,15 @@ mod tests {
         assert_eq!(l.assign(10_500)["front"], 12);
         let a = l.node_id("a");
         let b = l.node_id("b");
-        let qa = l.quota_for(a, [("front", 12)]);
-        let qb = l.quota_for(b, [("front", 12)]);
+        let qa = quota_for(&l, a, [("front", 12)]);
+        let qb = quota_for(&l, b, [("front", 12)]);
         let get = |q: &throttle_proto::v1::Quota| {
             q.services["front"].slots[&12].users["alice"].resources["requests"]
         };
         assert!(close(get(&qa), 210.0 * 0.75), "{qa:?}");
         assert!(close(get(&qb), 210.0 * 0.25), "{qb:?}");
         assert_eq!(
-            l.quota_for(a, [("front", 13)]).services["front"].slots[&13]
+            quota_for(&l, a, [("front", 13)]).services["front"].slots[&13]
                 .users
                 .len(),
             0
@@ -235,7 +238,7 @@ mod tests {
         l.ingest(&r, 10_000).unwrap();
         l.assign(10_500);
         let a = l.node_id("a");
-        let q = l.quota_for(a, [("s", 12)]);
+        let q = quota_for(&l, a, [("s", 12)]);
         assert_eq!(q.services["s"].slots[&12].users["u"].resources["r"], 0.0);
     }
 

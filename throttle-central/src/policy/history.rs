@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use prost::encoding::{decode_varint, encode_varint};
 
-use super::{Assignment, NodeGrants, same_keys};
+use super::assignment::{Assignment, NodeGrants, same_keys};
 use crate::ledger::{KeyId, NodeId};
 
 /// The quotas of the slots the book let go, for the monitor.
@@ -89,7 +89,7 @@ impl QuotaHistory {
                     Some(k) if same_keys(&k.keys, grants) => k.keys.clone(),
                     _ => grants.shared_keys().unwrap_or_else(|| grants.keys().into()),
                 };
-                let amounts = Amounts::Whole(grants.amounts.into());
+                let amounts = Amounts::Whole(grants.amounts().into());
                 (node, KeptGrants { keys, amounts })
             })
             .collect();

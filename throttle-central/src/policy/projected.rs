@@ -1,7 +1,9 @@
 //! The default policy: quotas from the projected bucket level, split by
 //! demand, one slot ahead.
 
-use super::{Assignment, Grant, Granted, Policy, SlotGrants};
+use super::assignment::{Assignment, Grant};
+use super::granted::{Granted, SlotGrants};
+use super::policy::Policy;
 use crate::ledger::{Key, NodeId, NodeUsage, ServiceState};
 
 /// Data slots a node's latest report stays relevant.

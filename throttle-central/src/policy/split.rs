@@ -1,6 +1,8 @@
 //! A baseline: the rate divided evenly between the active nodes.
 
-use super::{Assignment, Grant, Granted, Policy};
+use super::assignment::{Assignment, Grant};
+use super::granted::Granted;
+use super::policy::Policy;
 use crate::ledger::ServiceState;
 
 /// Each node that used a limited (user, resource) lately gets

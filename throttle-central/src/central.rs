@@ -1,0 +1,322 @@
+//! [`Central`]: a central node's builder, and the node it spawns.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use throttle_central::Central;
+//! # async fn run() -> std::io::Result<()> {
+//! let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let central = Central::builder().spawn(grpc, Some(http))?;
+//! println!("nodes connect to http://{}", central.grpc_addr());
+//! central.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use throttle_proto::slot::{Clock, SlotLength, SystemClock};
+use throttle_proto::wire::server::central_server::CentralServer;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+
+use crate::assigner::Assigner;
+use crate::http::{self, HttpState};
+use crate::leadership::{AlwaysLeader, Leadership};
+use crate::ledger::{Ledger, LedgerConfig, PolicyFactory, SlotRange};
+use crate::limits::{FileLimits, LimitSet, LimitSource};
+use crate::server::{Actor, CentralService, Command, MonitorView, Subject, ask, reloader, ticker};
+
+/// Settings and collaborators of a central node; see [`Central::builder`].
+pub struct CentralBuilder {
+    ledger: LedgerConfig,
+    max_message_bytes: usize,
+    limits: Arc<dyn LimitSource>,
+    reload: Option<Arc<FileLimits>>,
+    leadership: Arc<dyn Leadership>,
+    clock: Arc<dyn Clock>,
+    policies: Option<PolicyFactory>,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+impl std::fmt::Debug for CentralBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CentralBuilder")
+            .field("ledger", &self.ledger)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("limits", &self.limits)
+            .field("leadership", &self.leadership)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Entry point: builds and spawns a central node.
+#[derive(Debug, Clone, Copy)]
+pub struct Central;
+
+impl Central {
+    /// A builder with the defaults: 1 s slots, 60 slots of history, no
+    /// limits, always leader, the system clock, the
+    /// [`Projected`](crate::policy::Projected) policy.
+    pub fn builder() -> CentralBuilder {
+        CentralBuilder {
+            ledger: LedgerConfig::default(),
+            max_message_bytes: 64 * 1024 * 1024,
+            limits: Arc::new(LimitSet::new()),
+            reload: None,
+            leadership: Arc::new(AlwaysLeader),
+            clock: Arc::new(SystemClock),
+            policies: None,
+            metrics: None,
+        }
+    }
+}
+
+impl CentralBuilder {
+    /// Slot length; nodes must use the same.
+    pub fn slot(mut self, slot: SlotLength) -> Self {
+        self.ledger.slot = slot;
+        self
+    }
+
+    /// Slots of history kept (the original's `nr_slot`).
+    pub fn nr_slot(mut self, nr_slot: u32) -> Self {
+        self.ledger.nr_slot = nr_slot.max(1);
+        self
+    }
+
+    /// Most users one report may carry.
+    pub fn max_users_per_report(mut self, max: usize) -> Self {
+        self.ledger.max_users_per_report = max;
+        self
+    }
+
+    /// Largest message accepted from a node, in bytes (default 64 MiB, as
+    /// a node accepts from the central: a report of about 750,000 users of
+    /// four resources). A node drops a report refused as too large, logs
+    /// and counts it, and goes on.
+    pub fn max_message_bytes(mut self, max: usize) -> Self {
+        self.max_message_bytes = max;
+        self
+    }
+
+    /// Where limits come from; read again every slot.
+    pub fn limits(mut self, source: Arc<dyn LimitSource>) -> Self {
+        self.limits = source;
+        self
+    }
+
+    /// Limits from a file, checked for changes every quarter slot (at most
+    /// every 250 ms); a change is assigned and pushed at once.
+    pub fn limits_file(mut self, file: Arc<FileLimits>) -> Self {
+        self.limits = file.clone();
+        self.reload = Some(file);
+        self
+    }
+
+    /// Who is leader.
+    pub fn leadership(mut self, leadership: Arc<dyn Leadership>) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
+    /// The clock slots are read from.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The policy of each service, by name.
+    pub fn policies(mut self, factory: PolicyFactory) -> Self {
+        self.policies = Some(factory);
+        self
+    }
+
+    /// Serves `GET /metrics` from this Prometheus recorder.
+    pub fn metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
+    }
+
+    /// Starts serving node streams on `grpc` and, if given, the monitor API
+    /// on `http`. Must be called within a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// When the listeners' addresses cannot be read.
+    pub fn spawn(
+        self,
+        grpc: TcpListener,
+        http: Option<TcpListener>,
+    ) -> std::io::Result<RunningCentral> {
+        let grpc_addr = grpc.local_addr()?;
+        let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
+        let slot = self.ledger.slot;
+        let config = self.ledger.clone();
+        let ledger = match self.policies {
+            Some(f) => Ledger::with_policies(self.ledger, f),
+            None => Ledger::new(self.ledger),
+        };
+        let (commands, rx) = mpsc::channel(4096);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let assigner = Assigner::new(ledger, self.limits.clone());
+        let actor = Actor::new(assigner, commands.clone(), self.clock.clone());
+        let mut tasks = vec![spawn_ledger(actor.run(rx, stop_rx.clone()))?];
+        tasks.push(tokio::spawn(ticker(
+            commands.clone(),
+            self.clock.clone(),
+            slot,
+            stop_rx.clone(),
+        )));
+        if let Some(file) = self.reload {
+            tasks.push(tokio::spawn(reloader(
+                commands.clone(),
+                file,
+                slot,
+                stop_rx.clone(),
+            )));
+        }
+        let service = CentralService {
+            commands: commands.clone(),
+            leadership: self.leadership.clone(),
+            slot,
+            config,
+            clock: self.clock.clone(),
+        };
+        // Answers are small writes right after a large read: without
+        // TCP_NODELAY, Nagle's algorithm holds them until the node's delayed
+        // ACK (milliseconds on loopback, 40 ms across hosts). Tonic applies
+        // its own `tcp_nodelay` only to sockets it binds itself.
+        let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
+        let server = tonic::transport::Server::builder()
+            .add_service(
+                CentralServer::new(service).max_decoding_message_size(self.max_message_bytes),
+            )
+            .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "gRPC server failed");
+            }
+        }));
+        tracing::info!(%grpc_addr, slot_ms = slot.as_ms(), "central node listening for nodes");
+        if let Some(http) = http {
+            let state = HttpState {
+                commands: commands.clone(),
+                limits: self.limits,
+                leadership: self.leadership,
+                metrics: self.metrics,
+            };
+            let router = http::router(state);
+            let stop = stopped(stop_rx);
+            tracing::info!(http_addr = ?http_addr, "monitor API listening");
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = axum::serve(http, router).with_graceful_shutdown(stop).await {
+                    tracing::error!(error = %e, "HTTP server failed");
+                }
+            }));
+        }
+        Ok(RunningCentral {
+            grpc_addr,
+            http_addr,
+            commands,
+            stop: stop_tx,
+            tasks,
+        })
+    }
+}
+
+/// The name of the ledger's thread.
+pub const LEDGER_THREAD: &str = "throttle-ledger";
+
+/// Runs the ledger's task (`run`) on a thread of its own; the handle ends
+/// with it. It returns once the stop is sent or its sender dropped, so a
+/// [killed](RunningCentral::kill) or dropped central's ledger stops too.
+///
+/// Filing, assigning and rendering quotas are CPU work in long runs (a
+/// burst of 1,000 reports is tens of milliseconds of it). On a runtime
+/// worker they would hold up the streams' reads and answers queued behind
+/// them; on their own thread the operating system shares the cores between
+/// the two, and the streams answer while the ledger files.
+fn spawn_ledger(run: impl Future<Output = ()> + Send + 'static) -> std::io::Result<JoinHandle<()>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let (done, finished) = oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name(LEDGER_THREAD.into())
+        .spawn(move || {
+            runtime.block_on(run);
+            drop(done);
+        })?;
+    Ok(tokio::spawn(async move {
+        let _ = finished.await;
+    }))
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// A central node serving in the background.
+#[derive(Debug)]
+pub struct RunningCentral {
+    grpc_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
+    commands: mpsc::Sender<Command>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningCentral {
+    /// Where nodes connect.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// Where the monitor API listens, if it does.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// Asks the ledger a monitor question (see [`Subject`]).
+    pub async fn monitor(&self, subject: Subject, range: SlotRange) -> Option<Value> {
+        let view = ask(&self.commands, subject, range).await?;
+        Some(http::monitor::to_json(&view))
+    }
+
+    /// Closes every node stream with `UNAVAILABLE`, stops the servers and
+    /// waits up to 2 s for them, then ends whatever is left.
+    pub async fn shutdown(self) {
+        self.shutdown_with(None).await;
+    }
+
+    /// As [`RunningCentral::shutdown`], and answers `subject` as the ledger
+    /// stood when the streams closed: reports not in that answer were not
+    /// acknowledged, so nodes still hold them and will send them again.
+    pub async fn shutdown_with_snapshot(self, subject: Subject) -> Option<Value> {
+        let (reply, rx) = oneshot::channel();
+        self.shutdown_with(Some((subject, reply))).await;
+        rx.await.ok().map(|view| http::monitor::to_json(&view))
+    }
+
+    async fn shutdown_with(self, snapshot: Option<(Subject, oneshot::Sender<MonitorView>)>) {
+        let _ = self.commands.send(Command::CloseAll { snapshot }).await;
+        let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        for mut task in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+    }
+
+    /// Stops at once, as a crash would: connections drop without a word.
+    pub fn kill(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}

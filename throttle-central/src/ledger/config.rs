@@ -1,0 +1,89 @@
+//! The ledger's settings, and the check of a report as a whole.
+
+use throttle_proto::MAX_NAME_LEN;
+use throttle_proto::slot::SlotLength;
+
+use super::ids::valid_name;
+use super::source::ReportSource;
+
+/// Settings of a [`Ledger`].
+#[derive(Debug, Clone)]
+pub struct LedgerConfig {
+    /// Slot length shared with the nodes.
+    pub slot: SlotLength,
+    /// How many slots of history to keep (the original's `nr_slot`).
+    pub nr_slot: u32,
+    /// Most users one report may carry, over all its services.
+    pub max_users_per_report: usize,
+}
+
+impl LedgerConfig {
+    /// Whether a report may be filed at `now_ms`, on its own: its node id,
+    /// how far its slot is from now, its number of users. The ledger's own
+    /// check, which the gRPC server also runs before it answers a report
+    /// ahead of filing it.
+    ///
+    /// # Errors
+    ///
+    /// The [`ReportError`] the ledger would refuse the report with.
+    pub fn check<R: ReportSource>(&self, report: &R, now_ms: i64) -> Result<(), ReportError> {
+        if !valid_name(report.node_id()) {
+            return Err(ReportError::BadNodeId);
+        }
+        let current = self.slot.slot_at(now_ms);
+        if report.slot_number().abs_diff(current) > u64::from(self.nr_slot) {
+            return Err(ReportError::SlotOutOfRange {
+                slot: report.slot_number(),
+                current,
+                nr_slot: self.nr_slot,
+            });
+        }
+        let users = report.user_count();
+        if users > self.max_users_per_report {
+            return Err(ReportError::TooManyUsers {
+                users,
+                max: self.max_users_per_report,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            slot: SlotLength::SECOND,
+            nr_slot: 60,
+            max_users_per_report: 1_000_000,
+        }
+    }
+}
+
+/// Why a report was refused as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// `node_id` is empty or too long.
+    #[error("node_id must be 1 to {MAX_NAME_LEN} bytes")]
+    BadNodeId,
+    /// The slot is further than `nr_slot` slots from the central's clock.
+    #[error("slot {slot} is more than {nr_slot} slots away from the current slot {current}")]
+    SlotOutOfRange {
+        /// The report's slot.
+        slot: i64,
+        /// The central's current slot.
+        current: i64,
+        /// The retention.
+        nr_slot: u32,
+    },
+    /// The report names more users than allowed.
+    #[error("report carries {users} users, more than the limit of {max}")]
+    TooManyUsers {
+        /// Users in the report.
+        users: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// A packed usage whose bits and amounts do not match.
+    #[error("packed usage: {0}")]
+    Packed(#[from] throttle_proto::PackedError),
+}

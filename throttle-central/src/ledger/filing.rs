@@ -1,0 +1,208 @@
+//! Filing a report: buckets charged, distribution and sums updated.
+
+use smallvec::SmallVec;
+use throttle_proto::v1;
+
+use super::config::ReportError;
+use super::ids::{KeyId, NodeId, valid_name};
+use super::ledger::Ledger;
+use super::recent::NodeUsers;
+use super::source::ReportSource;
+use super::state::ServiceState;
+
+/// Why one entry of a report was left out (the rest is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// An empty or overlong service, user or resource name.
+    BadName,
+    /// An amount below zero.
+    NegativeAmount,
+    /// A rejection count above `u32::MAX` (4.3 G requests refused in one
+    /// slot, by one node, for one user): no node refuses that many.
+    TooManyRejections,
+}
+
+impl DropReason {
+    /// Label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadName => "bad_name",
+            Self::NegativeAmount => "negative_amount",
+            Self::TooManyRejections => "too_many_rejections",
+        }
+    }
+}
+
+/// What [`Ledger::ingest`] did with a report.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ingested {
+    /// The same node already reported this slot; nothing was charged again.
+    pub duplicate: bool,
+    /// Entries applied.
+    pub entries: usize,
+    /// Entries left out, with why.
+    pub dropped: Vec<(DropReason, String)>,
+}
+
+/// Where a usage's entries are filed: by which node, for which data slot,
+/// as consumption or rejection, and when.
+#[derive(Debug, Clone, Copy)]
+struct Filing {
+    node: NodeId,
+    slot: i64,
+    is_rejection: bool,
+    now_ms: i64,
+}
+
+impl Ledger {
+    /// Files a report: charges the buckets, updates the distribution and the
+    /// sums, and lets each service's policy see it. Its
+    /// [`packed`](v1::Report::packed) usages are read as the map entries they
+    /// stand for ([`v1::Report::unpack`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ReportError`] when the report as a whole is unusable; bad entries
+    /// are only left out and listed in [`Ingested::dropped`].
+    pub fn ingest(&mut self, report: &v1::Report, now_ms: i64) -> Result<Ingested, ReportError> {
+        if report.packed.is_empty() {
+            return self.ingest_from(report, now_ms);
+        }
+        let mut unpacked = report.clone();
+        unpacked.unpack()?;
+        self.ingest_from(&unpacked, now_ms)
+    }
+
+    /// [`Ledger::ingest`] for any [`ReportSource`], such as a
+    /// [`RawReport`](throttle_proto::wire::RawReport) read in place.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::ingest`].
+    pub fn ingest_from<R: ReportSource>(
+        &mut self,
+        report: &R,
+        now_ms: i64,
+    ) -> Result<Ingested, ReportError> {
+        self.config.check(report, now_ms)?;
+        let node = self.node_id(report.node_id());
+        let slot = report.slot_number() - 1;
+        if !self.reported.entry(slot).or_default().insert(node) {
+            return Ok(Ingested {
+                duplicate: true,
+                ..Ingested::default()
+            });
+        }
+        let mut out = Ingested::default();
+        // Services filed (or refused), each once, in the order first seen.
+        let mut seen: Vec<(&str, bool)> = Vec::new();
+        for (name, is_rejection, users) in report.usages() {
+            let valid = valid_name(name);
+            if !seen.iter().any(|(s, _)| *s == name) {
+                seen.push((name, valid));
+                if !valid {
+                    out.dropped.push((DropReason::BadName, name.to_owned()));
+                }
+            }
+            if valid {
+                let at = Filing {
+                    node,
+                    slot,
+                    is_rejection,
+                    now_ms,
+                };
+                let state = &mut self.service_mut(name).state;
+                state.file_usage(name, at, users, &mut out);
+            }
+        }
+        for (name, _) in seen.into_iter().filter(|(_, valid)| *valid) {
+            let svc = self.service_mut(name);
+            let last = svc.state.last_report.entry(node).or_insert(slot);
+            *last = (*last).max(slot);
+            svc.policy.consume(&svc.state, node, slot, now_ms);
+        }
+        Ok(out)
+    }
+}
+
+impl ServiceState {
+    /// Files one usage of a report (`service`'s consumption or rejection)
+    /// into the keys and the slot's sums.
+    fn file_usage<'r, U, A>(&mut self, service: &str, at: Filing, users: U, out: &mut Ingested)
+    where
+        U: Iterator<Item = (&'r str, A)>,
+        A: Iterator<Item = (&'r str, i64)>,
+    {
+        let column_at = self.sums_column(at.slot);
+        let mut entries: SmallVec<[(&str, i64); 8]> = SmallVec::new();
+        let mut ids: SmallVec<[KeyId; 8]> = SmallVec::new();
+        let (last, mut next) = self.take_recent(at);
+        let mut place = 0;
+        for (user, amounts) in users {
+            checked_entries(service, user, amounts, at.is_rejection, &mut entries, out);
+            let listed = last.as_ref().and_then(|l| l.find(&mut place, user));
+            match listed.filter(|listed| self.still_keys_of(listed, &entries)) {
+                Some(listed) => {
+                    ids.clear();
+                    ids.extend_from_slice(listed);
+                }
+                None => self.keys_for(user, entries.iter().map(|(r, _)| *r), &mut ids),
+            }
+            if let Some(next) = &mut next {
+                next.push(user, &ids);
+            }
+            let (keys, column) = self.keys_and_sums(column_at);
+            let id_bound = keys.len();
+            for (&id, &(_, amount)) in ids.iter().zip(&entries) {
+                keys[id.index()].file(at.node, at.slot, amount, at.is_rejection, at.now_ms);
+                column.add(id, usize::from(at.is_rejection), amount, id_bound);
+                out.entries += 1;
+            }
+        }
+        if let Some(next) = next {
+            self.recent.insert(at.node, next);
+            self.recent_spare = last;
+        }
+    }
+
+    /// For filing consumption, the node's list of users from its last
+    /// report (if no id was reused since) and an empty one to fill; for
+    /// rejections, neither: a node's rejections are few, and change.
+    fn take_recent(&mut self, at: Filing) -> (Option<NodeUsers>, Option<NodeUsers>) {
+        if at.is_rejection {
+            return (None, None);
+        }
+        let reused = self.reused;
+        let last = self.recent.remove(&at.node).filter(|l| l.reused == reused);
+        let mut next = self.recent_spare.take().unwrap_or_default();
+        next.clear(reused);
+        (last, Some(next))
+    }
+}
+
+/// Puts `user`'s valid (resource, amount) entries in `entries`, and lists
+/// the others in `out.dropped` with why.
+fn checked_entries<'r>(
+    service: &str,
+    user: &str,
+    amounts: impl Iterator<Item = (&'r str, i64)>,
+    is_rejection: bool,
+    entries: &mut SmallVec<[(&'r str, i64); 8]>,
+    out: &mut Ingested,
+) {
+    entries.clear();
+    for (resource, amount) in amounts {
+        let reason = if !valid_name(user) || !valid_name(resource) {
+            DropReason::BadName
+        } else if amount < 0 {
+            DropReason::NegativeAmount
+        } else if is_rejection && amount > i64::from(u32::MAX) {
+            DropReason::TooManyRejections
+        } else {
+            entries.push((resource, amount));
+            continue;
+        };
+        out.dropped
+            .push((reason, format!("{service}/{user}/{resource}")));
+    }
+}

@@ -1,0 +1,295 @@
+//! The [`Ledger`]: every service of the central node, and its nodes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use super::config::LedgerConfig;
+use super::ids::{Map, NodeId, valid_name};
+use super::service::Service;
+use super::state::ServiceState;
+use crate::bucket::Bucket;
+use crate::limits::Limit;
+use crate::policy::{NodeGrants, Policy, Projected, QuotaHistory};
+
+/// Builds the policy of a service when it first appears.
+pub type PolicyFactory = Box<dyn Fn(&str) -> Box<dyn Policy> + Send>;
+
+/// The central node's state; see the [module docs](crate::ledger).
+pub struct Ledger {
+    pub(super) config: LedgerConfig,
+    pub(super) node_names: Vec<Box<str>>,
+    node_ids: Map<Box<str>, NodeId>,
+    pub(crate) services: BTreeMap<Box<str>, Service>,
+    /// data slot -> nodes that reported it.
+    pub(super) reported: BTreeMap<i64, BTreeSet<NodeId>>,
+    policy_factory: PolicyFactory,
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("config", &self.config)
+            .field("nodes", &self.node_names.len())
+            .field("services", &self.services)
+            .finish()
+    }
+}
+
+impl Ledger {
+    /// An empty ledger whose services use the default [`Projected`] policy.
+    pub fn new(config: LedgerConfig) -> Self {
+        Self::with_policies(config, Box::new(|_| Box::new(Projected::new())))
+    }
+
+    /// An empty ledger whose services get their policy from `factory`.
+    pub fn with_policies(config: LedgerConfig, factory: PolicyFactory) -> Self {
+        Self {
+            config,
+            node_names: Vec::new(),
+            node_ids: Map::default(),
+            services: BTreeMap::new(),
+            reported: BTreeMap::new(),
+            policy_factory: factory,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LedgerConfig {
+        &self.config
+    }
+
+    /// The interned id of `node`, interning it if new.
+    pub fn node_id(&mut self, node: &str) -> NodeId {
+        if let Some(&id) = self.node_ids.get(node) {
+            return id;
+        }
+        let id = NodeId(u32::try_from(self.node_names.len()).unwrap_or(u32::MAX));
+        self.node_names.push(node.into());
+        self.node_ids.insert(node.into(), id);
+        id
+    }
+
+    /// The id of `node`, if interned.
+    pub fn find_node(&self, node: &str) -> Option<NodeId> {
+        self.node_ids.get(node).copied()
+    }
+
+    /// The name of an interned node.
+    pub fn node_name(&self, id: NodeId) -> &str {
+        self.node_names.get(id.0 as usize).map_or("", |s| s)
+    }
+
+    pub(super) fn service_mut(&mut self, name: &str) -> &mut Service {
+        if !self.services.contains_key(name) {
+            let policy = (self.policy_factory)(name);
+            self.services.insert(
+                name.into(),
+                Service {
+                    state: ServiceState {
+                        slot: self.config.slot,
+                        ..ServiceState::default()
+                    },
+                    policy,
+                    book: BTreeMap::new(),
+                    kept: QuotaHistory::default(),
+                    spare: None,
+                },
+            );
+        }
+        self.services.get_mut(name).expect("inserted above")
+    }
+
+    /// Names of the services seen so far.
+    pub fn services(&self) -> impl Iterator<Item = &str> {
+        self.services.keys().map(|s| &**s)
+    }
+
+    /// Makes `limits` the limits of `service`: buckets are created, changed
+    /// (a new rate applies from `now_ms`), or dropped for users and resources
+    /// no longer listed.
+    pub fn apply_limits(&mut self, service: &str, limits: &[Limit], now_ms: i64) {
+        let by_user: Map<&str, &Limit> = limits.iter().map(|l| (l.user.as_str(), l)).collect();
+        let svc = self.service_mut(service);
+        for key in svc.state.keys.iter_mut().filter(|k| k.live) {
+            let limited = by_user
+                .get(&*key.user)
+                .is_some_and(|l| l.per_second.contains_key(&*key.resource));
+            key.limited &= limited;
+        }
+        for limit in limits {
+            for (resource, &rate) in &limit.per_second {
+                let id = svc.state.find_or_insert(&limit.user, resource);
+                let key = svc.state.key_mut(id);
+                match key.bucket_mut() {
+                    Some(b) if b.rate() == rate && b.capacity() == rate * limit.burst_seconds => {}
+                    Some(b) => b.set_limit(rate, limit.burst_seconds, now_ms),
+                    None => {
+                        key.bucket = Bucket::new(rate, limit.burst_seconds, now_ms);
+                        key.limited = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records that `node` opened a stream for `services` at `now_ms`: it
+    /// counts as active from now on, with nothing unreported before the
+    /// current slot (a node that reported before keeps its history).
+    pub fn connect<'a>(
+        &mut self,
+        node: NodeId,
+        services: impl IntoIterator<Item = &'a str>,
+        now_ms: i64,
+    ) {
+        let before = self.config.slot.slot_at(now_ms) - 1;
+        for name in services {
+            if valid_name(name) {
+                self.service_mut(name)
+                    .state
+                    .last_report
+                    .entry(node)
+                    .or_insert(before);
+            }
+        }
+    }
+    /// service.
+    pub fn assign(&mut self, now_ms: i64) -> BTreeMap<String, i64> {
+        let current = self.config.slot.slot_at(now_ms);
+        let mut assigned = BTreeMap::new();
+        for (name, svc) in &mut self.services {
+            let slot = current + svc.policy.lead();
+            svc.assign(slot, now_ms);
+            assigned.insert(name.to_string(), slot);
+        }
+        assigned
+    }
+
+    /// Re-assigns the current slot of `service` now, if its policy
+    /// re-assigns as reports arrive and the service holds at most
+    /// `max_keys` keys (a new node then gets a quota at once instead of
+    /// failing open until the next assign). Returns whether it did.
+    pub fn reassign_for_new_node(&mut self, service: &str, max_keys: usize, now_ms: i64) -> bool {
+        let Some(svc) = self.services.get(service) else {
+            return false;
+        };
+        let keys = svc.state.key_count();
+        svc.policy.reassign_when_reported()
+            && keys <= max_keys
+            && self.reassign(service, self.config.slot.slot_at(now_ms), now_ms)
+    }
+
+    /// Whether `service`'s policy re-assigns as reports arrive and every
+    /// node active in it has reported data slot `slot - 1`.
+    pub fn all_reported(&self, service: &str, slot: i64) -> bool {
+        let Some(svc) = self.services.get(service) else {
+            return false;
+        };
+        let recent = slot - 1 - 5;
+        svc.policy.reassign_when_reported()
+            && svc
+                .state
+                .last_report
+                .values()
+                .filter(|s| **s > recent)
+                .all(|s| *s >= slot - 1)
+    }
+
+    /// Re-assigns `slot` of `service` now; false for an unknown service.
+    pub fn reassign(&mut self, service: &str, slot: i64, now_ms: i64) -> bool {
+        let Some(svc) = self.services.get_mut(service) else {
+            return false;
+        };
+        svc.assign(slot, now_ms);
+        true
+    }
+
+    /// The grants of `node` in (`service`, `slot`), with the service's
+    /// keys: what is rendered into the node's quota.
+    pub fn grants(
+        &self,
+        node: NodeId,
+        service: &str,
+        slot: i64,
+    ) -> Option<(&ServiceState, NodeGrants<'_>)> {
+        let svc = self.services.get(service)?;
+        let grants = svc.policy.grants_for(&svc.book, node, slot)?;
+        Some((&svc.state, grants))
+    }
+
+    /// Whether `node`'s grants of `service` for `slot` are the very ones
+    /// of `other` (a lead-1 policy answers for a slot not yet assigned
+    /// with the grants of the slot before): false where either has none.
+    pub fn same_grants(&self, node: NodeId, service: &str, slot: i64, other: i64) -> bool {
+        let Some(svc) = self.services.get(service) else {
+            return false;
+        };
+        let grants = |slot| svc.policy.grants_for(&svc.book, node, slot);
+        match (grants(slot), grants(other)) {
+            (Some(a), Some(b)) => a.is(&b),
+            _ => false,
+        }
+    }
+
+    /// Forgets everything older than `nr_slot` slots before `now_ms`.
+    pub fn forget(&mut self, now_ms: i64) {
+        let current = self.config.slot.slot_at(now_ms);
+        let cutoff = current - i64::from(self.config.nr_slot);
+        self.reported = self.reported.split_off(&cutoff);
+        for svc in self.services.values_mut() {
+            // Reports are answered, and pushes sent, for the current slot
+            // and the next (for a lead-1 policy, the current one standing
+            // in until the next is assigned): older slots are only read by
+            // the monitor, and a report older than the previous slot is
+            // answered for a slot already past, which its node never reads.
+            svc.forget_book(cutoff, current);
+            svc.policy.forget_before(cutoff);
+            svc.state
+                .forget(cutoff, cutoff + i64::from(self.config.nr_slot));
+        }
+    }
+
+    /// Level of one bucket at `now_ms`, if it exists.
+    pub fn bucket_level(
+        &mut self,
+        service: &str,
+        user: &str,
+        resource: &str,
+        now_ms: i64,
+    ) -> Option<f64> {
+        let state = &mut self.services.get_mut(service)?.state;
+        let id = state.find(user, resource)?;
+        state.key_mut(id).bucket_mut().map(|b| b.level(now_ms))
+    }
+
+    /// Sum of consumption (or rejection) of one key in data slot `slot`.
+    pub fn slot_sum(
+        &self,
+        service: &str,
+        user: &str,
+        resource: &str,
+        slot: i64,
+        rejection: bool,
+    ) -> i64 {
+        let Some(state) = self.services.get(service).map(|s| &s.state) else {
+            return 0;
+        };
+        let Some(id) = state.find(user, resource) else {
+            return 0;
+        };
+        state
+            .sums
+            .iter()
+            .find(|c| c.slot == slot)
+            .map_or(0, |c| c.get(id, usize::from(rejection)))
+    }
+
+    /// Number of (service, user, resource) keys held.
+    pub fn key_count(&self) -> usize {
+        self.services.values().map(|s| s.state.key_count()).sum()
+    }
+
+    /// The state of `service`, if it is known.
+    pub fn service_state(&self, service: &str) -> Option<&ServiceState> {
+        self.services.get(service).map(|s| &s.state)
+    }
+}

@@ -1,0 +1,70 @@
+//! What the central node knows: buckets, distribution, per-slot sums, quotas.
+//!
+//! The [`Ledger`] is plain synchronous code driven by the caller's clock: the
+//! gRPC server feeds it reports and timer ticks, the simulator feeds it the
+//! same from virtual time. Per (service, user, resource) it keeps
+//!
+//! - the [`Bucket`], when the user has a limit for that resource;
+//! - the *distribution*: per node, the latest `{slot, consumption, rejection}`;
+//! - the per-slot sums of consumption and rejection (`nr_slot` slots).
+//!
+//! Slots in the ledger are *data* slots: a report sent at the start of slot
+//! `S` carries slot `S - 1`, and that is the slot its amounts are filed under.
+//!
+//! # Examples
+//!
+//! ```
+//! use throttle_central::ledger::{Ledger, LedgerConfig};
+//! use throttle_central::limits::Limit;
+//! use throttle_proto::legacy;
+//!
+//! let mut ledger = Ledger::new(LedgerConfig::default());
+//! let limit = Limit { user: "alice".into(), per_second: [("requests".into(), 100.0)].into(), burst_seconds: 10.0 };
+//! ledger.apply_limits("front", &[limit], 10_000);
+//! let report = legacy::report_from_json(
+//!     r#"{"node_id": "n1", "slot_number": 10, "consumption": {"front": {"alice": {"requests": 40}}}, "rejection": {"front": {}}}"#,
+//! )?;
+//! ledger.ingest(&report, 10_050).unwrap();
+//! assert_eq!(ledger.bucket_level("front", "alice", "requests", 10_050), Some(60.0 + 5.0));
+//! # Ok::<(), throttle_proto::legacy::LegacyError>(())
+//! ```
+
+//!
+//! The files, from the ground floor up:
+//!
+//! - [`ids`](NodeId): interned nodes, key ids, resource names;
+//! - `state`: [`Key`] and [`ServiceState`], what policies read;
+//! - `sums`: the per-slot sums of a service, a column per slot;
+//! - `recent`: per node, the users of its last report (a filing shortcut);
+//! - `source`: [`ReportSource`], the reports the ledger can file;
+//! - `config`: [`LedgerConfig`] and the check of a whole report;
+//! - `filing`: [`Ledger::ingest`];
+//! - `service`: one service's state, policy and book of assignments;
+//! - `views`: typed answers to monitor questions;
+//! - `ledger`: the [`Ledger`] itself.
+
+mod config;
+mod filing;
+mod ids;
+#[allow(clippy::module_inception)]
+mod ledger;
+mod recent;
+mod service;
+mod source;
+mod state;
+mod sums;
+mod views;
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub use config::{LedgerConfig, ReportError};
+pub use filing::{DropReason, Ingested};
+pub(crate) use ids::valid_name;
+pub use ids::{KeyId, Map, NodeId};
+pub use ledger::{Ledger, PolicyFactory};
+pub use source::{FromNode, ReportSource};
+pub use state::{Key, NodeUsage, ServiceState};
+pub use views::{
+    BucketView, KeyView, NodeEntry, QuotaRow, QuotaSlot, ServiceRows, SlotRange, SumRow,
+};

@@ -1,0 +1,420 @@
+//! The ground floor the policies read: a service's keys, their buckets
+//! and distribution, in one dense arena.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+use throttle_proto::slot::SlotLength;
+
+use super::ids::{KeyId, Map, Name, NodeId};
+use super::recent::NodeUsers;
+use super::sums::{Column, SlotSums};
+use crate::bucket::Bucket;
+
+/// One node's latest report for one (service, user, resource).
+///
+/// 24 bytes: a rejection count is a number of requests refused in one
+/// slot, and the ledger drops one above `u32::MAX` as absurd
+/// ([`DropReason::TooManyRejections`]), so it fits beside the node's id,
+/// and a key's three inline entries take 72 bytes instead of 96.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NodeUsage {
+    /// The node.
+    pub node: NodeId,
+    /// How many requests it refused for this resource in that slot.
+    pub rejection: u32,
+    /// The data slot of that report.
+    pub slot: i64,
+    /// What it consumed in that slot.
+    pub consumption: i64,
+}
+
+/// Node entries kept inline in a key: with sticky load balancing a user is
+/// on a few nodes, and then reading a key's distribution reads no other
+/// allocation.
+type NodeList = SmallVec<[NodeUsage; 3]>;
+
+const _: () = assert!(std::mem::size_of::<NodeUsage>() == 24);
+
+/// Everything the ledger keeps for one (service, user, resource).
+///
+/// 144 bytes (was 160), a third of them per (user, resource, node) entry
+/// where a user is on 3 nodes: the resource's name is a thin pointer
+/// (`Name`), and whether the key has a bucket is a flag beside the
+/// generation rather than an `Option`'s tag padded to 8 bytes.
+#[derive(Debug)]
+pub struct Key {
+    pub(super) user: Arc<str>,
+    pub(super) resource: Name,
+    pub(super) nodes: NodeList,
+    /// Meaningful while `limited`.
+    pub(super) bucket: Bucket,
+    pub(super) generation: u32,
+    pub(super) live: bool,
+    pub(super) limited: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Key>() == 144);
+
+impl Key {
+    pub(super) fn new(user: Arc<str>, resource: Name, generation: u32) -> Self {
+        Self {
+            user,
+            resource,
+            nodes: NodeList::new(),
+            bucket: Bucket::new(0.0, 0.0, 0),
+            generation,
+            live: true,
+            limited: false,
+        }
+    }
+
+    /// The bucket, when the user has a limit on this resource.
+    pub(super) fn bucket_mut(&mut self) -> Option<&mut Bucket> {
+        self.limited.then_some(&mut self.bucket)
+    }
+
+    /// The user's name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The resource's name.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// Changes each time the key's id is given to a new key.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The bucket, when the user has a limit on this resource.
+    pub fn bucket(&self) -> Option<&Bucket> {
+        self.limited.then_some(&self.bucket)
+    }
+
+    /// Latest report per node.
+    pub fn nodes(&self) -> &[NodeUsage] {
+        &self.nodes
+    }
+}
+
+/// A user's keys. Their resources' names are read from the keys: a name
+/// beside each id would make a user's entry in the name index 120 bytes
+/// instead of 40, for lookups that filing mostly does without
+/// ([`NodeUsers`]).
+type UserKeys = SmallVec<[KeyId; 4]>;
+
+/// Slots after it is freed before a key's id may be reused: the book holds
+/// assignments up to a policy's lead (at most 2) ahead of the current slot,
+/// and those must go before the id can name another key.
+const REUSE_AFTER: i64 = 4;
+
+/// All (user, resource) state of one service; what a [`Policy`] reads.
+///
+/// Keys live in one dense arena, so a policy's pass over every key reads
+/// memory in order (an assign at 400,000 keys is bound by memory, not by
+/// arithmetic), and grants name a key by a 4-byte id instead of sharing its
+/// names.
+#[derive(Debug, Default)]
+pub struct ServiceState {
+    /// user -> its keys.
+    pub(super) users: Map<Arc<str>, UserKeys>,
+    pub(super) keys: Vec<Key>,
+    /// Freed ids, with the cutoff from which each may be reused.
+    pub(super) freed: VecDeque<(KeyId, i64)>,
+    pub(super) live: usize,
+    /// The oldest slot kept, as of the last [`Ledger::forget`].
+    pub(super) cutoff: i64,
+    /// Per node, the newest data slot it reported for this service: its
+    /// consumption up to there is charged.
+    pub last_report: Map<NodeId, i64>,
+    /// The slot length.
+    pub slot: SlotLength,
+    /// Resource names, interned: every key of a resource shares one `Arc`.
+    pub(super) names: std::collections::HashSet<Name, foldhash::fast::RandomState>,
+    /// Per data slot, the sums of every key, oldest first.
+    pub(super) sums: VecDeque<SlotSums>,
+    /// The `u32`s of the last dense column packed, for the next slot's:
+    /// at a million keys a column is megabytes, and allocating one afresh
+    /// each slot beside the smaller packed ones fragments the heap (40
+    /// bytes per entry of resident memory in `ledger-slot`).
+    pub(super) spare_sums: Option<Vec<u32>>,
+    /// Per node, the users of its last report and their keys.
+    pub(super) recent: Map<NodeId, NodeUsers>,
+    /// A list of `recent` let go, for the next report to fill.
+    pub(super) recent_spare: Option<NodeUsers>,
+    /// How many ids have been given to a new key: a list in `recent` made
+    /// before the count changed may name keys that are no longer its.
+    pub(super) reused: u64,
+}
+
+impl ServiceState {
+    /// Every key, with its id.
+    pub fn keys(&self) -> impl Iterator<Item = (KeyId, &Key)> {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.live)
+            .map(|(i, k)| (KeyId(i as u32), k))
+    }
+
+    /// The key of `id`. A freed id still names its former key until it is
+    /// reused, so grants of the book always resolve.
+    ///
+    /// # Panics
+    ///
+    /// If `id` was never given out by this service.
+    pub fn key(&self, id: KeyId) -> &Key {
+        &self.keys[id.index()]
+    }
+
+    /// How many ids have been given out: the length a per-key table needs.
+    pub fn id_bound(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// How many times an id was given to a new key: a key's names change
+    /// only when its id is reused, so anything that copied them is still
+    /// right while this stays the same.
+    pub fn reused(&self) -> u64 {
+        self.reused
+    }
+
+    /// How many keys are held.
+    pub fn key_count(&self) -> usize {
+        self.live
+    }
+
+    /// The key of (`user`, `resource`), if held.
+    pub fn find(&self, user: &str, resource: &str) -> Option<KeyId> {
+        self.key_of(self.users.get(user)?, resource)
+    }
+
+    /// Which of a user's `keys` is of `resource`.
+    pub(super) fn key_of(&self, keys: &UserKeys, resource: &str) -> Option<KeyId> {
+        keys.iter()
+            .copied()
+            .find(|id| *self.keys[id.index()].resource == *resource)
+    }
+
+    pub(super) fn key_mut(&mut self, id: KeyId) -> &mut Key {
+        &mut self.keys[id.index()]
+    }
+
+    /// Whether `ids`, listed for a user in [`NodeUsers`], are still the
+    /// user's keys of the resources of `entries`, in order: listed before
+    /// any id was reused (checked by the caller), and neither freed since
+    /// nor of other resources. Reads the keys, which filing reads next.
+    pub(super) fn still_keys_of(&self, ids: &[KeyId], entries: &[(&str, i64)]) -> bool {
+        ids.len() == entries.len()
+            && ids.iter().zip(entries).all(|(id, (resource, _))| {
+                let key = &self.keys[id.index()];
+                key.live && *key.resource == **resource
+            })
+    }
+
+    /// The index of data slot `slot`'s column of sums, made if new.
+    pub(super) fn sums_column(&mut self, slot: i64) -> usize {
+        // Reports are of the newest slot or the one before: search backwards.
+        let at = self.sums.iter().rposition(|c| c.slot <= slot);
+        match at {
+            Some(i) if self.sums[i].slot == slot => i,
+            _ => {
+                // As dense as the newest column: the same keys mostly report
+                // again, and filling a map only to turn it into a vector
+                // part way costs more than the filing.
+                let dense = self
+                    .sums
+                    .back()
+                    .map_or([false; 2], |c| c.columns.each_ref().map(Column::is_dense));
+                let i = at.map_or(0, |i| i + 1);
+                let column = SlotSums::new(slot, dense, self.keys.len(), &mut self.spare_sums);
+                self.sums.insert(i, column);
+                i
+            }
+        }
+    }
+
+    /// The keys, and the column of sums at `column` (from
+    /// [`ServiceState::sums_column`]), to update both.
+    pub(super) fn keys_and_sums(&mut self, column: usize) -> (&mut [Key], &mut SlotSums) {
+        (&mut self.keys, &mut self.sums[column])
+    }
+
+    /// The keys of `user` for each of `resources` (created where new), in
+    /// order: one lookup of the user for all its entries of a report.
+    pub(super) fn keys_for<'r>(
+        &mut self,
+        user: &str,
+        resources: impl Iterator<Item = &'r str> + Clone,
+        out: &mut SmallVec<[KeyId; 8]>,
+    ) {
+        out.clear();
+        if let Some(keys) = self.users.get(user) {
+            let found = resources.clone().all(|r| {
+                let id = self.key_of(keys, r);
+                out.extend(id);
+                id.is_some()
+            });
+            if found {
+                return;
+            }
+        }
+        // Some key is new: the general path.
+        out.clear();
+        for r in resources {
+            let id = self.find_or_insert(user, r);
+            out.push(id);
+        }
+    }
+
+    /// The key of (`user`, `resource`), created if new.
+    pub(super) fn find_or_insert(&mut self, user: &str, resource: &str) -> KeyId {
+        // Look up before inserting: the common case allocates nothing.
+        if let Some(id) = self.find(user, resource) {
+            return id;
+        }
+        let resource = match self.names.get(resource) {
+            Some(n) => n.clone(),
+            None => {
+                let n = Name(Arc::new(resource.into()));
+                self.names.insert(n.clone());
+                n
+            }
+        };
+        let user = match self.users.get_key_value(user) {
+            Some((u, _)) => u.clone(),
+            None => {
+                let u: Arc<str> = user.into();
+                self.users.insert(u.clone(), UserKeys::new());
+                u
+            }
+        };
+        let id = self.alloc(user.clone(), resource);
+        if let Some(keys) = self.users.get_mut(&user) {
+            keys.push(id);
+        }
+        id
+    }
+
+    pub(super) fn alloc(&mut self, user: Arc<str>, resource: Name) -> KeyId {
+        self.live += 1;
+        if let Some(&(id, from)) = self.freed.front()
+            && from <= self.cutoff
+        {
+            self.freed.pop_front();
+            self.reused += 1;
+            let key = self.key_mut(id);
+            let generation = key.generation.wrapping_add(1);
+            *key = Key::new(user, resource, generation);
+            return id;
+        }
+        // Each key is over 100 bytes: memory runs out long before 2^32 keys.
+        let id = KeyId(u32::try_from(self.keys.len()).expect("fewer than 2^32 keys"));
+        self.keys.push(Key::new(user, resource, 0));
+        id
+    }
+
+    /// Drops what is older than `cutoff` and the keys left empty; `current`
+    /// is the current slot.
+    pub(super) fn forget(&mut self, cutoff: i64, current: i64) {
+        self.cutoff = cutoff;
+        self.last_report.retain(|_, s| *s >= cutoff);
+        let reporting = &self.last_report;
+        self.recent.retain(|n, _| reporting.contains_key(n));
+        // A sum a node filed is never of a later slot than that node's
+        // entry in the key, so a key freed below (no entry at or after the
+        // cutoff) has no sum in a column kept: when its id is reused, no
+        // column holds a sum of its former key.
+        while self.sums.front().is_some_and(|c| c.slot < cutoff) {
+            self.sums.pop_front();
+        }
+        // Reports file into the data slot before theirs (and a late one
+        // into the slot before that): older columns are only read.
+        for sums in self
+            .sums
+            .iter_mut()
+            .filter(|c| !c.settled && c.slot < current - 2)
+        {
+            for c in &mut sums.columns {
+                if let Some(v) = c.pack() {
+                    self.spare_sums.get_or_insert(v);
+                }
+            }
+            sums.settled = true;
+        }
+        for (i, key) in self.keys.iter_mut().enumerate() {
+            if !key.live {
+                continue;
+            }
+            key.nodes.retain(|n| n.slot >= cutoff);
+            if key.limited || !key.nodes.is_empty() {
+                continue;
+            }
+            // Freed: its names stay until the id is reused, so assignments
+            // still in the book resolve.
+            key.live = false;
+            self.live -= 1;
+            let id = KeyId(i as u32);
+            self.freed.push_back((id, current + REUSE_AFTER));
+            if let Some(keys) = self.users.get_mut(&*key.user) {
+                keys.retain(|k| *k != id);
+                if keys.is_empty() {
+                    self.users.remove(&*key.user);
+                }
+            }
+        }
+        self.names.retain(|n| Arc::strong_count(&n.0) > 1);
+    }
+}
+
+/// A rejection count as kept: the ledger drops counts above `u32::MAX`
+/// before filing, so this saturates only in theory.
+fn rejections(amount: i64) -> u32 {
+    u32::try_from(amount.max(0)).unwrap_or(u32::MAX)
+}
+
+impl Key {
+    pub(super) fn file(
+        &mut self,
+        node: NodeId,
+        slot: i64,
+        amount: i64,
+        is_rejection: bool,
+        now_ms: i64,
+    ) {
+        if !is_rejection && let Some(b) = self.bucket_mut() {
+            b.consume(amount, now_ms);
+        }
+        // Distribution: one entry per node, the latest report wins; both the
+        // consumption and the rejection pass of one report land in it.
+        match self.nodes.iter_mut().find(|n| n.node == node) {
+            Some(n) if n.slot > slot => {}
+            Some(n) => {
+                if n.slot < slot {
+                    *n = NodeUsage {
+                        node,
+                        slot,
+                        consumption: 0,
+                        rejection: 0,
+                    };
+                }
+                if is_rejection {
+                    n.rejection = rejections(amount);
+                } else {
+                    n.consumption = amount;
+                }
+            }
+            None => self.nodes.push(NodeUsage {
+                node,
+                slot,
+                consumption: if is_rejection { 0 } else { amount },
+                rejection: if is_rejection { rejections(amount) } else { 0 },
+            }),
+        }
+        // Its sum is added to the slot's column by the caller.
+    }
+}

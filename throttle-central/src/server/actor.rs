@@ -1,0 +1,477 @@
+//! The ledger's task: it owns the [`Assigner`] and carries out every
+//! [`Command`], so no stream ever waits on a lock held by another.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use metrics::{counter, gauge};
+use throttle_proto::slot::Clock;
+use throttle_proto::v1;
+use throttle_proto::wire::Outbound;
+use tokio::sync::{mpsc, watch};
+use tonic::Status;
+
+use super::ahead::{AnswerAhead, Ready};
+use super::command::{Command, Outgoing, Snapshot};
+use super::log::truncate;
+use super::monitor::{Connection, Connections, MonitorView, Subject};
+use super::received::Received;
+use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
+use crate::ledger::{FromNode, NodeId, ReportError, ReportSource, SlotRange};
+
+/// One open node stream, as the ledger's task knows it.
+#[derive(Debug)]
+struct Conn {
+    node_id: String,
+    node: NodeId,
+    /// The forms its Hello accepts.
+    accepts: Accepts,
+    addr: Option<SocketAddr>,
+    since: Instant,
+    reports: u64,
+    /// Reports of this stream answered ahead of filing ([`AnswerAhead`]).
+    answered_ahead: u64,
+    tx: Outgoing,
+    ahead: Arc<AnswerAhead>,
+}
+
+/// The ledger's task; see the [module docs](self).
+pub(crate) struct Actor {
+    assigner: Assigner<Encoded>,
+    /// The ledger task's own queue, for work that waits behind the
+    /// commands already there.
+    me: mpsc::Sender<Command>,
+    clock: Arc<dyn Clock>,
+    conns: BTreeMap<u64, Conn>,
+    next_conn: u64,
+    started: Instant,
+}
+
+impl Actor {
+    /// The task over `assigner`; `me` is the sender of its own queue.
+    pub(crate) fn new(
+        assigner: Assigner<Encoded>,
+        me: mpsc::Sender<Command>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            assigner,
+            me,
+            clock,
+            conns: BTreeMap::new(),
+            next_conn: 0,
+            started: Instant::now(),
+        }
+    }
+}
+
+/// Files `report` and answers it, or only files it when its answer went
+/// out ahead.
+fn file_report<R: ReportSource>(
+    assigner: &mut Assigner<Encoded>,
+    node: NodeId,
+    report: &R,
+    now_ms: i64,
+    answered: bool,
+) -> Result<(Filed, Option<bytes::Bytes>), ReportError> {
+    if answered {
+        return assigner.file(node, report, now_ms).map(|f| (f, None));
+    }
+    assigner.report(node, report, now_ms).map(|a| {
+        let filed = Filed {
+            complete: a.complete,
+            ingested: a.ingested,
+        };
+        (filed, Some(a.quota))
+    })
+}
+
+impl Actor {
+    /// Takes commands until the stop, then closes ([`Actor::close`]).
+    pub(crate) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Command>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        self.assigner.refresh_limits(self.clock.now_ms());
+        loop {
+            let next = tokio::select! {
+                // Commands queued before the stop (e.g. a closing snapshot)
+                // are answered first.
+                biased;
+                cmd = rx.recv() => Some(cmd),
+                _ = stop.wait_for(|s| *s) => None,
+            };
+            let cmd = match next {
+                Some(Some(cmd)) => cmd,
+                // Every sender is gone.
+                Some(None) => return,
+                None => {
+                    self.close(&mut rx, None).await;
+                    return;
+                }
+            };
+            if matches!(cmd, Command::Reassign { .. }) {
+                // Let the streams write the answers just queued before the
+                // re-assignment takes this thread.
+                tokio::task::yield_now().await;
+            }
+            if let Some(snapshot) = self.handle(cmd) {
+                self.close(&mut rx, snapshot).await;
+                return;
+            }
+        }
+    }
+
+    /// Closes the queue, so that no stream can queue a report any more,
+    /// files every report it still holds (a stream answered some of them
+    /// ahead: see [`AnswerAhead`]), then answers `snapshot` and closes every
+    /// stream with `UNAVAILABLE`.
+    async fn close(&mut self, rx: &mut mpsc::Receiver<Command>, snapshot: Option<Snapshot>) {
+        rx.close();
+        let mut snapshots: Vec<_> = snapshot.into_iter().collect();
+        // Ends once the queue is empty and no sender holds a reserved slot.
+        while let Some(cmd) = rx.recv().await {
+            if let Some(snapshot) = self.handle(cmd) {
+                snapshots.extend(snapshot);
+            }
+        }
+        for (subject, reply) in snapshots {
+            let _ = reply.send(self.monitor(subject, SlotRange::default()));
+        }
+        // Waits for each stream that answers ahead to queue its answer
+        // (it holds this lock until then), so that no answer follows the
+        // close.
+        self.forget_answers();
+        for (_, c) in std::mem::take(&mut self.conns) {
+            self.assigner.disconnect(c.node, c.accepts);
+            let _ =
+                c.tx.try_send(Err(Status::unavailable("central node shutting down")));
+        }
+        gauge!("throttle_central_connections").set(0.0);
+    }
+
+    /// Carries out `cmd`; for a close, returns its snapshot's request, for
+    /// [`Actor::close`].
+    fn handle(&mut self, cmd: Command) -> Option<Option<Snapshot>> {
+        match cmd {
+            Command::Connect {
+                hello,
+                addr,
+                tx,
+                ahead,
+                reply,
+            } => {
+                let conn = self.connect(hello, addr, tx, ahead);
+                let _ = reply.send(conn);
+            }
+            Command::Disconnect { conn } => self.disconnect(conn),
+            Command::Report {
+                conn,
+                report,
+                reply,
+                answered,
+            } => {
+                let result = self.report_and_answer(conn, &report, answered);
+                let _ = reply.send((result, report));
+            }
+            Command::Tick => self.tick(),
+            Command::Reassign { service } => self.reassign(&service),
+            Command::Monitor {
+                subject,
+                range,
+                reply,
+            } => {
+                let _ = reply.send(self.monitor(subject, range));
+            }
+            Command::CloseAll { snapshot } => return Some(snapshot),
+        }
+        None
+    }
+
+    /// Registers a stream that sent `hello`; returns its number.
+    fn connect(
+        &mut self,
+        hello: v1::Hello,
+        addr: Option<SocketAddr>,
+        tx: Outgoing,
+        ahead: Arc<AnswerAhead>,
+    ) -> u64 {
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        let accepts = Accepts::from_hello(&hello.accepts);
+        let was_packed = self.assigner.node_is_packed(&hello.node_id);
+        let (node, pushes) = self.assigner.connect(
+            &hello.node_id,
+            &hello.services,
+            accepts,
+            self.clock.now_ms(),
+        );
+        tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, packed = accepts.packed, refs = accepts.refs, "node connected");
+        let c = Conn {
+            node_id: hello.node_id,
+            node,
+            accepts,
+            addr,
+            since: Instant::now(),
+            reports: 0,
+            answered_ahead: 0,
+            tx,
+            ahead,
+        };
+        self.conns.insert(conn, c);
+        gauge!("throttle_central_connections").set(self.conns.len() as f64);
+        if !pushes.is_empty() || self.assigner.is_packed(node) != was_packed {
+            // A service was re-assigned, or the node's quotas
+            // change form: answers rendered before are stale.
+            self.forget_answers();
+        }
+        self.deliver(pushes);
+        conn
+    }
+
+    /// Forgets stream `conn`, which closed.
+    fn disconnect(&mut self, conn: u64) {
+        if let Some(c) = self.conns.remove(&conn) {
+            let was_packed = self.assigner.is_packed(c.node);
+            self.assigner.disconnect(c.node, c.accepts);
+            if self.assigner.is_packed(c.node) != was_packed {
+                self.forget_answers();
+            }
+            tracing::info!(node_id = %c.node_id, reports = c.reports, "node disconnected");
+        }
+        gauge!("throttle_central_connections").set(self.conns.len() as f64);
+    }
+
+    /// Files a report of stream `conn` and, unless the stream answered it
+    /// ahead, queues its answer.
+    ///
+    /// The answer is queued here, by the ledger's own task, so it precedes
+    /// anything the ledger sends this stream later (such as the close on
+    /// shutdown): a node that saw no answer knows its report was not
+    /// filed, and sends it again.
+    fn report_and_answer(
+        &mut self,
+        conn: u64,
+        report: &Received,
+        answered: bool,
+    ) -> Result<(), Status> {
+        let Some(quota) = self.report(conn, report, answered)? else {
+            return Ok(());
+        };
+        let tx = self.conns.get(&conn).map(|c| &c.tx);
+        let msg = Ok(Outbound::Encoded(quota));
+        match tx.map(|tx| tx.try_send(msg)) {
+            Some(Ok(())) => Ok(()),
+            _ => {
+                counter!("throttle_central_pushes_dropped_total").increment(1);
+                Err(Status::resource_exhausted("node is not reading its stream"))
+            }
+        }
+    }
+
+    /// Files a report and returns its answer, or `None` when the stream
+    /// answered it ahead.
+    fn report(
+        &mut self,
+        conn: u64,
+        report: &Received,
+        answered: bool,
+    ) -> Result<Option<bytes::Bytes>, Status> {
+        let now = self.clock.now_ms();
+        let Self {
+            conns, assigner, ..
+        } = self;
+        let Some(c) = conns.get_mut(&conn) else {
+            return Err(Status::failed_precondition("stream is not registered"));
+        };
+        // A report may leave out its node id: it is the stream's.
+        let claimed = report.node_id();
+        if !claimed.is_empty() && claimed != c.node_id {
+            counter!("throttle_central_invalid_messages_total", "reason" => "node_id_mismatch")
+                .increment(1);
+            return Err(Status::invalid_argument(format!(
+                "report node_id {:?} differs from the stream's {:?}",
+                claimed, c.node_id
+            )));
+        }
+        c.reports += 1;
+        c.answered_ahead += u64::from(answered);
+        let (node, node_id) = (c.node, c.node_id.as_str());
+        let filed = match report {
+            Received::Raw(r) => file_report(assigner, node, &FromNode(node_id, r), now, answered),
+            Received::Decoded(r) => {
+                file_report(assigner, node, &FromNode(node_id, r), now, answered)
+            }
+        };
+        let (answer, quota) = match filed {
+            Ok(a) => a,
+            Err(e) => {
+                counter!("throttle_central_invalid_messages_total", "reason" => "report")
+                    .increment(1);
+                // The stream answers ahead only what passes the same check
+                // (`LedgerConfig::check`), so `answered` here means the two
+                // checks disagreed: say so.
+                tracing::warn!(%node_id, error = %e, answered, "report refused");
+                return Err(Status::invalid_argument(e.to_string()));
+            }
+        };
+        if answered {
+            counter!("throttle_central_answers_ahead_total").increment(1);
+        }
+        let out = &answer.ingested;
+        counter!("throttle_central_reports_total").increment(1);
+        counter!("throttle_central_report_entries_total").increment(out.entries as u64);
+        if out.duplicate {
+            counter!("throttle_central_duplicate_reports_total").increment(1);
+            tracing::debug!(%node_id, slot = report.slot_number(), "duplicate report ignored");
+        }
+        for (reason, key) in &out.dropped {
+            counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str())
+                .increment(1);
+            tracing::warn!(%node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
+        }
+        // Re-assign after the answers already queued: the ledger task takes
+        // its commands in order.
+        for service in answer.complete {
+            // A closed queue means the ledger is filing its last reports
+            // before it closes: nothing is skipped that anyone would read.
+            if let Err(mpsc::error::TrySendError::Full(_)) =
+                self.me.try_send(Command::Reassign { service })
+            {
+                counter!("throttle_central_reassigns_skipped_total").increment(1);
+                tracing::warn!("re-assign skipped: the ledger's queue is full");
+            }
+        }
+        Ok(quota)
+    }
+
+    /// Clears every stream's answer rendered ahead: grants changed.
+    fn forget_answers(&self) {
+        for c in self.conns.values() {
+            *c.ahead.ready.lock() = None;
+        }
+    }
+
+    /// Each node's streams, found once rather than by a scan per push.
+    fn streams(conns: &BTreeMap<u64, Conn>) -> BTreeMap<NodeId, Vec<&Conn>> {
+        let mut streams: BTreeMap<NodeId, Vec<&Conn>> = BTreeMap::new();
+        for c in conns.values() {
+            streams.entry(c.node).or_default().push(c);
+        }
+        streams
+    }
+
+    /// Queues `quota` on every stream in `streams`, never waiting. Encoded
+    /// once; a node with two streams (for a moment, while it reconnects)
+    /// shares the bytes. Returns whether every stream took it.
+    fn push(streams: &[&Conn], quota: &bytes::Bytes) -> bool {
+        let mut all = true;
+        for c in streams {
+            if c.tx.try_send(Ok(Outbound::Encoded(quota.clone()))).is_err() {
+                counter!("throttle_central_pushes_dropped_total").increment(1);
+                tracing::warn!(node_id = %c.node_id, "quota push dropped: stream queue full");
+                all = false;
+            }
+        }
+        all
+    }
+
+    /// Queues each push on every stream of its node.
+    fn deliver(&self, pushes: Vec<Push<bytes::Bytes>>) {
+        if pushes.is_empty() {
+            return;
+        }
+        let streams = Self::streams(&self.conns);
+        for (node, quota) in pushes {
+            Self::push_to(&streams, node, &quota);
+        }
+    }
+
+    /// Queues `quota` on every stream of `node` in `streams`.
+    fn push_to(streams: &BTreeMap<NodeId, Vec<&Conn>>, node: NodeId, quota: &bytes::Bytes) {
+        Self::push(streams.get(&node).map_or(&[][..], Vec::as_slice), quota);
+    }
+
+    /// Re-assigns `service`: the answers rendered ahead are cleared, and
+    /// each node's push is queued as soon as it is rendered.
+    fn reassign(&mut self, service: &str) {
+        self.forget_answers();
+        let now = self.clock.now_ms();
+        let streams = Self::streams(&self.conns);
+        self.assigner.reassign_each(service, now, |node, quota| {
+            Self::push_to(&streams, node, &quota);
+        });
+    }
+
+    /// The mid-slot assign. Node by node, as each is rendered: its streams
+    /// get the answer to the node's report due at the next slot boundary
+    /// (see [`AnswerAhead`]; none if none was rendered), then its push is
+    /// queued (in that order, so an answer never overtakes a newer push).
+    /// Only one node's push and answer are held here at a time, and the
+    /// first nodes' go out while the others' are rendered.
+    fn tick(&mut self) {
+        let now = self.clock.now_ms();
+        let report_slot = self.assigner.ledger().config().slot.slot_at(now) + 1;
+        let mut streams = Self::streams(&self.conns);
+        self.assigner.tick_each(now, |node, quota, answer| {
+            let refers = answer.as_ref().is_some_and(|a| a.refers);
+            let ready = answer.map(|a| Ready {
+                report_slot,
+                services: a.services.into(),
+                quota: a.quota,
+            });
+            for c in streams.remove(&node).unwrap_or_default() {
+                let mut ahead = c.ahead.ready.lock();
+                // An answer that refers to the push goes only where the
+                // push went: otherwise the ledger answers after filing.
+                let pushed = Self::push(&[c], &quota);
+                *ahead = ready.clone().filter(|_| pushed || !refers);
+            }
+        });
+        // Streams of a node the assigner no longer serves answer nothing
+        // ahead.
+        for c in streams.into_values().flatten() {
+            *c.ahead.ready.lock() = None;
+        }
+    }
+
+    /// Answers a monitor question from the ledger as it stands.
+    fn monitor(&self, subject: Subject, range: SlotRange) -> MonitorView {
+        let ledger = self.assigner.ledger();
+        match subject {
+            Subject::Connections => MonitorView::Connections(self.connections()),
+            Subject::Reported => MonitorView::Reported(ledger.reported_view(range)),
+            Subject::ConsumptionSum => MonitorView::Sums(ledger.sums_view(range, false)),
+            Subject::RejectionSum => MonitorView::Sums(ledger.sums_view(range, true)),
+            Subject::Distribution => {
+                let now = self.clock.now_ms();
+                MonitorView::Distribution(ledger.distribution_view(range, now))
+            }
+            Subject::Quota => MonitorView::Quota(ledger.quota_view(range)),
+        }
+    }
+
+    fn connections(&self) -> Connections {
+        let stream = |c: &Conn| Connection {
+            node_id: c.node_id.clone(),
+            addr: c.addr,
+            services: self
+                .assigner
+                .services_of(c.node)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default(),
+            connected_seconds: c.since.elapsed().as_secs_f64(),
+            reports: c.reports,
+            answered_ahead: c.answered_ahead,
+            packed: self.assigner.is_packed(c.node),
+            refs: c.accepts.refs,
+        };
+        Connections {
+            streams: self.conns.values().map(stream).collect(),
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The commands the ledger's task takes, and how the monitor asks one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use throttle_proto::v1;
+use throttle_proto::wire::Outbound;
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+use super::ahead::AnswerAhead;
+use super::monitor::{MonitorView, Subject};
+use super::received::Received;
+use crate::ledger::SlotRange;
+
+/// A stream's queue of messages to its node. Quotas are queued already
+/// encoded ([`Encoded`](crate::assigner::Encoded)): a push to many nodes
+/// builds no message at all.
+pub(crate) type Outgoing = mpsc::Sender<Result<Outbound, Status>>;
+
+/// Asks the ledger's task a monitor question; `None` once it has stopped.
+pub(crate) async fn ask(
+    commands: &mpsc::Sender<Command>,
+    subject: Subject,
+    range: SlotRange,
+) -> Option<MonitorView> {
+    let (reply, rx) = oneshot::channel();
+    commands
+        .send(Command::Monitor {
+            subject,
+            range,
+            reply,
+        })
+        .await
+        .ok()?;
+    rx.await.ok()
+}
+
+/// What the ledger's task is asked to do.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Connect {
+        hello: v1::Hello,
+        addr: Option<SocketAddr>,
+        tx: Outgoing,
+        ahead: Arc<AnswerAhead>,
+        reply: oneshot::Sender<u64>,
+    },
+    Disconnect {
+        conn: u64,
+    },
+    Report {
+        conn: u64,
+        report: Received,
+        /// `Ok` once the report is filed and, unless the stream answered
+        /// it, its answer queued; the report comes back, to be freed on the
+        /// stream's task rather than the ledger's.
+        reply: oneshot::Sender<(Result<(), Status>, Received)>,
+        /// The stream answered the report ahead of filing (see
+        /// [`AnswerAhead`]): the ledger files it and answers nothing.
+        answered: bool,
+    },
+    Tick,
+    Reassign {
+        service: String,
+    },
+    Monitor {
+        subject: Subject,
+        range: SlotRange,
+        reply: oneshot::Sender<MonitorView>,
+    },
+    CloseAll {
+        snapshot: Option<Snapshot>,
+    },
+}
+
+/// A monitor question to answer as the ledger stands when it closes.
+pub(crate) type Snapshot = (Subject, oneshot::Sender<MonitorView>);

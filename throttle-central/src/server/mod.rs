@@ -1,0 +1,34 @@
+//! The async shell around the [`Assigner`](crate::assigner::Assigner): the
+//! ledger's task, the node streams and the timers.
+//!
+//! One task owns the assigner and its ledger and receives commands on a
+//! channel ([`command`](self)); stream tasks and timers only move data to
+//! and from it, so no stream ever waits on a lock held by another. Each node
+//! stream is a task of its own: a node that sends garbage loses its stream,
+//! nobody else notices.
+//!
+//! - `actor`: the ledger's task;
+//! - `stream`: a node stream's task, and the gRPC service;
+//! - `ahead`: answers rendered ahead of filing;
+//! - `received`: a report as it reaches the ledger's task;
+//! - `command`: what the ledger's task is asked;
+//! - `monitor`: monitor questions ([`Subject`]) and their typed answers;
+//! - `timers`: the mid-slot tick and the limits file's reloads.
+//!
+//! [`Central`](crate::Central) wires them together, with the HTTP side
+//! (`crate::http`), which depends on this module and never the reverse.
+
+mod actor;
+mod ahead;
+mod command;
+mod log;
+mod monitor;
+mod received;
+mod stream;
+mod timers;
+
+pub(crate) use actor::Actor;
+pub(crate) use command::{Command, ask};
+pub use monitor::{Connection, Connections, MonitorView, Subject};
+pub(crate) use stream::CentralService;
+pub(crate) use timers::{reloader, ticker};

@@ -1,0 +1,134 @@
+//! A report as it reaches the ledger's task: read in place, or decoded.
+
+use metrics::counter;
+use prost::Message as _;
+use throttle_proto::v1;
+use throttle_proto::wire::{RawReport, RawReportError};
+use tonic::Status;
+
+use crate::ledger::{FromNode, LedgerConfig, ReportError};
+
+/// A report as it reaches the ledger task.
+#[derive(Debug)]
+pub(crate) enum Received {
+    /// Read in place (the reports of throttle's own nodes).
+    Raw(RawReport),
+    /// Decoded by prost: encoded otherwise than prost encodes (see
+    /// [`RawReportError::Unordered`]).
+    Decoded(v1::Report),
+}
+
+impl Received {
+    /// Reads a report's bytes in place, or decodes them with prost where
+    /// reading in place would not say the same; on the stream's task.
+    pub(super) fn read(bytes: bytes::Bytes) -> Result<Self, Status> {
+        match RawReport::parse(bytes.clone()) {
+            Ok(raw) => Ok(Self::Raw(raw)),
+            Err(why) => match v1::Report::decode(bytes) {
+                Ok(mut report) => {
+                    if why == RawReportError::Unordered {
+                        counter!("throttle_central_reports_decoded_total").increment(1);
+                    }
+                    // Packed usages as the maps the ledger reads.
+                    if let Err(e) = report.unpack() {
+                        counter!("throttle_central_invalid_messages_total", "reason" => "packed")
+                            .increment(1);
+                        return Err(Status::invalid_argument(format!("unreadable report: {e}")));
+                    }
+                    Ok(Self::Decoded(report))
+                }
+                Err(e) => {
+                    counter!("throttle_central_invalid_messages_total", "reason" => "decode")
+                        .increment(1);
+                    Err(Status::invalid_argument(format!("unreadable report: {e}")))
+                }
+            },
+        }
+    }
+
+    pub(super) fn node_id(&self) -> &str {
+        match self {
+            Self::Raw(r) => r.node_id(),
+            Self::Decoded(r) => &r.node_id,
+        }
+    }
+
+    pub(super) fn slot_number(&self) -> i64 {
+        match self {
+            Self::Raw(r) => r.slot_number(),
+            Self::Decoded(r) => r.slot_number,
+        }
+    }
+
+    /// The ledger's own check ([`LedgerConfig::check`]), for `node_id`.
+    pub(super) fn check(
+        &self,
+        config: &LedgerConfig,
+        node_id: &str,
+        now_ms: i64,
+    ) -> Result<(), ReportError> {
+        match self {
+            Self::Raw(r) => config.check(&FromNode(node_id, r), now_ms),
+            Self::Decoded(r) => config.check(&FromNode(node_id, r), now_ms),
+        }
+    }
+
+    /// Whether every service the report names is one of `services`.
+    pub(super) fn services_within(&self, services: &[String]) -> bool {
+        let known = |name: &str| services.iter().any(|s| s == name);
+        match self {
+            Self::Raw(r) => r.usages().all(|(name, ..)| known(name)),
+            Self::Decoded(r) => r
+                .consumption
+                .keys()
+                .chain(r.rejection.keys())
+                .all(|name| known(name)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(amount: i64) -> v1::Report {
+        v1::Report {
+            node_id: "n1".into(),
+            slot_number: 9,
+            consumption: [(
+                "front".to_string(),
+                v1::Usage {
+                    users: [(
+                        "alice".to_string(),
+                        v1::Amounts {
+                            resources: [("requests".to_string(), amount)].into(),
+                        },
+                    )]
+                    .into(),
+                },
+            )]
+            .into(),
+            ..v1::Report::default()
+        }
+    }
+
+    #[test]
+    fn reports_are_read_in_place_or_by_prost_or_refused() {
+        let ordered = report(1).encode_to_vec();
+        assert!(matches!(
+            Received::read(ordered.into()),
+            Ok(Received::Raw(r)) if r.node_id() == "n1" && r.slot_number() == 9
+        ));
+        // Two entries for one user, as another encoder may send them:
+        // prost's reading (the last one counts) is used.
+        let mut repeated = report(1).encode_to_vec();
+        repeated.extend(report(2).encode_to_vec());
+        match Received::read(repeated.into()) {
+            Ok(Received::Decoded(r)) => assert_eq!(r, report(2)),
+            other => panic!("{other:?}"),
+        }
+        let garbage = bytes::Bytes::from_static(&[0x0a, 0x05, b'a']);
+        let refused = Received::read(garbage).err().map(|s| s.code());
+        assert_eq!(refused, Some(tonic::Code::InvalidArgument));
+    }
+}

@@ -1,0 +1,320 @@
+//! One task per node stream: the Hello, then reports, each queued for the
+//! ledger's task and answered, ahead where it can be.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use metrics::counter;
+use throttle_proto::slot::{Clock, SlotLength};
+use throttle_proto::v1::{self, central_message};
+use throttle_proto::wire::server::central_server::Central as CentralRpc;
+use throttle_proto::wire::{Inbound, Outbound};
+use throttle_proto::{MAX_NAME_LEN, PACKED_REPORTS};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::ahead::AnswerAhead;
+use super::command::{Command, Outgoing};
+use super::log::truncate;
+use super::received::Received;
+use crate::leadership::Leadership;
+use crate::ledger::LedgerConfig;
+
+/// How long a new stream may take to send its Hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages queued per node stream before pushes are dropped.
+const STREAM_QUEUE: usize = 32;
+
+/// What to do after a report: read the next, end the stream quietly, or
+/// end it with a status.
+enum Flow {
+    Continue,
+    Stop,
+    Fail(Status),
+}
+
+/// What became of a report offered to [`CentralService::answer_ahead`].
+enum Ahead {
+    /// Queued for filing, and answered.
+    Queued,
+    /// Queued for filing, but the node's stream queue is full.
+    Full(Status),
+    /// Not queued: the caller queues it and the ledger answers after filing.
+    Later(Command),
+}
+
+/// The gRPC `Central` service: spawns a task per node stream.
+#[derive(Clone)]
+pub(crate) struct CentralService {
+    pub(crate) commands: mpsc::Sender<Command>,
+    pub(crate) leadership: Arc<dyn Leadership>,
+    pub(crate) slot: SlotLength,
+    /// The ledger's settings, for its check before answering ahead.
+    pub(crate) config: LedgerConfig,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+fn message(kind: central_message::Kind) -> Result<Outbound, Status> {
+    Ok(Outbound::Message(v1::CentralMessage { kind: Some(kind) }))
+}
+
+fn invalid(reason: &'static str, msg: String) -> Status {
+    counter!("throttle_central_invalid_messages_total", "reason" => reason).increment(1);
+    tracing::warn!(reason, "{msg}");
+    Status::invalid_argument(msg)
+}
+
+impl CentralService {
+    fn check_hello(&self, first: Option<Result<Inbound, Status>>) -> Result<v1::Hello, Status> {
+        let hello = match first {
+            Some(Ok(Inbound::Hello(h))) => h,
+            Some(Ok(_)) => {
+                return Err(invalid(
+                    "no_hello",
+                    "the first message must be Hello".into(),
+                ));
+            }
+            Some(Err(s)) => {
+                return Err(invalid(
+                    "decode",
+                    format!("unreadable first message: {}", s.message()),
+                ));
+            }
+            None => return Err(invalid("no_hello", "stream closed before Hello".into())),
+        };
+        if hello.node_id.is_empty() || hello.node_id.len() > MAX_NAME_LEN {
+            return Err(invalid(
+                "hello",
+                format!("node_id must be 1 to {MAX_NAME_LEN} bytes"),
+            ));
+        }
+        if hello.slot_ms != self.slot.as_ms() {
+            return Err(invalid(
+                "hello",
+                format!(
+                    "slot_ms {} differs from the central's {}",
+                    hello.slot_ms,
+                    self.slot.as_ms()
+                ),
+            ));
+        }
+        if let Some(s) = hello
+            .services
+            .iter()
+            .find(|s| s.is_empty() || s.len() > MAX_NAME_LEN)
+        {
+            return Err(invalid(
+                "hello",
+                format!(
+                    "service name {:?} must be 1 to {MAX_NAME_LEN} bytes",
+                    truncate(s)
+                ),
+            ));
+        }
+        Ok(hello)
+    }
+
+    async fn run_stream(
+        self,
+        mut inbound: Streaming<Inbound>,
+        addr: Option<SocketAddr>,
+        tx: Outgoing,
+    ) {
+        let Some((conn, node_id, ahead)) = self.open(&mut inbound, addr, &tx).await else {
+            return;
+        };
+        loop {
+            let next = tokio::select! {
+                next = inbound.next() => next,
+                // The response stream is gone (closed by the central node):
+                // stop reading, so the connection can wind down.
+                () = tx.closed() => break,
+            };
+            let status = match next {
+                None => break,
+                Some(Err(s)) => {
+                    counter!("throttle_central_invalid_messages_total", "reason" => "decode")
+                        .increment(1);
+                    tracing::warn!(?addr, status = %s, "node stream failed");
+                    // Tell the node why (e.g. a message over the size limit).
+                    Status::new(s.code(), s.message().to_owned())
+                }
+                Some(Ok(Inbound::Report(bytes))) => {
+                    match self.take_report(conn, &node_id, &ahead, &tx, bytes).await {
+                        Flow::Continue => continue,
+                        Flow::Stop => break,
+                        Flow::Fail(status) => status,
+                    }
+                }
+                Some(Ok(_)) => invalid("unexpected", "expected a Report after Hello".into()),
+            };
+            let _ = tx.send(Err(status)).await;
+            break;
+        }
+        let _ = self.commands.send(Command::Disconnect { conn }).await;
+    }
+
+    /// Reads the stream's Hello, welcomes the node and registers the
+    /// stream with the ledger's task: its number, node id and answer
+    /// ahead; `None` if the stream ended there.
+    async fn open(
+        &self,
+        inbound: &mut Streaming<Inbound>,
+        addr: Option<SocketAddr>,
+        tx: &Outgoing,
+    ) -> Option<(u64, String, Arc<AnswerAhead>)> {
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
+            .await
+            .unwrap_or(None);
+        let hello = match self.check_hello(first) {
+            Ok(h) => h,
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                return None;
+            }
+        };
+        let welcome = central_message::Kind::Welcome(v1::Welcome {
+            slot_ms: self.slot.as_ms(),
+            epoch: 0,
+            accepts: vec![PACKED_REPORTS.to_owned()],
+        });
+        // Welcome goes out before the stream is registered for pushes.
+        tx.send(message(welcome)).await.ok()?;
+        let node_id = hello.node_id.clone();
+        let ahead = Arc::new(AnswerAhead::default());
+        let (reply, rx) = oneshot::channel();
+        let connect = Command::Connect {
+            hello,
+            addr,
+            tx: tx.clone(),
+            ahead: ahead.clone(),
+            reply,
+        };
+        self.commands.send(connect).await.ok()?;
+        let conn = rx.await.ok()?;
+        Some((conn, node_id, ahead))
+    }
+
+    /// Takes one report of stream `conn`: queued for filing and answered,
+    /// ahead or by the ledger's task once filed.
+    async fn take_report(
+        &self,
+        conn: u64,
+        node_id: &str,
+        ahead: &AnswerAhead,
+        tx: &Outgoing,
+        bytes: bytes::Bytes,
+    ) -> Flow {
+        if !self.leadership.is_leader() {
+            let leader = self.leadership.leader().unwrap_or_default();
+            let not_leader = central_message::Kind::NotLeader(v1::NotLeader { leader });
+            let _ = tx.send(message(not_leader)).await;
+            return Flow::Stop;
+        }
+        let report = match Received::read(bytes) {
+            Ok(r) => r,
+            Err(status) => return Flow::Fail(status),
+        };
+        let (reply, rx) = oneshot::channel();
+        match self.answer_ahead(conn, node_id, ahead, tx, report, reply) {
+            Ahead::Queued => {}
+            Ahead::Full(status) => return Flow::Fail(status),
+            Ahead::Later(command) => {
+                if self.commands.send(command).await.is_err() {
+                    return Flow::Stop;
+                }
+            }
+        }
+        match rx.await {
+            Ok((Ok(()), _report)) => Flow::Continue,
+            Ok((Err(status), _report)) => Flow::Fail(status),
+            Err(_) => Flow::Stop,
+        }
+    }
+
+    /// Queues `report` for filing and answers it at once, if its answer was
+    /// rendered ahead and may be sent before filing (see [`AnswerAhead`]).
+    fn answer_ahead(
+        &self,
+        conn: u64,
+        node_id: &str,
+        ahead: &AnswerAhead,
+        tx: &Outgoing,
+        report: Received,
+        reply: oneshot::Sender<(Result<(), Status>, Received)>,
+    ) -> Ahead {
+        let claimed = report.node_id();
+        let valid = (claimed.is_empty() || claimed == node_id)
+            && report
+                .check(&self.config, node_id, self.clock.now_ms())
+                .is_ok();
+        // Held until the answer is queued: a push of newer grants, queued
+        // after the ledger clears this answer, cannot be overtaken.
+        let ready = ahead.ready.lock();
+        let quota = match ready.as_ref() {
+            Some(r)
+                if valid
+                    && r.report_slot == report.slot_number()
+                    && report.services_within(&r.services) =>
+            {
+                r.quota.clone()
+            }
+            _ => {
+                return Ahead::Later(Command::Report {
+                    conn,
+                    report,
+                    reply,
+                    answered: false,
+                });
+            }
+        };
+        let command = Command::Report {
+            conn,
+            report,
+            reply,
+            answered: true,
+        };
+        if let Err(e) = self.commands.try_send(command) {
+            // Not queued (a full queue, or a closed one): the caller queues
+            // it, if it still can, for the ledger to file and answer.
+            let mut command = e.into_inner();
+            if let Command::Report { answered, .. } = &mut command {
+                *answered = false;
+            }
+            return Ahead::Later(command);
+        }
+        // Queued, so the ledger files it, even if it is closing.
+        if tx.try_send(Ok(Outbound::Encoded(quota))).is_err() {
+            counter!("throttle_central_pushes_dropped_total").increment(1);
+            return Ahead::Full(Status::resource_exhausted("node is not reading its stream"));
+        }
+        drop(ready);
+        Ahead::Queued
+    }
+}
+
+#[tonic::async_trait]
+impl CentralRpc for CentralService {
+    type ExchangeStream = ReceiverStream<Result<Outbound, Status>>;
+
+    async fn exchange(
+        &self,
+        request: Request<Streaming<Inbound>>,
+    ) -> Result<Response<Self::ExchangeStream>, Status> {
+        let addr = request.remote_addr();
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        if !self.leadership.is_leader() {
+            let leader = self.leadership.leader().unwrap_or_default();
+            tracing::info!(?addr, %leader, "not the leader; redirecting node");
+            let _ = tx.try_send(message(central_message::Kind::NotLeader(v1::NotLeader {
+                leader,
+            })));
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
+        tokio::spawn(self.clone().run_stream(request.into_inner(), addr, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
