@@ -1,7 +1,7 @@
 //! The central node's reactions, without I/O: what to answer a report, what
 //! to push and when.
 //!
-//! The [`Assigner`] owns the [`Ledger`] and knows which nodes are connected
+//! The [`Assigner`] owns the [`Ledger`](crate::ledger::Ledger) and knows which nodes are connected
 //! for which services. The gRPC server feeds it connects, reports and timer
 //! ticks from real streams; the simulator feeds it the same from virtual
 //! time. Both then deliver the [`Push`]es it returns.

@@ -3,7 +3,7 @@
 //!
 //! The ledger hands out grants ([`Ledger::grants`]); this is the wire side
 //! of them. [`Rendering`] writes one node's quota, and keeps per (service,
-//! node) a [`Skeleton`] of the users last encoded, so that the next quota,
+//! node) a `Skeleton` of the users last encoded, so that the next quota,
 //! which mostly names the same keys, is copied and patched rather than
 //! encoded again.
 
@@ -104,7 +104,7 @@ pub fn quota_for<'a>(
     quota
 }
 
-/// Per service and node, the users last encoded ([`Skeleton`]).
+/// Per service and node, the users last encoded (a `Skeleton` each).
 ///
 /// Encoding takes `&self` (answers are rendered from a shared assigner),
 /// and the assigner is used from one thread at a time: a `RefCell`.

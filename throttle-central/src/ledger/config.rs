@@ -6,7 +6,7 @@ use throttle_proto::slot::SlotLength;
 use super::ids::valid_name;
 use super::source::ReportSource;
 
-/// Settings of a [`Ledger`].
+/// Settings of a [`Ledger`](super::Ledger).
 #[derive(Debug, Clone)]
 pub struct LedgerConfig {
     /// Slot length shared with the nodes.

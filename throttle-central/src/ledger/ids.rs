@@ -33,7 +33,7 @@ impl NodeId {
 ///
 /// Ids are dense, so per-key tables (grants, a policy's history) are plain
 /// vectors. A freed id is reused only once no assignment in the book can
-/// still name it; [`Key::generation`] tells a reused id from its former key.
+/// still name it; [`Key::generation`](super::Key::generation) tells a reused id from its former key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyId(pub(super) u32);
 

@@ -4,7 +4,7 @@
 //! gRPC server feeds it reports and timer ticks, the simulator feeds it the
 //! same from virtual time. Per (service, user, resource) it keeps
 //!
-//! - the [`Bucket`], when the user has a limit for that resource;
+//! - the [`Bucket`](crate::bucket::Bucket), when the user has a limit for that resource;
 //! - the *distribution*: per node, the latest `{slot, consumption, rejection}`;
 //! - the per-slot sums of consumption and rejection (`nr_slot` slots).
 //!

@@ -16,7 +16,7 @@ use crate::bucket::Bucket;
 ///
 /// 24 bytes: a rejection count is a number of requests refused in one
 /// slot, and the ledger drops one above `u32::MAX` as absurd
-/// ([`DropReason::TooManyRejections`]), so it fits beside the node's id,
+/// ([`DropReason::TooManyRejections`](super::DropReason::TooManyRejections)), so it fits beside the node's id,
 /// and a key's three inline entries take 72 bytes instead of 96.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NodeUsage {
@@ -112,7 +112,7 @@ type UserKeys = SmallVec<[KeyId; 4]>;
 /// and those must go before the id can name another key.
 const REUSE_AFTER: i64 = 4;
 
-/// All (user, resource) state of one service; what a [`Policy`] reads.
+/// All (user, resource) state of one service; what a [`Policy`](crate::policy::Policy) reads.
 ///
 /// Keys live in one dense arena, so a policy's pass over every key reads
 /// memory in order (an assign at 400,000 keys is bound by memory, not by

@@ -4,9 +4,10 @@ use std::sync::Arc;
 use http::StatusCode;
 use tower_layer::Layer;
 
-use super::Throttle;
-use super::refusal::RefusalCache;
-use crate::store::{Fallback, ResourceId, ServiceStore, SlotStore};
+use super::config::{Config, Metered, Plain};
+use super::refusal_cache::RefusalCache;
+use super::service::Throttle;
+use crate::store::{Fallback, SlotStore};
 use crate::user::{MissingUser, UserKey};
 
 /// Applies [`Throttle`] to a service; see the [module docs](crate::layer).
@@ -18,42 +19,6 @@ use crate::user::{MissingUser, UserKey};
 pub struct ThrottleLayer<M = Plain> {
     pub(crate) config: Arc<Config>,
     mode: PhantomData<M>,
-}
-
-/// Mode of a layer that leaves request and response bodies as they are:
-/// the inner service sees the request unchanged and the response passes
-/// through untouched, so an allowed request costs only the decision. A
-/// refusal is built in the response body type, which must be a
-/// [`RefusalBody`](super::RefusalBody).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Plain;
-
-/// Mode of a layer that counts body bytes as they stream
-/// ([`ThrottleLayerBuilder::traffic_up`], [`ThrottleLayerBuilder::traffic_down`]):
-/// the inner service receives a [`RequestBody`](super::RequestBody) and the
-/// response body becomes a [`ResponseBody`](super::ResponseBody).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Metered;
-
-#[derive(Debug)]
-pub(crate) struct Config {
-    pub(crate) store: SlotStore,
-    pub(crate) service: Arc<ServiceStore>,
-    pub(crate) user: UserKey,
-    pub(crate) missing_user: MissingUser,
-    pub(crate) costs: Vec<(ResourceId, i64)>,
-    pub(crate) traffic_up: Option<ResourceId>,
-    pub(crate) traffic_down: Option<ResourceId>,
-    pub(crate) handler_usage: bool,
-    pub(crate) fallback: Fallback,
-    pub(crate) shadow: bool,
-    pub(crate) reject_status: StatusCode,
-    pub(crate) rate_limit_headers: bool,
-    /// The last refusal's headers, for the next with the same figures.
-    pub(crate) refusals: RefusalCache,
-    pub(crate) shadow_rejected: metrics::Counter,
-    pub(crate) fallback_decisions: metrics::Counter,
-    pub(crate) skipped: metrics::Counter,
 }
 
 /// Why a [`ThrottleLayerBuilder`] could not build.

@@ -84,12 +84,15 @@
 //! ```
 
 mod body;
+mod config;
 pub mod future;
 #[allow(clippy::module_inception)]
 mod layer;
 mod refusal;
+mod refusal_cache;
 mod service;
 
 pub use body::{RefusalBody, RequestBody, ResponseBody};
-pub use layer::{LayerError, Metered, Plain, ThrottleLayer, ThrottleLayerBuilder};
+pub use config::{Metered, Plain};
+pub use layer::{LayerError, ThrottleLayer, ThrottleLayerBuilder};
 pub use service::Throttle;

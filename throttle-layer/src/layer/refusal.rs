@@ -13,17 +13,14 @@
 //! each head would only add a copy to every refusal.
 
 use std::fmt::Write as _;
-use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use arc_swap::ArcSwapOption;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::response::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::layer::Config;
-use crate::store::{Decision, ResourceId};
+use super::config::Config;
+use super::refusal_cache::Figures;
+use crate::store::Decision;
 use crate::user::RequestHead;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -37,51 +34,6 @@ const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-m
 
 /// The body of an HTTP refusal (a gRPC one has none).
 const HTTP_BODY: &[u8] = b"Too Many Requests\n";
-
-/// Everything a refusal's headers are made of, but the gRPC pushback (in
-/// milliseconds, so it changes too often to be worth keeping): equal
-/// figures give equal headers. The status, the service's and resources'
-/// names and the slot length are the layer's and never change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Figures {
-    grpc: bool,
-    /// The exhausted resource the headers name, if any.
-    resource: Option<ResourceId>,
-    limit: u64,
-    remaining: u64,
-    reset_secs: u64,
-}
-
-/// The last refusal's head and its figures; see the [module docs](self).
-///
-/// An `ArcSwapOption` rather than a lock: reading it takes no lock, and two
-/// threads refusing at once do not wait for each other. A refusal with other
-/// figures builds its own head, and it replaces the kept one when the
-/// refusal before it had the same figures.
-#[derive(Debug, Default)]
-pub(crate) struct RefusalCache {
-    last: ArcSwapOption<(Figures, Parts)>,
-    /// A digest of the figures of the last refusal that built its head.
-    built: AtomicU64,
-}
-
-impl RefusalCache {
-    fn get(&self, figures: &Figures) -> Option<Parts> {
-        let last = self.last.load();
-        let (kept, head) = last.as_deref()?;
-        (kept == figures).then(|| head.clone())
-    }
-
-    /// Notes that a refusal built `head`, and keeps it if the last refusal
-    /// to build a head had the same figures. Two threads may race here; the
-    /// worst outcome is a head kept once more or once less.
-    fn built(&self, figures: Figures, head: &Parts) {
-        let digest = foldhash::fast::FixedState::default().hash_one(figures);
-        if self.built.swap(digest, Ordering::Relaxed) == digest {
-            self.last.store(Some(Arc::new((figures, head.clone()))));
-        }
-    }
-}
 
 /// Whether the request is a gRPC call (gRPC-Web included): a POST, as
 /// every gRPC call is, with a gRPC content type. Checking the method first

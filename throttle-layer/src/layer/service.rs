@@ -6,8 +6,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::{Meter, RefusalBody, RequestBody, ResponseBody};
+use super::config::{Config, Metered, Plain};
 use super::future::{PlainFuture, ResponseFuture};
-use super::layer::{Config, Metered, Plain};
 use super::refusal::reject;
 use crate::store::{Basis, UserHandle};
 use crate::usage::Usage;

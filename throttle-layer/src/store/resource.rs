@@ -1,0 +1,14 @@
+//! The resources a service counts, interned.
+
+/// Most resources one service can count.
+pub const MAX_RESOURCES: usize = 16;
+
+/// A resource of one service, interned; see [`ServiceStore::resource`](super::ServiceStore::resource).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ResourceId(pub(super) u8);
+
+impl ResourceId {
+    pub(super) fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}

@@ -1,0 +1,168 @@
+//! [`ServiceStore`]: one service's users, resources and quota ring.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
+use compact_str::CompactString;
+use metrics::counter;
+use parking_lot::Mutex;
+use throttle_proto::MAX_NAME_LEN;
+use throttle_proto::slot::{Clock, SlotLength};
+
+use super::resource::MAX_RESOURCES;
+use super::resource::ResourceId;
+use super::user::Overflow;
+use super::users::Users;
+
+/// Slots of quota history a user keeps besides the current and coming ones.
+pub(super) const QUOTA_RING: usize = 16;
+
+pub(super) const SLOT_BITS: u32 = 40;
+
+pub(super) const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+
+pub(super) const VERSION_MASK: u64 = (1 << (64 - SLOT_BITS)) - 1;
+
+/// Counters and quotas of one service; get it from [`SlotStore::service`](super::SlotStore::service).
+pub struct ServiceStore {
+    pub(super) name: Arc<str>,
+    pub(super) clock: Arc<dyn Clock>,
+    /// The clock is [`CoarseClock`], read directly ([`Clock::is_coarse`]):
+    /// every decision reads the clock, and the call through `dyn Clock`
+    /// reads its vtable, a line no other part of the request touches, so
+    /// mostly an L1 miss between requests.
+    pub(super) coarse_clock: bool,
+    pub(super) slot: SlotLength,
+    pub(super) keys: Arc<AtomicUsize>,
+    pub(super) max_keys: usize,
+    /// Made at the first use, when the resources the layer counts are known.
+    pub(super) users: OnceLock<Users>,
+    pub(super) resources: ArcSwap<Vec<Arc<str>>>,
+    pub(super) register: Mutex<()>,
+    /// `slot & SLOT_MASK << 24 | version` of the quota tables received.
+    pub(super) ring: [AtomicU64; QUOTA_RING],
+    /// Counts a user's roll could not keep in its cells: slots that rolled
+    /// over before they were collected, and charges that came after.
+    pub(super) overflow: Mutex<Overflow>,
+    /// Registered once: a flood of new users at the cap must not build a
+    /// labelled metric key per request.
+    pub(super) at_cap: metrics::Counter,
+}
+
+impl fmt::Debug for ServiceStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceStore")
+            .field("name", &self.name)
+            .field("users", &self.users())
+            .field("resources", &self.resources.load())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tracked user of one service, to add amounts after the decision.
+///
+/// It names the user rather than pointing at its entry: entries live in the
+/// map's nodes, and a user forgotten while a handle is held is counted under
+/// a fresh entry.
+#[derive(Clone)]
+pub struct UserHandle {
+    pub(super) service: Arc<ServiceStore>,
+    pub(super) user: CompactString,
+}
+
+impl fmt::Debug for UserHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserHandle")
+            .field("service", &self.service.name)
+            .field("user", &self.user)
+            .finish()
+    }
+}
+
+impl UserHandle {
+    /// Adds `amount` of `resource` to the current slot.
+    pub fn consume(&self, resource: ResourceId, amount: i64) {
+        self.service.consume(&self.user, resource, amount);
+    }
+
+    /// The service this user belongs to.
+    pub fn service(&self) -> &Arc<ServiceStore> {
+        &self.service
+    }
+
+    /// The user's name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+}
+
+impl ServiceStore {
+    /// The service's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The id of `resource`, registering it if new.
+    ///
+    /// Returns `None` when the service already counts [`MAX_RESOURCES`]
+    /// resources or the name is empty or longer than 256 bytes.
+    pub fn resource(&self, name: &str) -> Option<ResourceId> {
+        if let Some(id) = self.find_resource(name) {
+            return Some(id);
+        }
+        let _g = self.register.lock();
+        self.resource_locked(name)
+    }
+
+    pub(super) fn find_resource(&self, name: &str) -> Option<ResourceId> {
+        let list = self.resources.load();
+        list.iter()
+            .position(|r| &**r == name)
+            .map(|i| ResourceId(i as u8))
+    }
+
+    /// The name of a resource id.
+    pub fn resource_name(&self, id: ResourceId) -> Option<Arc<str>> {
+        self.resources.load().get(id.index()).cloned()
+    }
+
+    /// [`ServiceStore::resource`] for a caller already holding `register`.
+    pub(super) fn resource_locked(&self, name: &str) -> Option<ResourceId> {
+        if let Some(id) = self.find_resource(name) {
+            return Some(id);
+        }
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return None;
+        }
+        let mut list = Vec::clone(&self.resources.load());
+        if list.len() >= MAX_RESOURCES {
+            counter!("throttle_resources_over_limit_total", "service" => self.name.to_string())
+                .increment(1);
+            tracing::warn!(service = %self.name, resource = name, max = MAX_RESOURCES, "too many resources; not counted");
+            return None;
+        }
+        list.push(name.into());
+        let id = ResourceId((list.len() - 1) as u8);
+        self.resources.store(Arc::new(list));
+        Some(id)
+    }
+
+    /// Whether a quota table for `slot` has been received.
+    pub fn has_quota(&self, slot: i64) -> bool {
+        self.quota_version(slot).is_some()
+    }
+
+    /// The resources a user's counters have room for in its map node, fixed
+    /// at the service's first user (`None` before it); a user counting more
+    /// moves its counters to a separate allocation.
+    pub fn cells_per_user(&self) -> Option<usize> {
+        self.users.get().map(Users::class)
+    }
+
+    /// Number of users tracked.
+    pub fn users(&self) -> usize {
+        self.users.get().map_or(0, Users::len)
+    }
+}
