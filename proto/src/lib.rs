@@ -15,7 +15,6 @@
 //!
 //! Besides the generated code this crate holds what both sides must agree on:
 //!
-//! - [`slot`]: slot arithmetic and the injectable [`slot::Clock`];
 //! - [`legacy`]: the JSON documents of the original system and their lossless
 //!   conversion to and from the protobuf messages.
 //!
@@ -37,7 +36,6 @@
 //! ```
 
 pub mod legacy;
-pub mod slot;
 pub mod wire;
 
 /// Generated messages, client and server of package `throttle.v1`.

@@ -13,9 +13,9 @@ use serde_json::Value;
 use throttle_central::ledger::SlotRange;
 use throttle_central::limits::LimitSource;
 use throttle_central::{Central, CentralBuilder, RunningCentral, Subject};
+use throttle_clock::{Clock, SlotLength, SystemClock};
 use throttle_layer::reporter::ReporterHandle;
 use throttle_layer::{Fallback, Reporter, SlotStore};
-use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 
 /// One app node.
 #[derive(Debug)]

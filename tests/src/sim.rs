@@ -15,9 +15,9 @@ use std::time::Duration;
 use throttle_central::assigner::{Accepts, Assigner};
 use throttle_central::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory};
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
+use throttle_clock::{ManualClock, SlotLength};
 use throttle_layer::reporter::report_point;
 use throttle_layer::store::{Fallback, ResourceId, ServiceStore, SlotStore};
-use throttle_proto::slot::{ManualClock, SlotLength};
 use throttle_proto::v1;
 
 const SERVICE: &str = "front";

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use throttle_proto::slot::{Clock, SlotLength, SystemClock};
+use throttle_clock::{Clock, SlotLength, SystemClock};
 use throttle_proto::wire::server::central_server::CentralServer;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};

@@ -12,7 +12,7 @@ use throttle_central::Central;
 use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::FileLimits;
 use throttle_central::policy::{Classic, Projected, StaticSplit};
-use throttle_proto::slot::SlotLength;
+use throttle_clock::SlotLength;
 
 /// Central node of throttle: holds one token bucket per (service, user,
 /// resource), takes the nodes' reports over gRPC and sends each node its

@@ -52,9 +52,9 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
+use throttle_clock::{Clock, CoarseClock, ManualClock, SlotLength};
 use throttle_layer::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use throttle_layer::{ThrottleLayer, UserKey};
-use throttle_proto::slot::{Clock, CoarseClock, ManualClock, SlotLength};
 use throttle_proto::v1;
 use throttle_proto::wire::RawQuota;
 use tower::{Service, ServiceExt};
@@ -620,7 +620,7 @@ fn memory(_: &mut Criterion) {
             refs: Vec::new(),
         })
         .collect();
-    let clock = Arc::new(throttle_proto::slot::ManualClock::new(100_000));
+    let clock = Arc::new(throttle_clock::ManualClock::new(100_000));
     let before = rss_bytes();
     let store = SlotStore::builder().clock(clock).build();
     let front = store.service("front");

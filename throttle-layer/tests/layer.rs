@@ -11,10 +11,10 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use throttle_clock::ManualClock;
 use throttle_layer::store::{Fallback, SlotStore};
 use throttle_layer::{MissingUser, ThrottleLayer, Usage, UserKey};
 use throttle_proto::legacy::quota_from_json;
-use throttle_proto::slot::ManualClock;
 use throttle_proto::v1;
 use tower::ServiceExt;
 

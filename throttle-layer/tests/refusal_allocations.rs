@@ -10,10 +10,10 @@ use std::task::{Context, Poll, Waker};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use throttle_clock::ManualClock;
 use throttle_layer::layer::RefusalBody;
 use throttle_layer::{SlotStore, ThrottleLayer, UserKey};
 use throttle_proto::legacy::quota_from_json;
-use throttle_proto::slot::ManualClock;
 use tower::{Layer, Service};
 
 #[global_allocator]

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use throttle_clock::{Clock, SlotLength, SystemClock};
 use throttle_layer::reporter::{Reporter, ReporterError, ReporterHandle};
 use throttle_layer::store::{Basis, Fallback, SlotStore};
-use throttle_proto::slot::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::central_server::{Central, CentralServer};
 use throttle_proto::v1::{self, central_message, node_message};
 use tokio::sync::{mpsc, oneshot};

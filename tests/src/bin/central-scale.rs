@@ -53,8 +53,8 @@ use prost::Message as _;
 use prost::encoding::{DecodeContext, WireType, decode_varint, skip_field};
 use throttle_central::limits::StaticLimits;
 use throttle_central::{Central, LEDGER_THREAD};
+use throttle_clock::{Clock, CoarseClock, SlotLength};
 use throttle_layer::reporter::report_point;
-use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
 use throttle_proto::v1;
 use throttle_proto::wire::Inbound;
 use throttle_proto::wire::fields::{

@@ -1,7 +1,7 @@
 //! The ledger's settings, and the check of a report as a whole.
 
+use throttle_clock::SlotLength;
 use throttle_proto::MAX_NAME_LEN;
-use throttle_proto::slot::SlotLength;
 
 use super::ids::valid_name;
 use super::source::ReportSource;

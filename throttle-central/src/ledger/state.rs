@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
-use throttle_proto::slot::SlotLength;
+use throttle_clock::SlotLength;
 
 use super::ids::{KeyId, Map, Name, NodeId};
 use super::recent::NodeUsers;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use metrics::{counter, gauge};
-use throttle_proto::slot::Clock;
+use throttle_clock::Clock;
 use throttle_proto::v1;
 use throttle_proto::wire::Outbound;
 use tokio::sync::{mpsc, watch};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use metrics::counter;
-use throttle_proto::slot::{Clock, SlotLength};
+use throttle_clock::{Clock, SlotLength};
 use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::server::central_server::Central as CentralRpc;
 use throttle_proto::wire::{Inbound, Outbound};

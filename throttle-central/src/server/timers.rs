@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{counter, gauge};
-use throttle_proto::slot::{Clock, SlotLength};
+use throttle_clock::{Clock, SlotLength};
 use tokio::sync::{mpsc, watch};
 
 use super::command::Command;

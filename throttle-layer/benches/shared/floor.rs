@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use throttle_proto::slot::{Clock, SlotLength};
+use throttle_clock::{Clock, SlotLength};
 use tower_service::Service;
 
 /// The user's header, read as `Throttle` reads it.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use throttle_proto::slot::{Clock, CoarseClock};
+use throttle_clock::{Clock, CoarseClock};
 
 use super::resource::ResourceId;
 use super::service::{QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, UserHandle, VERSION_MASK};

@@ -2,7 +2,7 @@
 //! sent, with the original node's decision rules.
 //!
 //! The store is plain synchronous code reading an injected
-//! [`Clock`](throttle_proto::slot::Clock); the layer calls it on the request path and the
+//! [`Clock`](throttle_clock::Clock); the layer calls it on the request path and the
 //! reporter drains it once per slot.
 //!
 //! - [`ServiceStore::admit`] applies the original `throttle` rules: with no
@@ -44,7 +44,7 @@
 //! use std::sync::Arc;
 //! use throttle_layer::store::{Fallback, SlotStore};
 //! use throttle_proto::legacy;
-//! use throttle_proto::slot::ManualClock;
+//! use throttle_clock::ManualClock;
 //!
 //! let clock = Arc::new(ManualClock::new(100_000)); // slot 100
 //! let store = SlotStore::builder().clock(clock.clone()).build();

@@ -8,8 +8,8 @@ use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use metrics::counter;
 use parking_lot::Mutex;
+use throttle_clock::{Clock, SlotLength};
 use throttle_proto::MAX_NAME_LEN;
-use throttle_proto::slot::{Clock, SlotLength};
 
 use super::resource::MAX_RESOURCES;
 use super::resource::ResourceId;

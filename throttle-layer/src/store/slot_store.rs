@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use arc_swap::ArcSwap;
 use metrics::counter;
 use parking_lot::Mutex;
-use throttle_proto::slot::{Clock, CoarseClock, SlotLength};
+use throttle_clock::{Clock, CoarseClock, SlotLength};
 
 use super::service::ServiceStore;
 use super::user::Overflow;

@@ -9,8 +9,8 @@ use parking_lot::Mutex;
 use prost::Message;
 use std::sync::Arc;
 use std::time::Duration;
+use throttle_clock::ManualClock;
 use throttle_proto::legacy::quota_from_json;
-use throttle_proto::slot::ManualClock;
 use throttle_proto::v1;
 use throttle_proto::wire::RawQuota;
 

@@ -1,4 +1,4 @@
-//! Slot arithmetic and the clock both sides read it from.
+//! Slot arithmetic and the clock that throttle's decision logic reads.
 //!
 //! Time is cut into slots of [`SlotLength`] milliseconds (1 s by default).
 //! The slot number of an instant is the integer part of its Unix time in slot
@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use throttle_proto::slot::{Clock, ManualClock, SlotLength};
+//! use throttle_clock::{Clock, ManualClock, SlotLength};
 //!
 //! let slots = SlotLength::from_ms(1000).unwrap();
 //! let clock = ManualClock::new(1_515_118_666_250);
