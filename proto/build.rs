@@ -20,10 +20,46 @@ fn central(input: &str, output: &str) -> tonic_build::manual::Service {
         .build()
 }
 
+/// `SCREAMING_SNAKE` of a `CamelCase` or `snake_case` name.
+fn screaming(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 && !out.ends_with('_') {
+            out.push('_');
+        }
+        out.push(c.to_ascii_uppercase());
+    }
+    out
+}
+
+/// One constant per field of every message (map entries aside), named
+/// `MESSAGE_FIELD`, for the code that reads and writes messages field by
+/// field: a field added to the proto is numbered in one place.
+fn field_numbers(fds: &prost_types::FileDescriptorSet) -> String {
+    let mut out = String::new();
+    for file in &fds.file {
+        for message in &file.message_type {
+            let name = message.name();
+            for field in &message.field {
+                out.push_str(&format!(
+                    "/// `{name}.{field}`.\npub const {}_{}: u32 = {};\n",
+                    screaming(name),
+                    screaming(field.name()),
+                    field.number(),
+                    field = field.name(),
+                ));
+            }
+        }
+    }
+    out
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "throttle/v1/throttle.proto";
     println!("cargo:rerun-if-changed={proto}");
     let fds = protox::compile([proto], ["."])?;
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("fields.rs"), field_numbers(&fds))?;
     tonic_prost_build::configure()
         // Ordered maps: reports and quotas print and compare deterministically,
         // and the legacy JSON keeps a stable key order.

@@ -566,7 +566,7 @@ mod tests {
         /// stand for.
         #[test]
         fn packed_quotas_are_written_as_what_they_stand_for(q in quota()) {
-            let bytes = crate::wire::encode_tables(&q, |_| true);
+            let bytes = crate::wire::quota_encoder::encode_tables(&q, |_| true);
             let message = v1::CentralMessage::decode(&bytes[..]).unwrap();
             let Some(v1::central_message::Kind::Quota(packed)) = message.kind else {
                 panic!("not a quota");

@@ -1,0 +1,103 @@
+//! A node's side of the stream: what the central sends, quotas kept as
+//! bytes ([`Answer`]).
+
+use bytes::{Buf, BufMut, Bytes};
+use prost::Message;
+use prost::encoding::{DecodeContext, WireType, skip_field};
+
+use super::fields::*;
+use super::stream::*;
+use super::write::*;
+use crate::v1;
+
+/// A node's gRPC client of the central, sending [`Inbound`](super::Inbound)
+/// messages (reports already encoded) and receiving [`Answer`]s.
+#[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+pub mod client {
+    include!(concat!(env!("OUT_DIR"), "/node/throttle.v1.Central.rs"));
+}
+
+/// One message from the central node, as a node receives it: a
+/// [`v1::CentralMessage`](crate::v1::CentralMessage) whose quota is kept as bytes (see [`RawQuota`](super::RawQuota)).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Answer {
+    /// None of the kinds below (an empty or unknown message).
+    #[default]
+    Empty,
+    /// The stream's first message.
+    Welcome(v1::Welcome),
+    /// The encoding of a [`v1::Quota`], not decoded yet.
+    Quota(Bytes),
+    /// This central node is not the leader.
+    NotLeader(v1::NotLeader),
+}
+
+impl Message for Answer {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        match self {
+            Self::Empty => {}
+            Self::Welcome(w) => prost::encoding::message::encode(CENTRAL_MESSAGE_WELCOME, w, buf),
+            Self::Quota(b) => prost::encoding::bytes::encode(CENTRAL_MESSAGE_QUOTA, b, buf),
+            Self::NotLeader(n) => {
+                prost::encoding::message::encode(CENTRAL_MESSAGE_NOT_LEADER, n, buf);
+            }
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // A oneof: the last kind given wins, and a message kind given twice
+        // in a row is merged, as prost does.
+        match tag {
+            CENTRAL_MESSAGE_WELCOME => {
+                let held = match std::mem::take(self) {
+                    Self::Welcome(w) => Some(w),
+                    _ => None,
+                };
+                *self = Self::Welcome(merge_kind(held, wire_type, buf, ctx)?);
+            }
+            CENTRAL_MESSAGE_QUOTA => {
+                let mut quota = Bytes::new();
+                // Shares the received buffer: no copy.
+                prost::encoding::bytes::merge(wire_type, &mut quota, buf, ctx)?;
+                *self = match std::mem::take(self) {
+                    // A quota split in parts: its parts' bytes, one after
+                    // the other, decode as prost merges them.
+                    Self::Quota(first) if !first.is_empty() => {
+                        Self::Quota([first, quota].concat().into())
+                    }
+                    _ => Self::Quota(quota),
+                };
+            }
+            CENTRAL_MESSAGE_NOT_LEADER => {
+                let held = match std::mem::take(self) {
+                    Self::NotLeader(n) => Some(n),
+                    _ => None,
+                };
+                *self = Self::NotLeader(merge_kind(held, wire_type, buf, ctx)?);
+            }
+            _ => skip_field(wire_type, tag, buf, ctx)?,
+        }
+        Ok(())
+    }
+
+    fn encoded_len(&self) -> usize {
+        match self {
+            Self::Empty => 0,
+            Self::Welcome(w) => prost::encoding::message::encoded_len(CENTRAL_MESSAGE_WELCOME, w),
+            Self::Quota(b) => delimited_len(CENTRAL_MESSAGE_QUOTA, b.len()),
+            Self::NotLeader(n) => {
+                prost::encoding::message::encoded_len(CENTRAL_MESSAGE_NOT_LEADER, n)
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::Empty;
+    }
+}
