@@ -188,21 +188,7 @@ impl CentralBuilder {
             config,
             clock: self.clock.clone(),
         };
-        // Answers are small writes right after a large read: without
-        // TCP_NODELAY, Nagle's algorithm holds them until the node's delayed
-        // ACK (milliseconds on loopback, 40 ms across hosts). Tonic applies
-        // its own `tcp_nodelay` only to sockets it binds itself.
-        let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
-        let server = tonic::transport::Server::builder()
-            .add_service(
-                CentralServer::new(service).max_decoding_message_size(self.max_message_bytes),
-            )
-            .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = server.await {
-                tracing::error!(error = %e, "gRPC server failed");
-            }
-        }));
+        tasks.push(serve_grpc(grpc, service, self.max_message_bytes, &stop_rx));
         tracing::info!(%grpc_addr, slot_ms = slot.as_ms(), "central node listening for nodes");
         if let Some(http) = http {
             let state = HttpState {
@@ -211,14 +197,8 @@ impl CentralBuilder {
                 leadership: self.leadership,
                 metrics: self.metrics,
             };
-            let router = http::router(state);
-            let stop = stopped(stop_rx);
             tracing::info!(http_addr = ?http_addr, "monitor API listening");
-            tasks.push(tokio::spawn(async move {
-                if let Err(e) = axum::serve(http, router).with_graceful_shutdown(stop).await {
-                    tracing::error!(error = %e, "HTTP server failed");
-                }
-            }));
+            tasks.push(serve_http(http, state, &stop_rx));
         }
         Ok(RunningCentral {
             grpc_addr,
@@ -228,6 +208,39 @@ impl CentralBuilder {
             tasks,
         })
     }
+}
+
+/// Serves node streams on `grpc` until the stop.
+fn serve_grpc(
+    grpc: TcpListener,
+    service: CentralService,
+    max_message_bytes: usize,
+    stop: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    // Answers are small writes right after a large read: without
+    // TCP_NODELAY, Nagle's algorithm holds them until the node's delayed
+    // ACK (milliseconds on loopback, 40 ms across hosts). Tonic applies
+    // its own `tcp_nodelay` only to sockets it binds itself.
+    let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
+    let server = tonic::transport::Server::builder()
+        .add_service(CentralServer::new(service).max_decoding_message_size(max_message_bytes))
+        .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "gRPC server failed");
+        }
+    })
+}
+
+/// Serves the monitor API on `http` until the stop.
+fn serve_http(http: TcpListener, state: HttpState, stop: &watch::Receiver<bool>) -> JoinHandle<()> {
+    let router = http::router(state);
+    let stop = stopped(stop.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(http, router).with_graceful_shutdown(stop).await {
+            tracing::error!(error = %e, "HTTP server failed");
+        }
+    })
 }
 
 /// The name of the ledger's thread.

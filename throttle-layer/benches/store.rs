@@ -799,9 +799,8 @@ fn slot(c: &mut Criterion) {
     let mut g = c.benchmark_group("slot");
     g.throughput(Throughput::Elements(SLOT_USERS as u64));
     // As the reporter writes a report; as it installs an answer, and as it
-    // did before it read answers in place (still its way with a quota it
-    // cannot read in place). Session 20's docs give the report's figure
-    // from before it was written straight from the store.
+    // would with prost (still its way with a quota it cannot read in
+    // place).
     let collect = |(slot, _): (i64, Vec<u8>)| {
         black_box(store.collect_encoded(slot, "bench-node"));
     };
@@ -828,6 +827,21 @@ fn slot(c: &mut Criterion) {
             b.iter_batched(&mut next_slot, routine, criterion::BatchSize::PerIteration)
         });
     }
+    // The least writing the same report with prost would cost: the report
+    // as a message, cloned (the allocations that building it makes),
+    // encoded and freed. The store's drain is not in it, and is in
+    // `report/3000 users`.
+    let mut next_report = || {
+        let (slot, _) = next_slot();
+        store.collect(slot)
+    };
+    g.bench_function("report/3000 users, a message encoded by prost", |b| {
+        b.iter_batched(
+            &mut next_report,
+            |report: v1::Report| black_box(report.clone().encode_to_vec()),
+            criterion::BatchSize::PerIteration,
+        )
+    });
     // The same slots, answered packed.
     let mut next_packed_slot = || {
         let (now, _) = next_slot();

@@ -566,23 +566,7 @@ impl Run {
             "connected to central node"
         );
         gauge!("throttle_reporter_connected").set(1.0);
-        if !self.packed_reports {
-            self.unpack_pending();
-        }
-        let now = Instant::now();
-        let mut replayed = 0;
-        for p in &mut self.pending {
-            if tx.try_send(Inbound::Report(p.report.clone())).is_err() {
-                break;
-            }
-            p.sent = Some(now);
-            replayed += 1;
-        }
-        self.publish(|s| {
-            s.connected = true;
-            s.connections += 1;
-            s.reports_sent += replayed;
-        });
+        self.replay(&tx);
         let opened = Instant::now();
         // A layer built after the Hello: only a new Hello tells the central
         // node, which then sends its quotas at once instead of after the
@@ -637,6 +621,28 @@ impl Run {
         gauge!("throttle_reporter_connected").set(0.0);
         self.publish(|s| s.connected = false);
         ended
+    }
+
+    /// Sends the reports kept from before the stream opened, in order, as
+    /// many as the stream's queue takes (the others stay kept).
+    fn replay(&mut self, tx: &mpsc::Sender<Inbound>) {
+        if !self.packed_reports {
+            self.unpack_pending();
+        }
+        let now = Instant::now();
+        let mut replayed = 0;
+        for p in &mut self.pending {
+            if tx.try_send(Inbound::Report(p.report.clone())).is_err() {
+                break;
+            }
+            p.sent = Some(now);
+            replayed += 1;
+        }
+        self.publish(|s| {
+            s.connected = true;
+            s.connections += 1;
+            s.reports_sent += replayed;
+        });
     }
 
     /// Rewrites the reports written packed for an earlier central node as

@@ -39,7 +39,7 @@ const _: () = assert!(std::mem::size_of::<NodeUsage>() == 24);
 
 /// Everything the ledger keeps for one (service, user, resource).
 ///
-/// 144 bytes (was 160), a third of them per (user, resource, node) entry
+/// 144 bytes, a third of them per (user, resource, node) entry
 /// where a user is on 3 nodes: the resource's name is a thin pointer
 /// (`Name`), and whether the key has a bucket is a flag beside the
 /// generation rather than an `Option`'s tag padded to 8 bytes.

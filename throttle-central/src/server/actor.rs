@@ -19,7 +19,7 @@ use super::log::truncate;
 use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
-use crate::ledger::{FromNode, NodeId, ReportError, ReportSource, SlotRange};
+use crate::ledger::{FromNode, Ingested, NodeId, ReportError, ReportSource, SlotRange};
 
 /// One open node stream, as the ledger's task knows it.
 #[derive(Debug)]
@@ -35,6 +35,21 @@ struct Conn {
     answered_ahead: u64,
     tx: Outgoing,
     ahead: Arc<AnswerAhead>,
+}
+
+/// Counts and logs what the ledger did with a report of `node_id`.
+fn count_filed(out: &Ingested, node_id: &str, slot: i64) {
+    counter!("throttle_central_reports_total").increment(1);
+    counter!("throttle_central_report_entries_total").increment(out.entries as u64);
+    if out.duplicate {
+        counter!("throttle_central_duplicate_reports_total").increment(1);
+        tracing::debug!(%node_id, slot, "duplicate report ignored");
+    }
+    for (reason, key) in &out.dropped {
+        counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str())
+            .increment(1);
+        tracing::warn!(%node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
+    }
 }
 
 /// The ledger's task; see the [module docs](self).
@@ -321,18 +336,7 @@ impl Actor {
         if answered {
             counter!("throttle_central_answers_ahead_total").increment(1);
         }
-        let out = &answer.ingested;
-        counter!("throttle_central_reports_total").increment(1);
-        counter!("throttle_central_report_entries_total").increment(out.entries as u64);
-        if out.duplicate {
-            counter!("throttle_central_duplicate_reports_total").increment(1);
-            tracing::debug!(%node_id, slot = report.slot_number(), "duplicate report ignored");
-        }
-        for (reason, key) in &out.dropped {
-            counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str())
-                .increment(1);
-            tracing::warn!(%node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
-        }
+        count_filed(&answer.ingested, node_id, report.slot_number());
         // Re-assign after the answers already queued: the ledger task takes
         // its commands in order.
         for service in answer.complete {

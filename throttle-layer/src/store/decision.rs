@@ -68,6 +68,7 @@ impl Decision {
         self.allowed
     }
 
+    #[inline]
     pub(super) fn fallback(fallback: Fallback, basis: Basis) -> Self {
         Self {
             allowed: matches!(fallback, Fallback::Allow | Fallback::LastKnownThenAllow(_)),
@@ -88,6 +89,7 @@ pub struct Admission {
 }
 
 impl UserState {
+    #[inline]
     pub(super) fn row(&self, slot: i64, version: u16) -> Option<usize> {
         // A row at least as new as the published version is current: rows
         // are written before their version is published.
@@ -100,6 +102,7 @@ impl UserState {
 
     /// Applies row `row`: counts rejections (if `record`) and refuses, or
     /// admits and adds `costs`.
+    #[inline]
     pub(super) fn decide(
         &mut self,
         row: usize,
@@ -142,6 +145,7 @@ impl UserState {
 }
 
 impl ServiceStore {
+    #[inline]
     pub(super) fn current_slot(&self) -> i64 {
         let ms = if self.coarse_clock {
             CoarseClock::now()
@@ -152,6 +156,7 @@ impl ServiceStore {
     }
 
     /// The version of the quota table for `slot`, if one was received.
+    #[inline]
     pub(super) fn quota_version(&self, slot: i64) -> Option<u16> {
         let v = self.ring[slot.rem_euclid(QUOTA_RING as i64) as usize].load(Ordering::Acquire);
         // `apply` publishes versions up to `u16::MAX` only.
@@ -160,6 +165,7 @@ impl ServiceStore {
     }
 
     /// The service's users, in a map made at the first use of the store.
+    #[inline]
     pub(super) fn user_map(&self) -> &Users {
         self.users
             .get_or_init(|| Users::for_resources(self.resources.load().len()))
@@ -231,6 +237,7 @@ impl ServiceStore {
         self.admit_inner(user, costs, fallback, record_rejection, true)
     }
 
+    #[inline]
     pub(super) fn admit_inner(
         self: &Arc<Self>,
         user: &str,
@@ -294,6 +301,7 @@ impl ServiceStore {
         }
     }
 
+    #[inline]
     pub(super) fn decide(
         &self,
         st: &mut UserState,

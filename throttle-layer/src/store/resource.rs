@@ -8,6 +8,7 @@ pub const MAX_RESOURCES: usize = 16;
 pub struct ResourceId(pub(super) u8);
 
 impl ResourceId {
+    #[inline]
     pub(super) fn index(self) -> usize {
         usize::from(self.0)
     }
