@@ -588,4 +588,33 @@ mod tests {
             prop_assert_eq!(quota_to_json(&packed), quota_to_json(&kept));
         }
     }
+
+    proptest! {
+        /// A legacy document from outside, whatever it holds, converts or
+        /// is refused: never a panic.
+        #[test]
+        fn arbitrary_text_never_panics_the_json_readers(text in "\\PC{0,300}") {
+            let _ = report_from_json(&text);
+            let _ = quota_from_json(&text);
+        }
+
+        /// JSON of the right shape with arbitrary names and numbers.
+        #[test]
+        fn odd_names_and_numbers_never_panic_the_json_readers(
+            name in "\\PC{0,20}",
+            number in "-?[0-9]{0,25}(\\.[0-9]{0,5})?(e[+-]?[0-9]{1,4})?",
+        ) {
+            let name = serde_json::to_string(&name).unwrap_or_default();
+            let report = format!(
+                r#"{{"node_id": {name}, "slot_number": {number}, "consumption": {{{name}: {{{name}: {{{name}: {number}}}}}}}, "rejection": {{}}}}"#
+            );
+            if let Ok(r) = report_from_json(&report) {
+                let _ = report_to_json(&r);
+            }
+            let quota = format!(r#"{{{name}: {{"{number}": {{{name}: {{{name}: {number}}}}}}}}}"#);
+            if let Ok(q) = quota_from_json(&quota) {
+                let _ = quota_to_json(&q);
+            }
+        }
+    }
 }

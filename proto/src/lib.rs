@@ -15,6 +15,7 @@
 //!
 //! Besides the generated code this crate holds what both sides must agree on:
 //!
+//! - [`auth`]: how a node signs its stream with an access key and secret;
 //! - [`legacy`]: the JSON documents of the original system and their lossless
 //!   conversion to and from the protobuf messages.
 //!
@@ -35,6 +36,7 @@
 //! assert!(matches!(hello.kind, Some(node_message::Kind::Hello(_))));
 //! ```
 
+pub mod auth;
 pub mod legacy;
 pub mod wire;
 

@@ -27,6 +27,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::assigner::Assigner;
 use crate::http::{self, HttpState};
+use crate::keys::NodeKeys;
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, PolicyFactory, SlotRange};
 use crate::limits::{FileLimits, LimitSet, LimitSource};
@@ -38,10 +39,12 @@ pub struct CentralBuilder {
     max_message_bytes: usize,
     limits: Arc<dyn LimitSource>,
     reload: Option<Arc<FileLimits>>,
+    keys: Option<Arc<NodeKeys>>,
     leadership: Arc<dyn Leadership>,
     clock: Arc<dyn Clock>,
     policies: Option<PolicyFactory>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    http_token: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for CentralBuilder {
@@ -69,10 +72,12 @@ impl Central {
             max_message_bytes: 64 * 1024 * 1024,
             limits: Arc::new(LimitSet::new()),
             reload: None,
+            keys: None,
             leadership: Arc::new(AlwaysLeader),
             clock: Arc::new(SystemClock),
             policies: None,
             metrics: None,
+            http_token: None,
         }
     }
 }
@@ -93,6 +98,15 @@ impl CentralBuilder {
     /// Most users one report may carry.
     pub fn max_users_per_report(mut self, max: usize) -> Self {
         self.ledger.max_users_per_report = max;
+        self
+    }
+
+    /// Largest amount a node may report for one (user, resource) in one
+    /// slot (default [`MAX_AMOUNT`](crate::ledger::MAX_AMOUNT)); an entry
+    /// above it is dropped, counted and logged, and the rest of the report
+    /// is filed.
+    pub fn max_amount(mut self, max: i64) -> Self {
+        self.ledger.max_amount = max;
         self
     }
 
@@ -119,6 +133,15 @@ impl CentralBuilder {
         self
     }
 
+    /// Node keys, read again when the file changes: a stream that does not
+    /// prove one of them ([`throttle_proto::auth`]) ends with
+    /// `UNAUTHENTICATED` before anything it sent is read. Without them any
+    /// process that reaches the gRPC address is a node.
+    pub fn node_keys(mut self, keys: Arc<NodeKeys>) -> Self {
+        self.keys = Some(keys);
+        self
+    }
+
     /// Who is leader.
     pub fn leadership(mut self, leadership: Arc<dyn Leadership>) -> Self {
         self.leadership = leadership;
@@ -134,6 +157,13 @@ impl CentralBuilder {
     /// The policy of each service, by name.
     pub fn policies(mut self, factory: PolicyFactory) -> Self {
         self.policies = Some(factory);
+        self
+    }
+
+    /// Every HTTP route but `/healthz` requires `Authorization: Bearer
+    /// <token>`; others get 401.
+    pub fn http_token(mut self, token: impl Into<String>) -> Self {
+        self.http_token = Some(Arc::from(token.into()));
         self
     }
 
@@ -174,16 +204,26 @@ impl CentralBuilder {
             stop_rx.clone(),
         )));
         if let Some(file) = self.reload {
-            tasks.push(tokio::spawn(reloader(
-                commands.clone(),
-                file,
-                slot,
-                stop_rx.clone(),
-            )));
+            let tick = Some(commands.clone());
+            tasks.push(tokio::spawn(reloader(file, tick, slot, stop_rx.clone())));
+        }
+        match &self.keys {
+            Some(keys) => {
+                tasks.push(tokio::spawn(reloader(
+                    keys.clone(),
+                    None,
+                    slot,
+                    stop_rx.clone(),
+                )));
+            }
+            None => tracing::warn!(
+                "no node keys: any process that reaches the gRPC address is accepted as a node"
+            ),
         }
         let service = CentralService {
             commands: commands.clone(),
             leadership: self.leadership.clone(),
+            keys: self.keys,
             slot,
             config,
             clock: self.clock.clone(),
@@ -196,6 +236,7 @@ impl CentralBuilder {
                 limits: self.limits,
                 leadership: self.leadership,
                 metrics: self.metrics,
+                token: self.http_token,
             };
             tracing::info!(http_addr = ?http_addr, "monitor API listening");
             tasks.push(serve_http(http, state, &stop_rx));

@@ -3,6 +3,7 @@
 //! the typed answers as JSON ([`monitor`]).
 
 pub(crate) mod monitor;
+mod token;
 
 use std::sync::Arc;
 
@@ -27,6 +28,8 @@ pub(crate) struct HttpState {
     pub(crate) limits: Arc<dyn LimitSource>,
     pub(crate) leadership: Arc<dyn Leadership>,
     pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The bearer token every route but `/healthz` requires, if any.
+    pub(crate) token: Option<Arc<str>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -37,12 +40,14 @@ struct RangeQuery {
 
 /// The monitor API's routes.
 pub(crate) fn router(state: HttpState) -> Router {
-    Router::new()
+    let mut guarded = Router::new()
         .route("/v1/monitor/{subject}", get(monitor_subject))
         .route("/v1/limits", get(limits))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .with_state(state)
+        .route("/metrics", get(metrics));
+    if let Some(token) = state.token.clone() {
+        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(token, token::require));
+    }
+    guarded.route("/healthz", get(healthz)).with_state(state)
 }
 
 fn error(status: StatusCode, message: String) -> Response {

@@ -24,11 +24,13 @@ pub mod assigner;
 pub mod bucket;
 mod central;
 mod http;
+pub mod keys;
 pub mod leadership;
 pub mod ledger;
 pub mod limits;
 pub mod policy;
 pub mod server;
+pub mod watched;
 
 pub use central::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral};
 pub use server::Subject;

@@ -40,8 +40,18 @@ use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 use throttle_proto::MAX_NAME_LEN;
 
+use crate::watched::{FileFormat, Watched, line_of, parse_toml};
+
 /// Seconds' worth of rate a bucket holds when a limit does not say.
 pub const DEFAULT_BURST_SECONDS: f64 = 10.0;
+
+/// The highest rate a limit may set, per second: a thousand times a
+/// petabyte a second, far past any real limit, and low enough that a
+/// bucket's arithmetic stays exact to the unit.
+pub const MAX_RATE: f64 = 1e15;
+
+/// The longest burst a limit may set, in seconds (about 31 years).
+pub const MAX_BURST_SECONDS: f64 = 1e9;
 
 /// One user's limits in one service.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -99,6 +109,14 @@ pub enum LimitsError {
         /// What is wrong.
         message: String,
     },
+    /// The file is empty (0 bytes): an edit caught half done, or a file
+    /// truncated by mistake, rather than limits. A file with no entries
+    /// (only comments, say) removes every limit instead.
+    #[error("limits file {path} is empty; write at least a comment to mean no limits")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
     /// An entry is valid TOML but not a valid limit.
     #[error("invalid limit at line {line} ({service}/{user}): {message}")]
     Entry {
@@ -127,14 +145,6 @@ struct Entry {
     user: String,
     per_second: BTreeMap<String, toml::Value>,
     burst_seconds: Option<toml::Value>,
-}
-
-fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
 }
 
 fn number(v: &toml::Value) -> Option<f64> {
@@ -171,10 +181,8 @@ impl LimitSet {
     /// bad TOML, unknown keys, an empty or overlong name, a negative, NaN or
     /// non-numeric rate or burst, a duplicate (service, user).
     pub fn from_toml(text: &str) -> Result<Self, LimitsError> {
-        let file: File = toml::from_str(text).map_err(|e| LimitsError::Syntax {
-            line: e.span().map_or(1, |s| line_of(text, s.start)),
-            message: e.message().to_string(),
-        })?;
+        let file: File =
+            parse_toml(text).map_err(|(line, message)| LimitsError::Syntax { line, message })?;
         let mut set = Self::new();
         for spanned in file.limit {
             let line = line_of(text, spanned.span().start);
@@ -196,10 +204,12 @@ impl LimitSet {
                     )));
                 }
                 match number(v) {
-                    Some(x) if x.is_finite() && x >= 0.0 => per_second.insert(resource.clone(), x),
+                    Some(x) if x.is_finite() && (0.0..=MAX_RATE).contains(&x) => {
+                        per_second.insert(resource.clone(), x)
+                    }
                     _ => {
                         return Err(bad(format!(
-                            "rate of {resource:?} must be a number >= 0, not {v}"
+                            "rate of {resource:?} must be a number from 0 to {MAX_RATE:e}, not {v}"
                         )));
                     }
                 };
@@ -207,8 +217,12 @@ impl LimitSet {
             let burst_seconds = match &e.burst_seconds {
                 None => DEFAULT_BURST_SECONDS,
                 Some(v) => match number(v) {
-                    Some(x) if x.is_finite() && x > 0.0 => x,
-                    _ => return Err(bad(format!("burst_seconds must be a number > 0, not {v}"))),
+                    Some(x) if x > 0.0 && x <= MAX_BURST_SECONDS => x,
+                    _ => {
+                        return Err(bad(format!(
+                            "burst_seconds must be a number > 0 and at most {MAX_BURST_SECONDS:e}, not {v}"
+                        )));
+                    }
                 },
             };
             if set.get(&e.service, &e.user).is_some() {
@@ -318,13 +332,33 @@ impl LimitSource for StaticLimits {
 /// the error, which [`LimitSource::last_error`] reports.
 #[derive(Debug)]
 pub struct FileLimits {
-    path: PathBuf,
-    set: ArcSwap<LimitSet>,
-    /// Bumped after each new set (see [`LimitSource::version`]).
-    version: AtomicU64,
-    text: parking_lot::Mutex<Option<String>>,
-    pending: parking_lot::Mutex<Option<String>>,
-    error: ArcSwap<Option<String>>,
+    file: Watched<LimitSet>,
+}
+
+impl FileFormat for LimitSet {
+    type Error = LimitsError;
+
+    /// A 0-byte file is an edit caught half done, not limits; a file that
+    /// lists none applies, with a warning, since it lifts every limit.
+    fn parse(path: &Path, text: &str) -> Result<Self, LimitsError> {
+        if text.is_empty() {
+            return Err(LimitsError::Empty {
+                path: path.to_owned(),
+            });
+        }
+        let set = LimitSet::from_toml(text)?;
+        if set.is_empty() {
+            tracing::warn!(path = %path.display(), "limits file has no limits: nobody is limited");
+        }
+        Ok(set)
+    }
+
+    fn unreadable(path: &Path, error: &std::io::Error) -> LimitsError {
+        LimitsError::Read {
+            path: path.to_owned(),
+            message: error.to_string(),
+        }
+    }
 }
 
 impl FileLimits {
@@ -335,21 +369,14 @@ impl FileLimits {
     /// The [`LimitsError`] of the first load: a central should not start on
     /// a broken file.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, LimitsError> {
-        let this = Self {
-            path: path.into(),
-            set: ArcSwap::from_pointee(LimitSet::new()),
-            version: AtomicU64::new(0),
-            text: parking_lot::Mutex::new(None),
-            pending: parking_lot::Mutex::new(None),
-            error: ArcSwap::from_pointee(None),
-        };
-        this.reload()?;
-        Ok(this)
+        Ok(Self {
+            file: Watched::open(path, LimitSet::new())?,
+        })
     }
 
     /// The file this reads.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     /// Reads the file again; returns whether the limits changed. A file
@@ -360,8 +387,7 @@ impl FileLimits {
     /// The [`LimitsError`] of a broken file, once per edit; the previous
     /// limits stay.
     pub fn reload(&self) -> Result<bool, LimitsError> {
-        let text = self.read()?;
-        self.apply(text)
+        self.file.reload()
     }
 
     /// [`FileLimits::reload`] for a watcher: a changed file is applied only
@@ -372,77 +398,30 @@ impl FileLimits {
     ///
     /// As [`FileLimits::reload`].
     pub fn poll(&self) -> Result<bool, LimitsError> {
-        let text = self.read()?;
-        if self.text.lock().as_deref() == Some(text.as_str()) {
-            return Ok(false);
-        }
-        let mut pending = self.pending.lock();
-        if pending.as_deref() != Some(text.as_str()) {
-            *pending = Some(text);
-            return Ok(false);
-        }
-        *pending = None;
-        drop(pending);
-        // Apply the text read twice, not a third read that could catch the
-        // next edit half written.
-        self.apply(text)
-    }
-
-    fn read(&self) -> Result<String, LimitsError> {
-        std::fs::read_to_string(&self.path).map_err(|e| {
-            let e = LimitsError::Read {
-                path: self.path.clone(),
-                message: e.to_string(),
-            };
-            self.error.store(Arc::new(Some(e.to_string())));
-            e
-        })
-    }
-
-    /// Parses and installs `text` unless it is the text last applied (good
-    /// or broken: a broken file is reported once per edit).
-    fn apply(&self, text: String) -> Result<bool, LimitsError> {
-        let mut last = self.text.lock();
-        if last.as_deref() == Some(text.as_str()) {
-            return Ok(false);
-        }
-        let parsed = LimitSet::from_toml(&text);
-        *last = Some(text);
-        match parsed {
-            Ok(set) => {
-                self.set.store(Arc::new(set));
-                self.version.fetch_add(1, Ordering::Release);
-                self.error.store(Arc::new(None));
-                Ok(true)
-            }
-            Err(e) => {
-                self.error.store(Arc::new(Some(e.to_string())));
-                Err(e)
-            }
-        }
+        self.file.poll()
     }
 
     /// The limits in force.
     pub fn current(&self) -> Arc<LimitSet> {
-        self.set.load_full()
+        self.file.current()
     }
 }
 
 impl LimitSource for FileLimits {
     fn services(&self) -> Vec<String> {
-        self.set.load().services()
+        self.file.current().services()
     }
 
     fn list_limits(&self, service: &str) -> Vec<Limit> {
-        self.set.load().list_limits(service)
+        self.file.current().list_limits(service)
     }
 
     fn last_error(&self) -> Option<String> {
-        (**self.error.load()).clone()
+        self.file.last_error()
     }
 
     fn version(&self) -> Option<u64> {
-        Some(self.version.load(Ordering::Acquire))
+        Some(self.file.version())
     }
 }
 
@@ -560,5 +539,67 @@ burst_seconds = 3
         assert_eq!(file.services(), vec!["s".to_string()]);
         assert_eq!(file.last_error(), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_empty_file_keeps_the_limits_and_one_without_entries_removes_them() {
+        let dir =
+            std::env::temp_dir().join(format!("throttle-limits-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("limits.toml");
+        std::fs::write(&path, GOOD).unwrap();
+        let file = FileLimits::open(&path).unwrap();
+        std::fs::write(&path, "").unwrap();
+        assert!(matches!(file.reload(), Err(LimitsError::Empty { .. })));
+        assert_eq!(file.list_limits("front").len(), 2);
+        assert!(file.last_error().unwrap().contains("empty"));
+        std::fs::write(&path, "# nobody is limited\n").unwrap();
+        assert!(file.reload().unwrap());
+        assert!(file.services().is_empty());
+        assert_eq!(file.last_error(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn absurd_rates_and_bursts_are_refused() {
+        for body in [
+            "per_second = { requests = 1e300 }",
+            "per_second = { requests = 1.1e15 }",
+            "per_second = { requests = inf }",
+            "per_second = { requests = 1 }\nburst_seconds = 1e300",
+            "per_second = { requests = 1 }\nburst_seconds = inf",
+        ] {
+            match entry_error(body) {
+                LimitsError::Entry { line, .. } => assert_eq!(line, 3, "{body}"),
+                e => panic!("{body}: {e}"),
+            }
+        }
+        let most = "[[limit]]\nservice = \"s\"\nuser = \"u\"\nper_second = { r = 1e15 }\nburst_seconds = 1e9\n";
+        assert!(LimitSet::from_toml(most).is_ok());
+    }
+
+    proptest::proptest! {
+        /// Text from outside, whatever it is, parses or is refused with a
+        /// message: never a panic.
+        #[test]
+        fn arbitrary_text_is_parsed_or_refused(text in "\\PC{0,300}") {
+            if let Err(e) = LimitSet::from_toml(&text) {
+                proptest::prop_assert!(!e.to_string().is_empty());
+            }
+        }
+
+        /// The same for a real limits file cut short and carried on with
+        /// arbitrary text, which gets past the first lines.
+        #[test]
+        fn damaged_files_are_parsed_or_refused(cut in 0usize..200, tail in "\\PC{0,80}") {
+            let mut cut = cut.min(GOOD.len());
+            while !GOOD.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let text = format!("{}{tail}", &GOOD[..cut]);
+            if let Err(e) = LimitSet::from_toml(&text) {
+                proptest::prop_assert!(!e.to_string().is_empty());
+            }
+        }
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use throttle_central::Central;
+use throttle_central::keys::NodeKeys;
 use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::FileLimits;
 use throttle_central::policy::{Classic, Projected, StaticSplit};
@@ -45,6 +46,19 @@ struct Args {
     /// `static-split` (the rate divided evenly between the nodes).
     #[arg(long, env = "THROTTLE_CENTRAL_POLICY", default_value = "projected", value_parser = ["projected", "classic", "static-split"])]
     policy: String,
+    /// File holding the bearer token every HTTP route but /healthz then
+    /// requires (`Authorization: Bearer <token>`).
+    #[arg(long, env = "THROTTLE_CENTRAL_HTTP_TOKEN_FILE")]
+    http_token_file: Option<PathBuf>,
+    /// TOML file of node keys (`[[key]] access_key, secret_key, node_ids`),
+    /// reloaded when it changes. With it a node must sign its stream with
+    /// one of them; without it any process is accepted as a node.
+    #[arg(long, env = "THROTTLE_CENTRAL_NODE_KEYS")]
+    node_keys: Option<PathBuf>,
+    /// Largest amount a node may report for one (user, resource) in one
+    /// slot; an entry above it is dropped and the rest of the report filed.
+    #[arg(long, env = "THROTTLE_CENTRAL_MAX_AMOUNT", default_value_t = throttle_central::ledger::MAX_AMOUNT, value_parser = clap::value_parser!(i64).range(1..))]
+    max_amount: i64,
     /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
     #[arg(long, env = "THROTTLE_CENTRAL_LOG", default_value = "info")]
     log: String,
@@ -72,8 +86,26 @@ async fn main() -> anyhow::Result<()> {
     let mut builder = Central::builder()
         .slot(slot)
         .nr_slot(args.nr_slot)
+        .max_amount(args.max_amount)
         .policies(policy)
         .metrics(metrics);
+    if let Some(path) = &args.http_token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the HTTP token from {}", path.display()))?;
+        let token = token.trim();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "the HTTP token file {} is empty",
+            path.display()
+        );
+        builder = builder.http_token(token);
+    }
+    if let Some(path) = &args.node_keys {
+        let keys = NodeKeys::open(path)
+            .with_context(|| format!("loading node keys from {}", path.display()))?;
+        tracing::info!(path = %path.display(), keys = keys.current().len(), "node keys");
+        builder = builder.node_keys(Arc::new(keys));
+    }
     match &args.limits {
         Some(path) => {
             let file = FileLimits::open(path)

@@ -827,21 +827,6 @@ fn slot(c: &mut Criterion) {
             b.iter_batched(&mut next_slot, routine, criterion::BatchSize::PerIteration)
         });
     }
-    // The least writing the same report with prost would cost: the report
-    // as a message, cloned (the allocations that building it makes),
-    // encoded and freed. The store's drain is not in it, and is in
-    // `report/3000 users`.
-    let mut next_report = || {
-        let (slot, _) = next_slot();
-        store.collect(slot)
-    };
-    g.bench_function("report/3000 users, a message encoded by prost", |b| {
-        b.iter_batched(
-            &mut next_report,
-            |report: v1::Report| black_box(report.clone().encode_to_vec()),
-            criterion::BatchSize::PerIteration,
-        )
-    });
     // The same slots, answered packed.
     let mut next_packed_slot = || {
         let (now, _) = next_slot();

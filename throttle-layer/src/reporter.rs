@@ -34,6 +34,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use metrics::{counter, gauge, histogram};
 use prost::Message;
+use throttle_proto::auth::{Credentials, Signed};
 use throttle_proto::v1;
 use throttle_proto::wire::client::central_client::CentralClient;
 use throttle_proto::wire::{Answer, Inbound, RawQuota};
@@ -62,6 +63,7 @@ pub struct ReporterBuilder {
     backoff_min: Duration,
     backoff_max: Duration,
     max_message_bytes: usize,
+    credentials: Option<Credentials>,
 }
 
 /// Why the reporter could not start.
@@ -160,6 +162,7 @@ impl Reporter {
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             max_message_bytes: 64 << 20,
+            credentials: None,
         }
     }
 }
@@ -225,6 +228,17 @@ impl ReporterBuilder {
     /// stream, which reconnects.
     pub fn max_message_bytes(mut self, max: usize) -> Self {
         self.max_message_bytes = max;
+        self
+    }
+
+    /// Signs every stream with this access key and secret (see
+    /// [`throttle_proto::auth`]), for a central that requires node keys.
+    pub fn credentials(
+        mut self,
+        access_key: impl Into<String>,
+        secret_key: impl Into<String>,
+    ) -> Self {
+        self.credentials = Some(Credentials::new(access_key, secret_key));
         self
     }
 
@@ -372,6 +386,17 @@ enum OpenError {
     Status(#[from] tonic::Status),
     #[error("no Welcome from the central node")]
     NoWelcome,
+    #[error("credentials cannot go in gRPC metadata (not visible ASCII)")]
+    Credentials,
+}
+
+/// Puts `signed` in a stream's request metadata.
+fn sign(metadata: &mut tonic::metadata::MetadataMap, signed: &Signed) -> Result<(), OpenError> {
+    for (key, value) in signed.entries() {
+        let value = value.parse().map_err(|_| OpenError::Credentials)?;
+        metadata.insert(key, value);
+    }
+    Ok(())
 }
 
 async fn open(
@@ -380,6 +405,7 @@ async fn open(
     queue: usize,
     max_message_bytes: usize,
     hello: Inbound,
+    signed: Option<Signed>,
 ) -> Result<Opened, OpenError> {
     let channel = Endpoint::from_shared(endpoint)
         .map_err(OpenError::Connect)?
@@ -391,7 +417,11 @@ async fn open(
     let (tx, rx) = mpsc::channel(queue);
     let _ = tx.try_send(hello);
 
-    let mut inbound = client.exchange(ReceiverStream::new(rx)).await?.into_inner();
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(signed) = signed {
+        sign(request.metadata_mut(), &signed)?;
+    }
+    let mut inbound = client.exchange(request).await?.into_inner();
     let first = tokio::time::timeout(Duration::from_secs(5), inbound.message())
         .await
         .map_err(|_| OpenError::NoWelcome)??;
@@ -489,7 +519,20 @@ impl Run {
                 throttle_proto::QUOTA_REFS.to_owned(),
             ],
         });
-        open(endpoint, timeout, queue, self.cfg.max_message_bytes, hello)
+        let now = self.cfg.store.clock().now_ms();
+        let signed = self
+            .cfg
+            .credentials
+            .as_ref()
+            .map(|c| c.sign(&self.cfg.node_id, now));
+        open(
+            endpoint,
+            timeout,
+            queue,
+            self.cfg.max_message_bytes,
+            hello,
+            signed,
+        )
     }
     fn follow(&mut self, leader: String) {
         if leader.is_empty() {

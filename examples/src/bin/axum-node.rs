@@ -10,8 +10,9 @@ use std::net::SocketAddr;
 
 use anyhow::Context;
 use clap::Parser;
-use throttle_examples::{app, default_node_id};
-use throttle_layer::{Fallback, Reporter, SlotStore};
+use throttle_examples::app;
+use throttle_examples::node::ReporterArgs;
+use throttle_layer::{Fallback, SlotStore};
 
 /// A demo app node throttled by throttle.
 #[derive(Debug, Parser)]
@@ -20,16 +21,8 @@ struct Args {
     /// Address to serve HTTP on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Central node gRPC endpoint; repeat for several (the leader is found).
-    #[arg(long = "central", default_value = "http://127.0.0.1:7075")]
-    centrals: Vec<String>,
-    /// Node id reported to the central node [default: host name and port].
-    #[arg(long)]
-    node_id: Option<String>,
-    /// Spread a fleet's reports over this many milliseconds after the
-    /// report delay, each node at its own point (0: all at once).
-    #[arg(long, default_value_t = 0)]
-    report_spread_ms: u64,
+    #[command(flatten)]
+    reporter: ReporterArgs,
     /// Log filter, e.g. `info` or `throttle_layer=debug`.
     #[arg(long, default_value = "info")]
     log: String,
@@ -47,18 +40,13 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let node_id = args.node_id.unwrap_or_else(|| default_node_id(addr.port()));
+    let node_id = args.reporter.node_id(addr.port());
     let store = SlotStore::default();
     let router = app::router(&store, Fallback::Allow)?;
-    let mut reporter = Reporter::builder(&store, &node_id)
-        .report_spread(std::time::Duration::from_millis(args.report_spread_ms));
-    for c in &args.centrals {
-        reporter = reporter.central(c.clone());
-    }
-    let _reporter = reporter.spawn()?;
+    let _reporter = args.reporter.builder(&store, &node_id).spawn()?;
     println!(
         "axum-node {node_id} listening on http://{addr} (central: {})",
-        args.centrals.join(", ")
+        args.reporter.centrals.join(", ")
     );
     axum::serve(
         listener,

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use throttle_examples::default_node_id;
 use throttle_examples::hello::greeter_client::GreeterClient;
 use throttle_examples::hello::greeter_server::{Greeter, GreeterServer};
 use throttle_examples::hello::{HelloReply, HelloRequest};
-use throttle_layer::{Reporter, SlotStore, ThrottleLayer, UserKey};
+use throttle_examples::node::ReporterArgs;
+use throttle_layer::{SlotStore, ThrottleLayer, UserKey};
 use tonic::{Request, Response, Status};
 
 /// A gRPC greeter throttled by throttle, or a client for it.
@@ -25,16 +25,8 @@ struct Args {
     /// Address to serve gRPC on.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
-    /// Central node gRPC endpoint; repeat for several.
-    #[arg(long = "central", default_value = "http://127.0.0.1:7075")]
-    centrals: Vec<String>,
-    /// Node id reported to the central node [default: host name and port].
-    #[arg(long)]
-    node_id: Option<String>,
-    /// Spread a fleet's reports over this many milliseconds after the
-    /// report delay, each node at its own point (0: all at once).
-    #[arg(long, default_value_t = 0)]
-    report_spread_ms: u64,
+    #[command(flatten)]
+    reporter: ReporterArgs,
     /// Act as a client of the greeter at this URL instead of serving.
     #[arg(long)]
     client: Option<String>,
@@ -106,17 +98,12 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let node_id = args.node_id.unwrap_or_else(|| default_node_id(addr.port()));
+    let node_id = args.reporter.node_id(addr.port());
     let store = SlotStore::default();
     let layer = ThrottleLayer::builder(&store, "front")
         .user(UserKey::header("x-user"))
         .build()?;
-    let mut reporter = Reporter::builder(&store, &node_id)
-        .report_spread(std::time::Duration::from_millis(args.report_spread_ms));
-    for c in &args.centrals {
-        reporter = reporter.central(c.clone());
-    }
-    let _reporter = reporter.spawn()?;
+    let _reporter = args.reporter.builder(&store, &node_id).spawn()?;
     println!("tonic-node {node_id} serving hello.v1.Greeter on http://{addr}");
     tonic::transport::Server::builder()
         .layer(layer)

@@ -88,6 +88,7 @@ impl<'a> Fields<'a> {
     /// `PackedUsage`), as its checked name and its bits, skipping the other
     /// fields; `None` at the end. Read without the general field loop
     /// where laid out as the encoders write it.
+    #[inline]
     pub(super) fn next_packed_user(&mut self) -> Result<Option<PackedUser<'a>>, RawReportError> {
         loop {
             let user = match self.short_delimited(PACKED_USERS) {
@@ -244,6 +245,7 @@ pub(super) fn map_entry<'a>(
 }
 
 /// Checks that `prev < key`, remembering `key`.
+#[inline]
 pub(super) fn in_order<'a>(
     prev: &mut Option<&'a [u8]>,
     key: &'a [u8],

@@ -590,3 +590,77 @@ fn users_before_any_service_are_ignored() {
         })
     );
 }
+
+/// Reads everything `bytes` holds as a report and as a quota, in place and
+/// by prost, as the central and a node would on receiving them.
+fn read_every_way(bytes: &[u8]) {
+    if let Ok(report) = RawReport::parse(Bytes::copy_from_slice(bytes)) {
+        for (_, _, users) in report.usages() {
+            for (user, amounts) in users {
+                let _ = (
+                    user.len(),
+                    amounts.map(|(r, a)| r.len() as i64 ^ a).sum::<i64>(),
+                );
+            }
+        }
+    }
+    if let Ok(quota) = RawQuota::parse(bytes) {
+        for (_, _, users) in quota.tables() {
+            for (user, resources) in users {
+                let _ = (
+                    user.len(),
+                    resources.map(|(r, q)| r.len() as f64 + q).sum::<f64>(),
+                );
+            }
+        }
+        let _ = quota.refs().count();
+    }
+    if let Ok(mut report) = v1::Report::decode(bytes) {
+        let _ = report.unpack();
+    }
+    if let Ok(mut quota) = v1::Quota::decode(bytes) {
+        let _ = quota.unpack();
+    }
+    let _ = unpacked_report(bytes);
+}
+
+proptest! {
+    /// Bytes from outside, whatever they are, are read or refused: no
+    /// reader panics on them.
+    #[test]
+    fn arbitrary_bytes_never_panic_a_reader(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        read_every_way(&bytes);
+    }
+
+    /// The same for bytes that start as a real report or quota, then go
+    /// astray: a valid prefix makes the readers go deeper before the bytes
+    /// stop making sense.
+    #[test]
+    fn valid_prefixes_with_arbitrary_tails_never_panic_a_reader(
+        cut in 0usize..200,
+        tail in proptest::collection::vec(any::<u8>(), 0..200),
+        packed in any::<bool>(),
+    ) {
+        let amounts = v1::Amounts {
+            resources: [("bytes".to_string(), 1 << 40), ("requests".to_string(), 3)].into(),
+        };
+        let usage = v1::Usage {
+            users: [("alice".to_string(), amounts.clone()), ("bob".to_string(), amounts)].into(),
+        };
+        let report = v1::Report {
+            node_id: "n1".into(),
+            slot_number: 7,
+            consumption: [("front".to_string(), usage.clone())].into(),
+            rejection: [("front".to_string(), usage)].into(),
+            ..v1::Report::default()
+        };
+        let valid = if packed {
+            packed_report(&report).map(|b| b.to_vec()).unwrap_or_default()
+        } else {
+            report.encode_to_vec()
+        };
+        let mut bytes = valid[..cut.min(valid.len())].to_vec();
+        bytes.extend(tail);
+        read_every_way(&bytes);
+    }
+}

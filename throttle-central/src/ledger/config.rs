@@ -15,7 +15,17 @@ pub struct LedgerConfig {
     pub nr_slot: u32,
     /// Most users one report may carry, over all its services.
     pub max_users_per_report: usize,
+    /// Largest amount one node may report for one (user, resource) in one
+    /// slot; an entry above it is dropped ([`DropReason::AmountTooLarge`]).
+    ///
+    /// [`DropReason::AmountTooLarge`]: super::DropReason::AmountTooLarge
+    pub max_amount: i64,
 }
+
+/// The default [`LedgerConfig::max_amount`]: a petabyte (or 10^15
+/// requests) per node and slot, far past any real use, and far enough from
+/// `i64::MAX` that no sum of reports overflows a bucket into nonsense.
+pub const MAX_AMOUNT: i64 = 1_000_000_000_000_000;
 
 impl LedgerConfig {
     /// Whether a report may be filed at `now_ms`, on its own: its node id,
@@ -31,7 +41,12 @@ impl LedgerConfig {
             return Err(ReportError::BadNodeId);
         }
         let current = self.slot.slot_at(now_ms);
-        if report.slot_number().abs_diff(current) > u64::from(self.nr_slot) {
+        // A report's data is of the slot before its own: data of a slot
+        // not yet begun is refused, as is data older than the history.
+        let slot = report.slot_number();
+        if slot > current.saturating_add(1)
+            || slot < current.saturating_sub(i64::from(self.nr_slot))
+        {
             return Err(ReportError::SlotOutOfRange {
                 slot: report.slot_number(),
                 current,
@@ -55,6 +70,7 @@ impl Default for LedgerConfig {
             slot: SlotLength::SECOND,
             nr_slot: 60,
             max_users_per_report: 1_000_000,
+            max_amount: MAX_AMOUNT,
         }
     }
 }
@@ -65,8 +81,12 @@ pub enum ReportError {
     /// `node_id` is empty or too long.
     #[error("node_id must be 1 to {MAX_NAME_LEN} bytes")]
     BadNodeId,
-    /// The slot is further than `nr_slot` slots from the central's clock.
-    #[error("slot {slot} is more than {nr_slot} slots away from the current slot {current}")]
+    /// The slot is more than `nr_slot` slots before the central's current
+    /// slot, or after the next one (its data would be of a slot not yet
+    /// begun).
+    #[error(
+        "slot {slot} is out of range: more than {nr_slot} slots away before the current slot {current}, or after the next"
+    )]
     SlotOutOfRange {
         /// The report's slot.
         slot: i64,

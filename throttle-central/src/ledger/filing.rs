@@ -20,6 +20,8 @@ pub enum DropReason {
     /// A rejection count above `u32::MAX` (4.3 G requests refused in one
     /// slot, by one node, for one user): no node refuses that many.
     TooManyRejections,
+    /// An amount above [`LedgerConfig::max_amount`](super::LedgerConfig::max_amount).
+    AmountTooLarge,
 }
 
 impl DropReason {
@@ -29,6 +31,7 @@ impl DropReason {
             Self::BadName => "bad_name",
             Self::NegativeAmount => "negative_amount",
             Self::TooManyRejections => "too_many_rejections",
+            Self::AmountTooLarge => "amount_too_large",
         }
     }
 }
@@ -51,6 +54,7 @@ struct Filing {
     node: NodeId,
     slot: i64,
     is_rejection: bool,
+    max_amount: i64,
     now_ms: i64,
 }
 
@@ -109,6 +113,7 @@ impl Ledger {
                     node,
                     slot,
                     is_rejection,
+                    max_amount: self.config.max_amount,
                     now_ms,
                 };
                 let state = &mut self.service_mut(name).state;
@@ -139,7 +144,7 @@ impl ServiceState {
         let (last, mut next) = self.take_recent(at);
         let mut place = 0;
         for (user, amounts) in users {
-            checked_entries(service, user, amounts, at.is_rejection, &mut entries, out);
+            checked_entries(service, user, amounts, at, &mut entries, out);
             let listed = last.as_ref().and_then(|l| l.find(&mut place, user));
             match listed.filter(|listed| self.still_keys_of(listed, &entries)) {
                 Some(listed) => {
@@ -186,7 +191,7 @@ fn checked_entries<'r>(
     service: &str,
     user: &str,
     amounts: impl Iterator<Item = (&'r str, i64)>,
-    is_rejection: bool,
+    at: Filing,
     entries: &mut SmallVec<[(&'r str, i64); 8]>,
     out: &mut Ingested,
 ) {
@@ -196,8 +201,10 @@ fn checked_entries<'r>(
             DropReason::BadName
         } else if amount < 0 {
             DropReason::NegativeAmount
-        } else if is_rejection && amount > i64::from(u32::MAX) {
+        } else if at.is_rejection && amount > i64::from(u32::MAX) {
             DropReason::TooManyRejections
+        } else if amount > at.max_amount {
+            DropReason::AmountTooLarge
         } else {
             entries.push((resource, amount));
             continue;

@@ -58,7 +58,7 @@ mod views;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use config::{LedgerConfig, ReportError};
+pub use config::{LedgerConfig, MAX_AMOUNT, ReportError};
 pub use filing::{DropReason, Ingested};
 pub(crate) use ids::valid_name;
 pub use ids::{KeyId, Map, NodeId};

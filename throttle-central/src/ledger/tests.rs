@@ -758,3 +758,40 @@ fn quota_for_unknown_service_is_an_empty_slot() {
         r#"{"front":{"101":{}}}"#
     );
 }
+
+#[test]
+fn absurd_amounts_and_slots_not_begun_are_refused() {
+    let mut l = Ledger::new(LedgerConfig {
+        max_amount: 1_000,
+        ..LedgerConfig::default()
+    });
+    l.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
+    let huge = format!(
+        r#"{{"alice": {{"requests": {}, "bytes": 1000}}}}"#,
+        i64::MAX
+    );
+    let out = l.ingest(&report("n1", 100, &huge, "{}"), T).unwrap();
+    assert_eq!(out.entries, 1, "the entry within the ceiling is filed");
+    assert_eq!(
+        out.dropped,
+        vec![(
+            DropReason::AmountTooLarge,
+            "front/alice/requests".to_string()
+        )]
+    );
+    let level = l.bucket_level("front", "alice", "requests", T).unwrap();
+    assert!(level > 0.0, "nothing charged: {level}");
+    // Data of the current slot (a report of the next) is filed; data of a
+    // slot not yet begun is not.
+    let next = report("n1", 101, r#"{"alice": {"requests": 1}}"#, "{}");
+    assert!(l.ingest(&next, T).is_ok());
+    let later = report("n1", 102, r#"{"alice": {"requests": 1}}"#, "{}");
+    assert!(matches!(
+        l.ingest(&later, T),
+        Err(ReportError::SlotOutOfRange {
+            slot: 102,
+            current: 100,
+            ..
+        })
+    ));
+}

@@ -216,6 +216,7 @@ impl Actor {
     ) -> u64 {
         let conn = self.next_conn;
         self.next_conn += 1;
+        self.replace_streams_of(&hello.node_id);
         let accepts = Accepts::from_hello(&hello.accepts);
         let was_packed = self.assigner.node_is_packed(&hello.node_id);
         let (node, pushes) = self.assigner.connect(
@@ -245,6 +246,20 @@ impl Actor {
         }
         self.deliver(pushes);
         conn
+    }
+
+    /// Closes every open stream of `node_id`: one live stream per node id,
+    /// the newest. Each stays registered until its task ends, so reports
+    /// it already queued (answered ahead, some) are still filed; a node's
+    /// reports of one slot are filed once, whichever stream they come on.
+    fn replace_streams_of(&self, node_id: &str) {
+        for c in self.conns.values().filter(|c| c.node_id == node_id) {
+            *c.ahead.ready.lock() = None;
+            let status = Status::aborted("replaced by a newer stream of the same node id");
+            let _ = c.tx.try_send(Err(status));
+            counter!("throttle_central_streams_replaced_total").increment(1);
+            tracing::info!(%node_id, "stream replaced by a newer one of the same node id");
+        }
     }
 
     /// Forgets stream `conn`, which closed.

@@ -1,5 +1,7 @@
 //! Log helpers of the server.
 
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
 /// At most the first 80 bytes of `s`, for a log line about a name from
 /// outside.
 pub(crate) fn truncate(s: &str) -> &str {
@@ -8,4 +10,59 @@ pub(crate) fn truncate(s: &str) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// Lets a kind of log line through at most once a second, and says how
+/// many were left out in between: a flood of bad input must not become a
+/// flood of log lines.
+#[derive(Debug)]
+pub(crate) struct Throttled {
+    next_ms: AtomicI64,
+    skipped: AtomicU64,
+}
+
+impl Throttled {
+    pub(crate) const fn new() -> Self {
+        Self {
+            next_ms: AtomicI64::new(i64::MIN),
+            skipped: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines left out since the last one)` when a line may go out at
+    /// `now_ms`, else `None` (and this one is counted as left out).
+    pub(crate) fn allow(&self, now_ms: i64) -> Option<u64> {
+        let next = self.next_ms.load(Ordering::Relaxed);
+        let due = now_ms >= next
+            && self
+                .next_ms
+                .compare_exchange(
+                    next,
+                    now_ms.saturating_add(1000),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+        if due {
+            Some(self.skipped.swap(0, Ordering::Relaxed))
+        } else {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_a_second_with_the_count_left_out() {
+        let t = Throttled::new();
+        assert_eq!(t.allow(10_000), Some(0));
+        assert_eq!(t.allow(10_100), None);
+        assert_eq!(t.allow(10_999), None);
+        assert_eq!(t.allow(11_000), Some(2));
+        assert_eq!(t.allow(11_000), None);
+    }
 }

@@ -9,6 +9,7 @@
 //!
 //! - `actor`: the ledger's task;
 //! - `stream`: a node stream's task, and the gRPC service;
+//! - `auth`: a stream's credentials, checked before it is read;
 //! - `ahead`: answers rendered ahead of filing;
 //! - `received`: a report as it reaches the ledger's task;
 //! - `command`: what the ledger's task is asked;
@@ -20,6 +21,7 @@
 
 mod actor;
 mod ahead;
+mod auth;
 mod command;
 mod log;
 mod monitor;

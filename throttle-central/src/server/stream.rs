@@ -17,9 +17,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ahead::AnswerAhead;
+use super::auth::{authenticate, other_node_id};
 use super::command::{Command, Outgoing};
 use super::log::truncate;
 use super::received::Received;
+use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::ledger::LedgerConfig;
 
@@ -51,6 +53,8 @@ enum Ahead {
 pub(crate) struct CentralService {
     pub(crate) commands: mpsc::Sender<Command>,
     pub(crate) leadership: Arc<dyn Leadership>,
+    /// The keys a stream must prove, if any.
+    pub(crate) keys: Option<Arc<NodeKeys>>,
     pub(crate) slot: SlotLength,
     /// The ledger's settings, for its check before answering ahead.
     pub(crate) config: LedgerConfig,
@@ -121,9 +125,11 @@ impl CentralService {
         self,
         mut inbound: Streaming<Inbound>,
         addr: Option<SocketAddr>,
+        signed: Option<String>,
         tx: Outgoing,
     ) {
-        let Some((conn, node_id, ahead)) = self.open(&mut inbound, addr, &tx).await else {
+        let opened = self.open(&mut inbound, addr, signed, &tx).await;
+        let Some((conn, node_id, ahead)) = opened else {
             return;
         };
         loop {
@@ -164,12 +170,17 @@ impl CentralService {
         &self,
         inbound: &mut Streaming<Inbound>,
         addr: Option<SocketAddr>,
+        signed: Option<String>,
         tx: &Outgoing,
     ) -> Option<(u64, String, Arc<AnswerAhead>)> {
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
             .await
             .unwrap_or(None);
-        let hello = match self.check_hello(first) {
+        let checked = self.check_hello(first).and_then(|hello| match signed {
+            Some(id) if id != hello.node_id => Err(other_node_id(addr, self.clock.now_ms())),
+            _ => Ok(hello),
+        });
+        let hello = match checked {
             Ok(h) => h,
             Err(status) => {
                 let _ = tx.send(Err(status)).await;
@@ -305,6 +316,15 @@ impl CentralRpc for CentralService {
         request: Request<Streaming<Inbound>>,
     ) -> Result<Response<Self::ExchangeStream>, Status> {
         let addr = request.remote_addr();
+        let signed = match &self.keys {
+            Some(keys) => Some(authenticate(
+                keys,
+                request.metadata(),
+                self.clock.now_ms(),
+                addr,
+            )?),
+            None => None,
+        };
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         if !self.leadership.is_leader() {
             let leader = self.leadership.leader().unwrap_or_default();
@@ -314,7 +334,8 @@ impl CentralRpc for CentralService {
             })));
             return Ok(Response::new(ReceiverStream::new(rx)));
         }
-        tokio::spawn(self.clone().run_stream(request.into_inner(), addr, tx));
+        let inbound = request.into_inner();
+        tokio::spawn(self.clone().run_stream(inbound, addr, signed, tx));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -1,5 +1,6 @@
 //! The ledger's timers: the mid-slot tick, and the limits file's reloads.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use throttle_clock::{Clock, SlotLength};
 use tokio::sync::{mpsc, watch};
 
 use super::command::Command;
+use crate::keys::NodeKeys;
 use crate::limits::FileLimits;
 
 /// Ticks the ledger at every mid-slot.
@@ -31,11 +33,62 @@ pub(crate) async fn ticker(
     }
 }
 
-/// Checks the limits file every quarter slot (at most every 250 ms); a
-/// change, once read the same twice, is applied and assigned at once.
-pub(crate) async fn reloader(
-    commands: mpsc::Sender<Command>,
-    file: Arc<FileLimits>,
+/// A file the central reads again when it changes.
+pub(crate) trait Reloadable: Send + Sync + 'static {
+    /// What it holds, for logs.
+    const WHAT: &'static str;
+    /// The file.
+    fn path(&self) -> &Path;
+    /// Reads it again (see [`Watched::poll`](crate::watched::Watched::poll)).
+    fn poll(&self) -> Result<bool, String>;
+    /// Records a reload's outcome in the metrics.
+    fn count(ok: bool);
+}
+
+impl Reloadable for FileLimits {
+    const WHAT: &'static str = "limits";
+
+    fn path(&self) -> &Path {
+        FileLimits::path(self)
+    }
+
+    fn poll(&self) -> Result<bool, String> {
+        FileLimits::poll(self).map_err(|e| e.to_string())
+    }
+
+    fn count(ok: bool) {
+        if !ok {
+            counter!("throttle_central_limits_reload_errors_total").increment(1);
+        }
+        gauge!("throttle_central_limits_reload_ok").set(f64::from(u8::from(ok)));
+    }
+}
+
+impl Reloadable for NodeKeys {
+    const WHAT: &'static str = "node keys";
+
+    fn path(&self) -> &Path {
+        NodeKeys::path(self)
+    }
+
+    fn poll(&self) -> Result<bool, String> {
+        NodeKeys::poll(self).map_err(|e| e.to_string())
+    }
+
+    fn count(ok: bool) {
+        if !ok {
+            counter!("throttle_central_node_keys_reload_errors_total").increment(1);
+        }
+        gauge!("throttle_central_node_keys_reload_ok").set(f64::from(u8::from(ok)));
+    }
+}
+
+/// Checks `file` every quarter slot (at most every 250 ms); a change, once
+/// read the same twice, is applied, and the ledger's task is sent a tick
+/// on `tick` (so new limits are assigned at once), if given.
+pub(crate) async fn reloader<F: Reloadable>(
+    file: Arc<F>,
+    tick: Option<mpsc::Sender<Command>>,
     slot: SlotLength,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -55,19 +108,20 @@ pub(crate) async fn reloader(
         };
         match result {
             Ok(Ok(true)) => {
-                tracing::info!(%path, "limits reloaded");
-                gauge!("throttle_central_limits_reload_ok").set(1.0);
-                if commands.send(Command::Tick).await.is_err() {
+                tracing::info!(%path, what = F::WHAT, "file reloaded");
+                F::count(true);
+                if let Some(commands) = &tick
+                    && commands.send(Command::Tick).await.is_err()
+                {
                     return;
                 }
             }
             Ok(Ok(false)) => {}
             Ok(Err(e)) => {
-                counter!("throttle_central_limits_reload_errors_total").increment(1);
-                gauge!("throttle_central_limits_reload_ok").set(0.0);
-                tracing::error!(%path, error = %e, "limits reload failed; keeping the previous limits");
+                F::count(false);
+                tracing::error!(%path, what = F::WHAT, error = %e, "reload failed; keeping the previous version");
             }
-            Err(e) => tracing::error!(error = %e, "limits reload task failed"),
+            Err(e) => tracing::error!(error = %e, what = F::WHAT, "reload task failed"),
         }
     }
 }

@@ -1,0 +1,57 @@
+//! What both example nodes take on the command line for their reporter.
+
+use std::time::Duration;
+
+use throttle_layer::reporter::ReporterBuilder;
+use throttle_layer::{Reporter, SlotStore};
+
+use crate::default_node_id;
+
+/// The reporter's flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReporterArgs {
+    /// Central node gRPC endpoint; repeat for several (the leader is found).
+    #[arg(long = "central", default_value = "http://127.0.0.1:7075")]
+    pub centrals: Vec<String>,
+    /// Node id reported to the central node [default: host name and port].
+    #[arg(long)]
+    pub node_id: Option<String>,
+    /// Spread a fleet's reports over this many milliseconds after the
+    /// report delay, each node at its own point (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    pub report_spread_ms: u64,
+    /// Access key to sign the stream with, for a central that requires
+    /// node keys (`throttle-central --node-keys`).
+    #[arg(long, env = "THROTTLE_ACCESS_KEY", requires = "secret_key")]
+    pub access_key: Option<String>,
+    /// Secret key of `--access-key`.
+    #[arg(
+        long,
+        env = "THROTTLE_SECRET_KEY",
+        hide_env_values = true,
+        requires = "access_key"
+    )]
+    pub secret_key: Option<String>,
+}
+
+impl ReporterArgs {
+    /// The node id: `--node-id`, or the host name and `port`.
+    pub fn node_id(&self, port: u16) -> String {
+        self.node_id
+            .clone()
+            .unwrap_or_else(|| default_node_id(port))
+    }
+
+    /// A reporter of `store` as `node_id`, to every `--central`.
+    pub fn builder(&self, store: &SlotStore, node_id: &str) -> ReporterBuilder {
+        let mut reporter = Reporter::builder(store, node_id)
+            .report_spread(Duration::from_millis(self.report_spread_ms));
+        for c in &self.centrals {
+            reporter = reporter.central(c.clone());
+        }
+        if let (Some(access), Some(secret)) = (&self.access_key, &self.secret_key) {
+            reporter = reporter.credentials(access.clone(), secret.clone());
+        }
+        reporter
+    }
+}

@@ -1,0 +1,169 @@
+//! A file read again when it changes: the limits, the node keys. The last
+//! good version stays in force while an edit is broken, and the error is
+//! kept for the monitor. Both are TOML, read by [`parse_toml`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+
+/// What a watched file holds, and how it is read.
+pub trait FileFormat: Sized + Send + Sync + fmt::Debug + 'static {
+    /// Why a file was refused.
+    type Error: fmt::Display + fmt::Debug;
+
+    /// Parses the text of `path`.
+    ///
+    /// # Errors
+    ///
+    /// Why the text is not usable.
+    fn parse(path: &Path, text: &str) -> Result<Self, Self::Error>;
+
+    /// The error for a file that could not be read.
+    fn unreadable(path: &Path, error: &std::io::Error) -> Self::Error;
+}
+
+/// A file of `T`, read again by [`Watched::reload`] or [`Watched::poll`].
+#[derive(Debug)]
+pub struct Watched<T> {
+    path: PathBuf,
+    current: ArcSwap<T>,
+    /// Bumped after each new version.
+    version: AtomicU64,
+    /// The text last applied, good or broken.
+    text: parking_lot::Mutex<Option<String>>,
+    /// A changed text read once, applied when read the same again.
+    pending: parking_lot::Mutex<Option<String>>,
+    error: ArcSwap<Option<String>>,
+}
+
+impl<T: FileFormat> Watched<T> {
+    /// Loads `path`.
+    ///
+    /// # Errors
+    ///
+    /// The error of the first load: nothing should start on a broken file.
+    pub fn open(path: impl Into<PathBuf>, empty: T) -> Result<Self, T::Error> {
+        let this = Self {
+            path: path.into(),
+            current: ArcSwap::from_pointee(empty),
+            version: AtomicU64::new(0),
+            text: parking_lot::Mutex::new(None),
+            pending: parking_lot::Mutex::new(None),
+            error: ArcSwap::from_pointee(None),
+        };
+        this.reload()?;
+        Ok(this)
+    }
+
+    /// The file this reads.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the file again; returns whether its content changed. A file
+    /// identical to the last one read (good or broken) is not parsed again.
+    ///
+    /// # Errors
+    ///
+    /// The error of a broken file, once per edit; the previous version
+    /// stays.
+    pub fn reload(&self) -> Result<bool, T::Error> {
+        let text = self.read()?;
+        self.apply(text)
+    }
+
+    /// [`Watched::reload`] for a watcher: a changed file is applied only
+    /// once two consecutive polls read the same text, so a file caught while
+    /// being written (truncated, half written) is never applied.
+    ///
+    /// # Errors
+    ///
+    /// As [`Watched::reload`].
+    pub fn poll(&self) -> Result<bool, T::Error> {
+        let text = self.read()?;
+        if self.text.lock().as_deref() == Some(text.as_str()) {
+            return Ok(false);
+        }
+        let mut pending = self.pending.lock();
+        if pending.as_deref() != Some(text.as_str()) {
+            *pending = Some(text);
+            return Ok(false);
+        }
+        *pending = None;
+        drop(pending);
+        // Apply the text read twice, not a third read that could catch the
+        // next edit half written.
+        self.apply(text)
+    }
+
+    fn read(&self) -> Result<String, T::Error> {
+        std::fs::read_to_string(&self.path).map_err(|e| {
+            let e = T::unreadable(&self.path, &e);
+            self.error.store(Arc::new(Some(e.to_string())));
+            e
+        })
+    }
+
+    /// Parses and installs `text` unless it is the text last applied (good
+    /// or broken: a broken file is reported once per edit).
+    fn apply(&self, text: String) -> Result<bool, T::Error> {
+        let mut last = self.text.lock();
+        if last.as_deref() == Some(text.as_str()) {
+            return Ok(false);
+        }
+        let parsed = T::parse(&self.path, &text);
+        *last = Some(text);
+        match parsed {
+            Ok(value) => {
+                self.current.store(Arc::new(value));
+                self.version.fetch_add(1, Ordering::Release);
+                self.error.store(Arc::new(None));
+                Ok(true)
+            }
+            Err(e) => {
+                self.error.store(Arc::new(Some(e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    /// The version in force.
+    pub fn current(&self) -> Arc<T> {
+        self.current.load_full()
+    }
+
+    /// A number that changes whenever the content does.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Why the last read failed, if it did.
+    pub fn last_error(&self) -> Option<String> {
+        (**self.error.load()).clone()
+    }
+}
+
+/// Parses `text` as TOML of shape `D`; on failure, the 1-based line of
+/// the error and what is wrong.
+///
+/// # Errors
+///
+/// `(line, message)` for text that is not TOML of that shape.
+pub fn parse_toml<D: serde::de::DeserializeOwned>(text: &str) -> Result<D, (usize, String)> {
+    toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(1, |s| line_of(text, s.start));
+        (line, e.message().to_string())
+    })
+}
+
+/// The 1-based line of byte `offset` of `text`.
+pub fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
