@@ -321,6 +321,7 @@ pub mod fleet {
                     user: format!("user-{u:07}"),
                     per_second: RESOURCES.iter().map(|r| (r.to_string(), 1000.0)).collect(),
                     burst_seconds: 10.0,
+                    max_debt_seconds: None,
                 },
             );
         }

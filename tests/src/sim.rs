@@ -158,6 +158,7 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
                 user: u.name.clone(),
                 per_second: [(resource.to_string(), u.limit)].into(),
                 burst_seconds: scenario.burst_seconds,
+                max_debt_seconds: None,
             },
         );
     }

@@ -56,6 +56,7 @@ fn limits(users: usize) -> Vec<Limit> {
             user: format!("user-{u:06}"),
             per_second: RESOURCES.iter().map(|r| (r.to_string(), 1000.0)).collect(),
             burst_seconds: 10.0,
+            max_debt_seconds: None,
         })
         .collect()
 }

@@ -2,9 +2,12 @@
 //!
 //! A bucket refills continuously at `rate` per second up to `capacity`
 //! (`burst_seconds x rate`), starts with one second's worth, and is charged
-//! with what nodes *report*, after the fact. It may therefore go below zero,
-//! without bound: a debt that the refill pays back before quotas are offered
-//! again.
+//! with what nodes *report*, after the fact. It may therefore go below zero:
+//! a debt that the refill pays back before quotas are offered again. The
+//! original let the debt grow without bound, so one absurd report (or a
+//! long outage's backlog) locked a user out for as long as it took to
+//! repay; [`Bucket::consume_down_to`] bounds it (the ledger's default: as
+//! deep as the capacity, so at most `burst_seconds` to repay).
 //!
 //! # Examples
 //!
@@ -73,8 +76,26 @@ impl Bucket {
 
     /// Takes `amount` tokens, going below zero if need be.
     pub fn consume(&mut self, amount: i64, now_ms: i64) {
+        self.consume_down_to(amount, now_ms, f64::NEG_INFINITY);
+    }
+
+    /// Takes `amount` tokens, going below zero if need be but not below
+    /// `floor` (at most 0; `f64::NEG_INFINITY` for no bound). A level
+    /// already below `floor` stays where it is.
+    pub fn consume_down_to(&mut self, amount: i64, now_ms: i64, floor: f64) {
         self.refill(now_ms);
-        self.level -= amount as f64;
+        let charged = self.level - amount as f64;
+        self.level = charged.max(floor.min(self.level));
+    }
+
+    /// The lowest level [`Bucket::consume_down_to`] goes to for a debt of
+    /// at most `max_debt_seconds` of rate (infinity: no bound).
+    pub fn floor(&self, max_debt_seconds: f64) -> f64 {
+        if max_debt_seconds.is_infinite() {
+            f64::NEG_INFINITY
+        } else {
+            -(sanitize(max_debt_seconds) * self.rate)
+        }
     }
 
     /// Changes rate and burst from `now_ms` on. What accrued so far accrued at
@@ -107,6 +128,19 @@ fn sanitize(x: f64) -> f64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_bounded_debt_stops_at_its_floor_and_is_repaid_in_time() {
+        let mut b = Bucket::new(100.0, 10.0, 0);
+        let floor = b.floor(10.0);
+        assert_eq!(floor, -1_000.0);
+        b.consume_down_to(i64::MAX, 0, floor);
+        assert_eq!(b.level(0), -1_000.0);
+        assert_eq!(b.level(10_000), 0.0, "repaid after max_debt seconds");
+        let mut unbounded = Bucket::new(100.0, 10.0, 0);
+        unbounded.consume_down_to(1_000_000, 0, unbounded.floor(f64::INFINITY));
+        assert_eq!(unbounded.level(0), -999_900.0);
+    }
 
     #[test]
     fn starts_with_one_second_and_caps_at_capacity() {
@@ -180,6 +214,35 @@ mod tests {
             let seen = b.level_at(later);
             prop_assert_eq!(seen, b.clone().level(later));
             prop_assert_eq!(b.level_at(later), seen);
+        }
+    }
+}
+
+#[cfg(test)]
+mod floor_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever is charged, a bounded bucket's level stays at or above
+        /// its floor, and charging never raises it.
+        #[test]
+        fn the_floor_holds(
+            rate in 0.0f64..1e6,
+            debt in 0.0f64..100.0,
+            charges in proptest::collection::vec((0i64..i64::MAX, 0i64..5_000), 1..20),
+        ) {
+            let mut b = Bucket::new(rate, 10.0, 0);
+            let floor = b.floor(debt);
+            let mut now = 0;
+            for (amount, step) in charges {
+                now += step;
+                let before = b.level(now);
+                b.consume_down_to(amount, now, floor);
+                let after = b.level(now);
+                prop_assert!(after >= floor.min(before));
+                prop_assert!(after <= before);
+            }
         }
     }
 }

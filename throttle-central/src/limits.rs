@@ -11,6 +11,7 @@
 //! user = "alice"
 //! per_second = { requests = 100, traffic_down = 1048576 }
 //! # burst_seconds = 10
+//! # max_debt_seconds = 10   # how deep in debt; the burst if left out, or "unbounded"
 //! ```
 //!
 //! # Examples
@@ -62,6 +63,20 @@ pub struct Limit {
     pub per_second: BTreeMap<String, f64>,
     /// Bucket capacity in seconds of rate.
     pub burst_seconds: f64,
+    /// How far below zero the bucket may go, in seconds of rate: `None`
+    /// for as far as its capacity ([`Limit::burst_seconds`]), infinity for
+    /// no bound (the original behaviour).
+    #[serde(serialize_with = "debt_json", skip_serializing_if = "Option::is_none")]
+    pub max_debt_seconds: Option<f64>,
+}
+
+/// `"unbounded"` for an infinite debt, which JSON has no number for.
+fn debt_json<S: serde::Serializer>(debt: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match debt {
+        Some(x) if x.is_infinite() => s.serialize_str("unbounded"),
+        Some(x) => s.serialize_f64(*x),
+        None => s.serialize_none(),
+    }
 }
 
 /// Where the central node reads limits from, every slot.
@@ -145,6 +160,7 @@ struct Entry {
     user: String,
     per_second: BTreeMap<String, toml::Value>,
     burst_seconds: Option<toml::Value>,
+    max_debt_seconds: Option<toml::Value>,
 }
 
 fn number(v: &toml::Value) -> Option<f64> {
@@ -225,6 +241,18 @@ impl LimitSet {
                     }
                 },
             };
+            let max_debt_seconds = match &e.max_debt_seconds {
+                None => None,
+                Some(toml::Value::String(s)) if s == "unbounded" => Some(f64::INFINITY),
+                Some(v) => match number(v) {
+                    Some(x) if (0.0..=MAX_BURST_SECONDS).contains(&x) => Some(x),
+                    _ => {
+                        return Err(bad(format!(
+                            "max_debt_seconds must be a number from 0 to {MAX_BURST_SECONDS:e} or \"unbounded\", not {v}"
+                        )));
+                    }
+                },
+            };
             if set.get(&e.service, &e.user).is_some() {
                 return Err(bad("duplicate entry for this service and user".into()));
             }
@@ -234,6 +262,7 @@ impl LimitSet {
                     user: e.user.clone(),
                     per_second,
                     burst_seconds,
+                    max_debt_seconds,
                 },
             );
         }

@@ -128,6 +128,7 @@ async fn limits(attack_limit: u32) -> LimitSet {
                 user: user_name(u),
                 per_second: [("requests".to_string(), f64::from(LIMIT))].into(),
                 burst_seconds: 1.0,
+                max_debt_seconds: None,
             },
         );
     }
@@ -137,6 +138,7 @@ async fn limits(attack_limit: u32) -> LimitSet {
             user: "attacker".into(),
             per_second: [("requests".to_string(), f64::from(attack_limit))].into(),
             burst_seconds: 1.0,
+            max_debt_seconds: None,
         },
     );
     set

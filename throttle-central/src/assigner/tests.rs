@@ -45,6 +45,7 @@ fn set(rate: f64) -> LimitSet {
             user: "alice".into(),
             per_second: [("requests".into(), rate)].into(),
             burst_seconds: 1.0,
+            max_debt_seconds: None,
         },
     );
     set

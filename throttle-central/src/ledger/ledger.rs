@@ -6,7 +6,7 @@ use std::fmt;
 use super::config::LedgerConfig;
 use super::ids::{Map, NodeId, valid_name};
 use super::service::Service;
-use super::state::ServiceState;
+use super::state::{MaxDebt, ServiceState};
 use crate::bucket::Bucket;
 use crate::limits::Limit;
 use crate::policy::{NodeGrants, Policy, Projected, QuotaHistory};
@@ -128,6 +128,7 @@ impl Ledger {
                         key.limited = true;
                     }
                 }
+                key.max_debt = MaxDebt::of(limit.max_debt_seconds);
             }
         }
     }

@@ -19,7 +19,7 @@
 //! use throttle_proto::legacy;
 //!
 //! let mut ledger = Ledger::new(LedgerConfig::default());
-//! let limit = Limit { user: "alice".into(), per_second: [("requests".into(), 100.0)].into(), burst_seconds: 10.0 };
+//! let limit = Limit { user: "alice".into(), per_second: [("requests".into(), 100.0)].into(), burst_seconds: 10.0, max_debt_seconds: None };
 //! ledger.apply_limits("front", &[limit], 10_000);
 //! let report = legacy::report_from_json(
 //!     r#"{"node_id": "n1", "slot_number": 10, "consumption": {"front": {"alice": {"requests": 40}}}, "rejection": {"front": {}}}"#,

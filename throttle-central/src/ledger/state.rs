@@ -53,6 +53,34 @@ pub struct Key {
     pub(super) generation: u32,
     pub(super) live: bool,
     pub(super) limited: bool,
+    /// How deep in debt the bucket may go; in what was padding.
+    pub(super) max_debt: MaxDebt,
+}
+
+/// How far below zero a bucket may go, in whole seconds of its rate, in
+/// two bytes: 0 for as far as its capacity (the default), `u16::MAX` for
+/// no bound; otherwise seconds, rounded up, at most 65,534 (18 hours).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct MaxDebt(u16);
+
+impl MaxDebt {
+    /// The bound of a limit's `max_debt_seconds`.
+    pub(crate) fn of(seconds: Option<f64>) -> Self {
+        match seconds {
+            None => Self(0),
+            Some(s) if s.is_infinite() => Self(u16::MAX),
+            Some(s) => Self(s.max(1.0).ceil().min(f64::from(u16::MAX - 1)) as u16),
+        }
+    }
+
+    /// The lowest level of `bucket` under this bound.
+    pub(crate) fn floor(self, bucket: &Bucket) -> f64 {
+        match self.0 {
+            0 => -bucket.capacity(),
+            u16::MAX => f64::NEG_INFINITY,
+            s => bucket.floor(f64::from(s)),
+        }
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<Key>() == 144);
@@ -67,6 +95,7 @@ impl Key {
             generation,
             live: true,
             limited: false,
+            max_debt: MaxDebt::default(),
         }
     }
 
@@ -386,8 +415,9 @@ impl Key {
         is_rejection: bool,
         now_ms: i64,
     ) {
+        let floor = self.max_debt.floor(&self.bucket);
         if !is_rejection && let Some(b) = self.bucket_mut() {
-            b.consume(amount, now_ms);
+            b.consume_down_to(amount, now_ms, floor);
         }
         // Distribution: one entry per node, the latest report wins; both the
         // consumption and the rejection pass of one report land in it.

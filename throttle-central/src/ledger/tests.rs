@@ -37,6 +37,7 @@ fn limit(user: &str, resource: &str, rate: f64) -> Limit {
         user: user.into(),
         per_second: [(resource.into(), rate)].into(),
         burst_seconds: 10.0,
+        max_debt_seconds: None,
     }
 }
 
@@ -794,4 +795,24 @@ fn absurd_amounts_and_slots_not_begun_are_refused() {
             ..
         })
     ));
+}
+
+#[test]
+fn debt_is_bounded_by_the_burst_unless_the_limit_says_otherwise() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    let mut unbounded = limit("bob", "requests", 100.0);
+    unbounded.max_debt_seconds = Some(f64::INFINITY);
+    let mut short = limit("carol", "requests", 100.0);
+    short.max_debt_seconds = Some(2.0);
+    l.apply_limits(
+        "front",
+        &[limit("alice", "requests", 100.0), unbounded, short],
+        T,
+    );
+    let flood = r#"{"alice": {"requests": 1000000}, "bob": {"requests": 1000000}, "carol": {"requests": 1000000}}"#;
+    l.ingest(&report("n1", 100, flood, "{}"), T).unwrap();
+    let level = |l: &mut Ledger, user| l.bucket_level("front", user, "requests", T).unwrap();
+    assert_eq!(level(&mut l, "alice"), -1_000.0, "as deep as the capacity");
+    assert_eq!(level(&mut l, "bob"), 100.0 - 1_000_000.0, "the original's");
+    assert_eq!(level(&mut l, "carol"), -200.0, "two seconds of rate");
 }

@@ -194,6 +194,7 @@ mod tests {
             user: "alice".into(),
             per_second: [("requests".into(), 100.0)].into(),
             burst_seconds: 10.0,
+            max_debt_seconds: None,
         };
         l.apply_limits("front", &[limit], 9_000);
         for (node, n) in [("a", 30), ("b", 10)] {
@@ -229,6 +230,7 @@ mod tests {
             user: "u".into(),
             per_second: [("r".into(), 1.0)].into(),
             burst_seconds: 10.0,
+            max_debt_seconds: None,
         };
         l.apply_limits("s", &[limit], 9_000);
         let r = report_from_json(
