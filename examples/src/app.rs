@@ -24,6 +24,9 @@ use throttle_layer::{Fallback, SlotStore, ThrottleLayer, ThrottleLayerBuilder, U
 pub const SERVICE: &str = "front";
 /// Largest download served, so a typo cannot exhaust memory or time.
 const MAX_DOWNLOAD: u64 = 1 << 30;
+/// Largest upload taken; a larger body is refused with 413 as soon as it
+/// passes this, having been counted, not kept.
+pub const MAX_UPLOAD: u64 = 1 << 30;
 const CHUNK: usize = 16 * 1024;
 
 fn layer(store: &SlotStore, fallback: Fallback) -> ThrottleLayerBuilder {
@@ -59,11 +62,23 @@ pub fn router(store: &SlotStore, fallback: Fallback) -> Result<Router, LayerErro
         ))
 }
 
+/// Counts the body's bytes as they stream, keeping none of them.
 async fn upload(body: Body) -> Response {
-    match body.collect().await {
-        Ok(b) => format!("{}\n", b.to_bytes().len()).into_response(),
-        Err(e) => (StatusCode::BAD_REQUEST, format!("body: {e}\n")).into_response(),
+    let mut body = body;
+    let mut len: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                len += frame.data_ref().map_or(0, |d| d.len() as u64);
+                if len > MAX_UPLOAD {
+                    let msg = format!("at most {MAX_UPLOAD} bytes\n");
+                    return (StatusCode::PAYLOAD_TOO_LARGE, msg).into_response();
+                }
+            }
+            Err(e) => return (StatusCode::BAD_REQUEST, format!("body: {e}\n")).into_response(),
+        }
     }
+    format!("{len}\n").into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,4 +130,37 @@ async fn db(
     // A real handler would run its query here and count the rows it read.
     usage.add("database_read", reads);
     format!("read {reads} rows\n").into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    async fn upload_of(chunks: usize, chunk: usize) -> (StatusCode, String) {
+        let store = SlotStore::default();
+        let app = router(&store, Fallback::Allow).unwrap();
+        let data = Bytes::from(vec![b'x'; chunk]);
+        let frames = (0..chunks).map(move |_| Ok::<_, std::convert::Infallible>(data.clone()));
+        let request = axum::http::Request::post("/upload")
+            .header("x-user", "alice")
+            .body(Body::from_stream(futures_util::stream::iter(frames)))
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn uploads_are_counted_not_kept_and_capped() {
+        assert_eq!(
+            upload_of(3, 1000).await,
+            (StatusCode::OK, "3000\n".to_owned())
+        );
+        // 1 GiB and one more MiB, streamed as clones of one chunk: refused
+        // as soon as it passes the cap, without holding it.
+        let (status, _) = upload_of(1025, 1 << 20).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
 }
