@@ -197,7 +197,7 @@ impl SlotLength {
         // literal 1000 compiles back into this same division (the compiler
         // merges the arms), and a precomputed reciprocal, a multiplication
         // and a shift, measured no faster on a decision: the division
-        // overlaps the user's lookup (docs/performance.md, session 18).
+        // overlaps the user's lookup.
         unix_ms.div_euclid(i64::from(self.as_ms()))
     }
 

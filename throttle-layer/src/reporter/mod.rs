@@ -1,0 +1,39 @@
+//! The reporter: the node's one stream to the central node.
+//!
+//! A Tokio task that
+//!
+//! - holds one `Exchange` stream: `Hello`, then at every slot boundary +
+//!   50 ms the report of the slot that just ended, written straight from the
+//!   store ([`SlotStore::collect_encoded`](crate::SlotStore::collect_encoded)); with
+//!   [`ReporterBuilder::report_spread`] each node of a fleet sends at its
+//!   own moment of a window after that instead, so that the central node
+//!   does not meet every report of the fleet at once;
+//! - installs every `Quota` as soon as it arrives, answers and pushes alike,
+//!   read where it arrived ([`SlotStore::apply_raw_quota`](crate::SlotStore::apply_raw_quota)); a quota that is
+//!   not valid protobuf is logged, counted and ignored, and the stream goes
+//!   on;
+//! - knows several central endpoints: it sticks to the one that works,
+//!   follows `NotLeader { leader }`, and otherwise tries the next, with
+//!   exponential backoff and jitter (100 ms up to 5 s);
+//! - keeps every report until the central node has answered it (the last 60
+//!   slots at most) and sends them again, in order, after reconnecting, so a
+//!   short outage loses no consumption. The central node ignores a report it
+//!   has already filed.
+//!
+//! While no quota arrives for the current slot, each layer's
+//! [`Fallback`](crate::Fallback) decides.
+//!
+//! Metrics: `throttle_reporter_connected` (gauge), `throttle_report_rtt_seconds`
+//! (histogram), `throttle_reports_buffered` (gauge),
+//! `throttle_reports_dropped_total`, `throttle_reporter_connect_failures_total`,
+//! `throttle_quotas_malformed_total`.
+
+mod builder;
+mod run;
+mod stream;
+
+#[cfg(test)]
+mod tests;
+
+pub use builder::report_point;
+pub use builder::{Reporter, ReporterBuilder, ReporterError, ReporterHandle, ReporterStatus};

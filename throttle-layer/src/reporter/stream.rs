@@ -1,0 +1,79 @@
+//! Opening a stream to a central node: Hello, credentials, Welcome.
+
+use std::time::Duration;
+
+use throttle_proto::auth::Signed;
+use throttle_proto::wire::client::central_client::CentralClient;
+use throttle_proto::wire::{Answer, Inbound};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+pub(super) enum Opened {
+    /// A stream, and whether its central reads packed reports.
+    Stream(mpsc::Sender<Inbound>, Box<tonic::Streaming<Answer>>, bool),
+    Redirect(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(super) enum OpenError {
+    #[error("connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("central refused the stream: {0}")]
+    Status(#[from] tonic::Status),
+    #[error("no Welcome from the central node")]
+    NoWelcome,
+    #[error("credentials cannot go in gRPC metadata (not visible ASCII)")]
+    Credentials,
+}
+
+/// Puts `signed` in a stream's request metadata.
+pub(super) fn sign(
+    metadata: &mut tonic::metadata::MetadataMap,
+    signed: &Signed,
+) -> Result<(), OpenError> {
+    for (key, value) in signed.entries() {
+        let value = value.parse().map_err(|_| OpenError::Credentials)?;
+        metadata.insert(key, value);
+    }
+    Ok(())
+}
+
+pub(super) async fn open(
+    endpoint: String,
+    timeout: Duration,
+    queue: usize,
+    max_message_bytes: usize,
+    hello: Inbound,
+    signed: Option<Signed>,
+) -> Result<Opened, OpenError> {
+    let channel = Endpoint::from_shared(endpoint)
+        .map_err(OpenError::Connect)?
+        .connect_timeout(timeout)
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut client = CentralClient::new(channel).max_decoding_message_size(max_message_bytes);
+    let (tx, rx) = mpsc::channel(queue);
+    let _ = tx.try_send(hello);
+
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(signed) = signed {
+        sign(request.metadata_mut(), &signed)?;
+    }
+    let mut inbound = client.exchange(request).await?.into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(5), inbound.message())
+        .await
+        .map_err(|_| OpenError::NoWelcome)??;
+    match first {
+        Some(Answer::Welcome(w)) => {
+            let packed = w
+                .accepts
+                .iter()
+                .any(|a| a == throttle_proto::PACKED_REPORTS);
+            Ok(Opened::Stream(tx, Box::new(inbound), packed))
+        }
+        Some(Answer::NotLeader(nl)) => Ok(Opened::Redirect(nl.leader)),
+        _ => Err(OpenError::NoWelcome),
+    }
+}

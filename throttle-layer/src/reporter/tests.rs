@@ -1,0 +1,30 @@
+use std::time::Duration;
+
+use super::builder::*;
+
+#[test]
+fn a_node_reports_at_a_fixed_point_of_the_spread() {
+    let spread = Duration::from_millis(300);
+    assert_eq!(spread_offset("node-a", Duration::ZERO), Duration::ZERO);
+    let a = spread_offset("node-a", spread);
+    assert!(a < spread);
+    assert_eq!(a, spread_offset("node-a", spread), "the same at every slot");
+    assert_ne!(a, spread_offset("node-b", spread));
+    let one_ns = Duration::from_nanos(1);
+    assert_eq!(spread_offset("node-a", one_ns), Duration::ZERO);
+}
+
+#[test]
+fn a_fleet_falls_evenly_over_the_spread() {
+    let spread = Duration::from_millis(300);
+    let mut tenths = [0u32; 10];
+    for n in 0..1000 {
+        let at = spread_offset(&format!("node-{n}"), spread);
+        tenths[(at.as_nanos() * 10 / spread.as_nanos()) as usize] += 1;
+    }
+    // 100 expected in each; binomial spread about 9.5.
+    assert!(
+        tenths.iter().all(|&t| (60..=140).contains(&t)),
+        "{tenths:?}"
+    );
+}
