@@ -101,6 +101,14 @@ impl CentralBuilder {
         self
     }
 
+    /// Most services the central tracks (default 10,000): a node naming a
+    /// new one past it gets no quotas for it, and its reports' entries for
+    /// it are dropped, counted and logged.
+    pub fn max_services(mut self, max: usize) -> Self {
+        self.ledger.max_services = max;
+        self
+    }
+
     /// Largest amount a node may report for one (user, resource) in one
     /// slot (default [`MAX_AMOUNT`](crate::ledger::MAX_AMOUNT)); an entry
     /// above it is dropped, counted and logged, and the rest of the report

@@ -532,6 +532,15 @@ async fn limits_file_is_reloaded_and_bad_edits_keep_the_old_limits() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A Hello naming `n` services.
+fn many_services(n: usize) -> v1::NodeMessage {
+    let mut h = hello("n1", SLOT_MS);
+    if let Some(node_message::Kind::Hello(hello)) = &mut h.kind {
+        hello.services = (0..n).map(|i| format!("s{i}")).collect();
+    }
+    h
+}
+
 async fn refused(first: v1::NodeMessage) -> tonic::Status {
     let central = start(Central::builder()).await;
     let mut n = open(central.grpc_addr(), first).await;
@@ -556,6 +565,7 @@ async fn bad_hellos_are_invalid_argument() {
         (hello(&"n".repeat(257), SLOT_MS), "node_id"),
         (hello("n1", 1000), "slot_ms"),
         (v1::NodeMessage { kind: None }, "Hello"),
+        (many_services(1_001), "services"),
     ] {
         let status = refused(first).await;
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");

@@ -182,14 +182,23 @@ impl<F: QuotaFormat> Assigner<F> {
         self.set_packed(node, packed);
         self.ledger
             .connect(node, services.iter().map(String::as_str), now_ms);
+        // Past the ledger's cap a new service is not made: the node gets
+        // no quotas for it, and fails open there as without a central.
+        let held: Vec<&String> = services
+            .iter()
+            .filter(|s| valid_name(s) && self.ledger.service_state(s).is_some())
+            .collect();
+        let refused = services.iter().filter(|s| valid_name(s)).count() - held.len();
+        if refused > 0 {
+            metrics::counter!("throttle_central_services_at_cap_total").increment(refused as u64);
+            tracing::warn!(%node_id, refused, "services past the central's cap not tracked");
+        }
         let entry = self.nodes.entry(node).or_default();
         entry.0 += 1;
-        entry
-            .1
-            .extend(services.iter().filter(|s| valid_name(s)).cloned());
+        entry.1.extend(held.iter().map(|s| (*s).clone()));
         let current = self.ledger.config().slot.slot_at(now_ms);
         let mut pushes = Vec::new();
-        for service in services.iter().filter(|s| valid_name(s)) {
+        for service in held {
             if self
                 .ledger
                 .reassign_for_new_node(service, CONNECT_REASSIGN_KEYS, now_ms)
@@ -410,7 +419,7 @@ impl<F: QuotaFormat> Assigner<F> {
         let reported: BTreeSet<&str> = report
             .usages()
             .map(|(s, ..)| s)
-            .filter(|s| valid_name(s))
+            .filter(|s| valid_name(s) && self.ledger.service_state(s).is_some())
             .collect();
         if let Some((_, known)) = self.nodes.get_mut(&node) {
             for s in &reported {

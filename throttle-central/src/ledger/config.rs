@@ -20,6 +20,10 @@ pub struct LedgerConfig {
     ///
     /// [`DropReason::AmountTooLarge`]: super::DropReason::AmountTooLarge
     pub max_amount: i64,
+    /// Most services the ledger holds: a node's Hello or report naming a
+    /// new one past it has that service refused (limits may still add
+    /// services).
+    pub max_services: usize,
 }
 
 /// The default [`LedgerConfig::max_amount`]: a petabyte (or 10^15
@@ -71,6 +75,7 @@ impl Default for LedgerConfig {
             nr_slot: 60,
             max_users_per_report: 1_000_000,
             max_amount: MAX_AMOUNT,
+            max_services: 10_000,
         }
     }
 }

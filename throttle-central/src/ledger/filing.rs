@@ -22,6 +22,8 @@ pub enum DropReason {
     TooManyRejections,
     /// An amount above [`LedgerConfig::max_amount`](super::LedgerConfig::max_amount).
     AmountTooLarge,
+    /// A new service past [`LedgerConfig::max_services`](super::LedgerConfig::max_services).
+    TooManyServices,
 }
 
 impl DropReason {
@@ -32,6 +34,7 @@ impl DropReason {
             Self::NegativeAmount => "negative_amount",
             Self::TooManyRejections => "too_many_rejections",
             Self::AmountTooLarge => "amount_too_large",
+            Self::TooManyServices => "too_many_services",
         }
     }
 }
@@ -101,13 +104,21 @@ impl Ledger {
         // Services filed (or refused), each once, in the order first seen.
         let mut seen: Vec<(&str, bool)> = Vec::new();
         for (name, is_rejection, users) in report.usages() {
-            let valid = valid_name(name);
-            if !seen.iter().any(|(s, _)| *s == name) {
-                seen.push((name, valid));
-                if !valid {
-                    out.dropped.push((DropReason::BadName, name.to_owned()));
+            let known = seen.iter().find(|(s, _)| *s == name).map(|&(_, ok)| ok);
+            let valid = known.unwrap_or_else(|| {
+                let refused = if !valid_name(name) {
+                    Some(DropReason::BadName)
+                } else if !self.has_room_for(name) {
+                    Some(DropReason::TooManyServices)
+                } else {
+                    None
+                };
+                if let Some(reason) = refused {
+                    out.dropped.push((reason, name.to_owned()));
                 }
-            }
+                seen.push((name, refused.is_none()));
+                refused.is_none()
+            });
             if valid {
                 let at = Filing {
                     node,

@@ -99,6 +99,13 @@ impl Ledger {
         self.services.get_mut(name).expect("inserted above")
     }
 
+    /// Whether `service` is known, or there is room for one more service
+    /// ([`LedgerConfig::max_services`]): names from nodes make services,
+    /// and each costs memory whether it is used or not.
+    pub fn has_room_for(&self, service: &str) -> bool {
+        self.services.contains_key(service) || self.services.len() < self.config.max_services
+    }
+
     /// Names of the services seen so far.
     pub fn services(&self) -> impl Iterator<Item = &str> {
         self.services.keys().map(|s| &**s)
@@ -144,7 +151,7 @@ impl Ledger {
     ) {
         let before = self.config.slot.slot_at(now_ms) - 1;
         for name in services {
-            if valid_name(name) {
+            if valid_name(name) && self.has_room_for(name) {
                 self.service_mut(name)
                     .state
                     .last_report

@@ -816,3 +816,25 @@ fn debt_is_bounded_by_the_burst_unless_the_limit_says_otherwise() {
     assert_eq!(level(&mut l, "bob"), 100.0 - 1_000_000.0, "the original's");
     assert_eq!(level(&mut l, "carol"), -200.0, "two seconds of rate");
 }
+
+#[test]
+fn new_services_past_the_cap_are_refused_and_the_rest_filed() {
+    let mut l = Ledger::new(LedgerConfig {
+        max_services: 2,
+        ..LedgerConfig::default()
+    });
+    let n = l.node_id("n1");
+    l.connect(n, ["a", "b", "c"], T);
+    assert_eq!(l.services().collect::<Vec<_>>(), ["a", "b"]);
+    let r = report_from_json(
+        r#"{"node_id": "n1", "slot_number": 100, "consumption": {"a": {"u": {"r": 1}}, "d": {"u": {"r": 1}}}, "rejection": {"d": {"u": {"r": 1}}}}"#,
+    )
+    .unwrap();
+    let out = l.ingest(&r, T).unwrap();
+    assert_eq!(out.entries, 1);
+    assert_eq!(
+        out.dropped,
+        vec![(DropReason::TooManyServices, "d".to_string())]
+    );
+    assert_eq!(l.services().count(), 2);
+}

@@ -25,6 +25,10 @@ use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::ledger::LedgerConfig;
 
+/// Most services one Hello may name: a process serves a few, and each
+/// named costs the central memory.
+const MAX_SERVICES_PER_HELLO: usize = 1_000;
+
 /// How long a new stream may take to send its Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages queued per node stream before pushes are dropped.
@@ -102,6 +106,15 @@ impl CentralService {
                     "slot_ms {} differs from the central's {}",
                     hello.slot_ms,
                     self.slot.as_ms()
+                ),
+            ));
+        }
+        if hello.services.len() > MAX_SERVICES_PER_HELLO {
+            return Err(invalid(
+                "hello",
+                format!(
+                    "Hello names {} services, more than {MAX_SERVICES_PER_HELLO}",
+                    hello.services.len()
                 ),
             ));
         }
