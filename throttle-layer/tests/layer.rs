@@ -659,3 +659,36 @@ mod grpc {
         let _ = Duration::ZERO;
     }
 }
+
+/// A user key longer than a name may be would never be limited (the
+/// central could not account for it): refused before the store is asked.
+#[tokio::test]
+async fn an_overlong_user_key_is_refused_not_unlimited() {
+    let (clock, store) = store();
+    let app = hello().layer(builder(&store).build().unwrap());
+    let longest = "u".repeat(throttle_proto::MAX_NAME_LEN);
+    let res = app.clone().oneshot(get_as(&longest, "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let too_long = "u".repeat(throttle_proto::MAX_NAME_LEN + 1);
+    let res = app.clone().oneshot(get_as(&too_long, "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    let grpc = Request::builder()
+        .method(Method::POST)
+        .uri("/pkg.Svc/Call")
+        .header("x-user", &too_long)
+        .header("content-type", "application/grpc")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "3");
+    clock.advance(Duration::from_secs(1));
+    let report = store.collect(100);
+    assert_eq!(amount(&report.consumption, &longest, "requests"), 1);
+    assert!(
+        report.consumption["front"]
+            .users
+            .keys()
+            .all(|u| u.len() <= throttle_proto::MAX_NAME_LEN),
+        "the long key was never counted"
+    );
+}

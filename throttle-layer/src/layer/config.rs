@@ -43,4 +43,6 @@ pub(crate) struct Config {
     pub(crate) shadow_rejected: metrics::Counter,
     pub(crate) fallback_decisions: metrics::Counter,
     pub(crate) skipped: metrics::Counter,
+    /// Requests refused for a user key longer than a name may be.
+    pub(crate) long_users: metrics::Counter,
 }

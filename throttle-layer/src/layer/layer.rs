@@ -241,7 +241,8 @@ impl<M> ThrottleLayerBuilder<M> {
                 // metric key.
                 shadow_rejected: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "shadow_rejected"),
                 fallback_decisions: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "fallback"),
-                skipped: metrics::counter!("throttle_decisions_total", "service" => label, "decision" => "no_user"),
+                skipped: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "no_user"),
+                long_users: metrics::counter!("throttle_decisions_total", "service" => label, "decision" => "user_too_long"),
             }),
         })
     }

@@ -220,3 +220,27 @@ mod tests {
         }
     }
 }
+
+/// The answer to a request whose user key is longer than a name may be
+/// ([`MAX_NAME_LEN`](throttle_proto::MAX_NAME_LEN)): the central could not
+/// account for it, so the user would never be limited. 431 (or a gRPC
+/// `INVALID_ARGUMENT`), decided before the store is asked.
+#[cold]
+#[inline(never)]
+pub(crate) fn refuse_long_user(req: RequestHead<'_>) -> (Parts, &'static [u8]) {
+    let mut head = http::Response::new(()).into_parts().0;
+    if is_grpc(req) {
+        head.headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        head.headers
+            .insert(GRPC_STATUS, HeaderValue::from_static("3"));
+        head.headers
+            .insert(GRPC_MESSAGE, HeaderValue::from_static("user key too long"));
+        (head, b"")
+    } else {
+        head.status = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+        head.headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        (head, b"User key too long\n")
+    }
+}

@@ -8,10 +8,11 @@ use tower_service::Service;
 use super::body::{Meter, RefusalBody, RequestBody, ResponseBody};
 use super::config::{Config, Metered, Plain};
 use super::future::{PlainFuture, ResponseFuture};
-use super::refusal::reject;
+use super::refusal::{refuse_long_user, reject};
 use crate::store::{Basis, UserHandle};
 use crate::usage::Usage;
 use crate::user::{MissingUser, RequestHead};
+use throttle_proto::MAX_NAME_LEN;
 
 /// Throttles requests per user; see the [module docs](crate::layer).
 ///
@@ -55,6 +56,11 @@ enum Outcome {
 fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
     cfg.user.with_user(head, |found| {
         let user = match (found, &cfg.missing_user) {
+            (Some(u), _) if u.len() > MAX_NAME_LEN => {
+                cfg.long_users.increment(1);
+                let (response, body) = refuse_long_user(head);
+                return Outcome::Refuse(response, body);
+            }
             (Some(u), _) => u,
             (None, MissingUser::As(name)) => name.as_str(),
             (None, MissingUser::Skip) => {
