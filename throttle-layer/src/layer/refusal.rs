@@ -207,20 +207,6 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn encodings() {
-        assert_eq!(percent_encode("a%b é"), "a%25b %C3%A9");
-        assert_eq!(sf_string("db \"read\"\n"), r#""db \"read\"""#);
-        for n in [0, 1, 9, 10, 1234, u64::MAX] {
-            assert_eq!(number(n).to_str().unwrap(), n.to_string());
-        }
-    }
-}
-
 /// The answer to a request whose user key is longer than a name may be
 /// ([`MAX_NAME_LEN`](throttle_proto::MAX_NAME_LEN)): the central could not
 /// account for it, so the user would never be limited. 431 (or a gRPC
@@ -242,5 +228,19 @@ pub(crate) fn refuse_long_user(req: RequestHead<'_>) -> (Parts, &'static [u8]) {
         head.headers
             .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         (head, b"User key too long\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings() {
+        assert_eq!(percent_encode("a%b é"), "a%25b %C3%A9");
+        assert_eq!(sf_string("db \"read\"\n"), r#""db \"read\"""#);
+        for n in [0, 1, 9, 10, 1234, u64::MAX] {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string());
+        }
     }
 }
