@@ -19,6 +19,13 @@ fn reporter(store: &SlotStore, central: std::net::SocketAddr, node_id: &str) -> 
         .backoff(Duration::from_millis(20), Duration::from_millis(100))
 }
 
+/// Whether the reporter gets more than `seen` quotas within `within`.
+async fn served_more(handle: &ReporterHandle, seen: u64, within: Duration) -> bool {
+    tokio::time::timeout(within, handle.wait_for(|s| s.quotas_received > seen))
+        .await
+        .is_ok()
+}
+
 /// Whether the reporter gets a quota within `within`.
 async fn served(handle: &ReporterHandle, within: Duration) -> bool {
     tokio::time::timeout(within, handle.wait_for(|s| s.quotas_received > 0))
@@ -79,6 +86,13 @@ async fn a_reporter_with_the_right_key_is_served_and_others_are_not() {
         none.status()
     );
     assert!(bad.status().connections == 0 && none.status().connections == 0);
+    // The one served goes on being served.
+    let pushes = good.status().quotas_received;
+    assert!(
+        served_more(&good, pushes, Duration::from_secs(3)).await,
+        "{:?}",
+        good.status()
+    );
 
     // A key the file no longer lists is refused from the next stream on.
     std::fs::write(
@@ -87,7 +101,9 @@ async fn a_reporter_with_the_right_key_is_served_and_others_are_not() {
     )
     .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let later = reporter(&store(), addr, "web-4")
+    let later_store = store();
+    later_store.service("front").resource("requests");
+    let later = reporter(&later_store, addr, "web-4")
         .credentials("web", "a secret of 24 bytes....")
         .spawn()
         .unwrap();
