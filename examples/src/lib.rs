@@ -7,6 +7,7 @@
 pub mod app;
 pub mod load;
 pub mod node;
+pub mod serve;
 
 /// The tonic example's generated code (`proto/hello/v1/hello.proto`).
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]

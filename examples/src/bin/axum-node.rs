@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::Parser;
 use throttle_examples::app;
 use throttle_examples::node::ReporterArgs;
+use throttle_examples::serve::serve;
 use throttle_layer::{Fallback, SlotStore};
 
 /// A demo app node throttled by throttle.
@@ -48,11 +49,7 @@ async fn main() -> anyhow::Result<()> {
         "axum-node {node_id} listening on http://{addr} (central: {})",
         args.reporter.centrals.join(", ")
     );
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
+    serve(listener, router, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await?;

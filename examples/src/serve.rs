@@ -1,0 +1,102 @@
+//! Serving an example app as a hardened server would: a request's head must
+//! arrive within [`HEADER_READ_TIMEOUT`], so connections that never finish
+//! a request (slowloris) are closed instead of held; HTTP/2 connections
+//! are pinged; the peer's address reaches the app as axum's `ConnectInfo`,
+//! for `UserKey::peer_ip`.
+//!
+//! `axum::serve` has no header timeout, hence this small accept loop over
+//! hyper-util's server, which has.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::connect_info::ConnectInfo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tower_layer::Layer;
+
+/// How long a client may take to send a request's head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often an idle HTTP/2 connection is pinged.
+const KEEP_ALIVE: Duration = Duration::from_secs(20);
+
+/// Serves `app` on `listener` until `shutdown` completes.
+///
+/// # Errors
+///
+/// None today: a failed accept is logged and the loop goes on; the
+/// `Result` leaves room for setup that can fail.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(KEEP_ALIVE);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: wait instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return Ok(()),
+        };
+        let service = axum::Extension(ConnectInfo::<SocketAddr>(peer)).layer(app.clone());
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            let io = TokioIo::new(stream);
+            let service = TowerToHyperService::new(service);
+            if let Err(e) = builder.serve_connection_with_upgrades(io, service).await {
+                tracing::debug!(%peer, error = %e, "connection ended");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_head_that_never_ends_is_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/", axum::routing::get(|| async { "hello" }));
+        tokio::spawn(serve(listener, app, std::future::pending()));
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nhost: t\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        // Paused time jumps to the timeout once everything is idle.
+        let read = tokio::time::timeout(HEADER_READ_TIMEOUT * 2, slow.read_to_end(&mut out)).await;
+        assert!(read.is_ok(), "closed within the timeout");
+        let mut fine = tokio::net::TcpStream::connect(addr).await.unwrap();
+        fine.write_all(b"GET / HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        fine.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("hello"), "{answer}");
+    }
+}
