@@ -1,0 +1,253 @@
+//! Filing reports: buckets, sums, distribution, and what is refused.
+
+use super::*;
+
+/// A report's packed usages are filed as the map entries they stand
+/// for; one whose bits and amounts disagree is refused whole.
+#[test]
+fn packed_usages_are_ingested_as_the_maps_they_stand_for() {
+    let mut l = keeping(3);
+    let table = |rejection, amounts: Vec<i64>| v1::PackedUsage {
+        service: "front".into(),
+        rejection,
+        resources: vec!["requests".into()],
+        users: vec![v1::PackedUser {
+            user: "alice".into(),
+            resources: vec![1],
+        }],
+        amounts,
+    };
+    let packed = |amounts: Vec<i64>| v1::Report {
+        node_id: "n1".into(),
+        slot_number: 100,
+        packed: vec![table(false, amounts), table(true, vec![2])],
+        ..v1::Report::default()
+    };
+    assert!(matches!(
+        l.ingest(&packed(vec![]), T),
+        Err(ReportError::Packed(_))
+    ));
+    l.ingest(&packed(vec![5]), T).unwrap();
+    assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 5);
+    assert_eq!(l.slot_sum("front", "alice", "requests", 99, true), 2);
+}
+
+#[test]
+fn ingest_charges_buckets_and_sums_by_data_slot() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+    l.ingest(
+        &report(
+            "n1",
+            100,
+            r#"{"alice": {"requests": 4}, "bob": {"requests": 7}}"#,
+            "{}",
+        ),
+        T,
+    )
+    .unwrap();
+    l.ingest(
+        &report(
+            "n2",
+            100,
+            r#"{"alice": {"requests": 3}}"#,
+            r#"{"alice": {"requests": 2}}"#,
+        ),
+        T,
+    )
+    .unwrap();
+    assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(3.0));
+    assert_eq!(
+        l.bucket_level("front", "bob", "requests", T),
+        None,
+        "no limit, no bucket"
+    );
+    assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 7);
+    assert_eq!(l.slot_sum("front", "alice", "requests", 99, true), 2);
+    assert_eq!(
+        l.slot_sum("front", "bob", "requests", 99, false),
+        7,
+        "accounting without limit"
+    );
+}
+
+#[test]
+fn duplicate_report_is_not_charged_twice() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+    let r = report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}");
+    assert!(!l.ingest(&r, T).unwrap().duplicate);
+    assert!(l.ingest(&r, T).unwrap().duplicate);
+    assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(6.0));
+    assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 4);
+}
+
+#[test]
+fn late_report_is_charged_under_its_own_slot() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+    l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}"), T)
+        .unwrap();
+    l.ingest(&report("n1", 98, r#"{"alice": {"requests": 5}}"#, "{}"), T)
+        .unwrap();
+    assert_eq!(l.slot_sum("front", "alice", "requests", 97, false), 5);
+    assert_eq!(l.slot_sum("front", "alice", "requests", 99, false), 4);
+    assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(1.0));
+    let dist = monitor_distribution(&l, SlotRange::default(), T);
+    assert_eq!(
+        dist["front"]["alice"]["requests"]["nodes"]["n1"]["slot"], 99,
+        "latest stays"
+    );
+}
+
+#[test]
+fn whole_report_errors() {
+    let mut l = Ledger::new(LedgerConfig {
+        max_users_per_report: 1,
+        ..LedgerConfig::default()
+    });
+    let far = report("n1", 100 + 61, "{}", "{}");
+    assert!(matches!(
+        l.ingest(&far, T),
+        Err(ReportError::SlotOutOfRange { .. })
+    ));
+    let old = report("n1", 100 - 61, "{}", "{}");
+    assert!(matches!(
+        l.ingest(&old, T),
+        Err(ReportError::SlotOutOfRange { .. })
+    ));
+    let anon = report("", 100, "{}", "{}");
+    assert_eq!(l.ingest(&anon, T), Err(ReportError::BadNodeId));
+    let long = report(&"n".repeat(MAX_NAME_LEN + 1), 100, "{}", "{}");
+    assert_eq!(l.ingest(&long, T), Err(ReportError::BadNodeId));
+    let many = report("n1", 100, r#"{"a": {"r": 1}, "b": {"r": 1}}"#, "{}");
+    assert_eq!(
+        l.ingest(&many, T),
+        Err(ReportError::TooManyUsers { users: 2, max: 1 })
+    );
+}
+
+#[test]
+fn bad_entries_are_dropped_and_the_rest_kept() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    let long = "u".repeat(MAX_NAME_LEN + 1);
+    let r = report(
+        "n1",
+        100,
+        &format!(
+            r#"{{"ok": {{"requests": 2}}, "neg": {{"requests": -5}}, "{long}": {{"r": 1}}, "e": {{"": 1}}}}"#
+        ),
+        r#"{"ok": {"requests": 4294967295}, "absurd": {"requests": 4294967296}}"#,
+    );
+    let out = l.ingest(&r, T).unwrap();
+    assert_eq!(out.entries, 2);
+    let reasons: Vec<_> = out.dropped.iter().map(|d| d.0).collect();
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| **r == DropReason::BadName)
+            .count(),
+        2
+    );
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| **r == DropReason::NegativeAmount)
+            .count(),
+        1
+    );
+    assert_eq!(
+        out.dropped
+            .iter()
+            .filter(|r| r.0 == DropReason::TooManyRejections)
+            .map(|r| r.1.as_str())
+            .collect::<Vec<_>>(),
+        ["front/absurd/requests"]
+    );
+    assert_eq!(l.slot_sum("front", "ok", "requests", 99, false), 2);
+    assert_eq!(
+        l.slot_sum("front", "ok", "requests", 99, true),
+        i64::from(u32::MAX),
+        "the largest count kept"
+    );
+    assert_eq!(l.slot_sum("front", "absurd", "requests", 99, true), 0);
+}
+
+#[test]
+fn absurd_amounts_and_slots_not_begun_are_refused() {
+    let mut l = Ledger::new(LedgerConfig {
+        max_amount: 1_000,
+        ..LedgerConfig::default()
+    });
+    l.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
+    let huge = format!(
+        r#"{{"alice": {{"requests": {}, "bytes": 1000}}}}"#,
+        i64::MAX
+    );
+    let out = l.ingest(&report("n1", 100, &huge, "{}"), T).unwrap();
+    assert_eq!(out.entries, 1, "the entry within the ceiling is filed");
+    assert_eq!(
+        out.dropped,
+        vec![(
+            DropReason::AmountTooLarge,
+            "front/alice/requests".to_string()
+        )]
+    );
+    let level = l.bucket_level("front", "alice", "requests", T).unwrap();
+    assert!(level > 0.0, "nothing charged: {level}");
+    // Data of the current slot (a report of the next) is filed; data of a
+    // slot not yet begun is not.
+    let next = report("n1", 101, r#"{"alice": {"requests": 1}}"#, "{}");
+    assert!(l.ingest(&next, T).is_ok());
+    let later = report("n1", 102, r#"{"alice": {"requests": 1}}"#, "{}");
+    assert!(matches!(
+        l.ingest(&later, T),
+        Err(ReportError::SlotOutOfRange {
+            slot: 102,
+            current: 100,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn debt_is_bounded_by_the_burst_unless_the_limit_says_otherwise() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    let mut unbounded = limit("bob", "requests", 100.0);
+    unbounded.max_debt_seconds = Some(f64::INFINITY);
+    let mut short = limit("carol", "requests", 100.0);
+    short.max_debt_seconds = Some(2.0);
+    l.apply_limits(
+        "front",
+        &[limit("alice", "requests", 100.0), unbounded, short],
+        T,
+    );
+    let flood = r#"{"alice": {"requests": 1000000}, "bob": {"requests": 1000000}, "carol": {"requests": 1000000}}"#;
+    l.ingest(&report("n1", 100, flood, "{}"), T).unwrap();
+    let level = |l: &mut Ledger, user| l.bucket_level("front", user, "requests", T).unwrap();
+    assert_eq!(level(&mut l, "alice"), -1_000.0, "as deep as the capacity");
+    assert_eq!(level(&mut l, "bob"), 100.0 - 1_000_000.0, "the original's");
+    assert_eq!(level(&mut l, "carol"), -200.0, "two seconds of rate");
+}
+
+#[test]
+fn new_services_past_the_cap_are_refused_and_the_rest_filed() {
+    let mut l = Ledger::new(LedgerConfig {
+        max_services: 2,
+        ..LedgerConfig::default()
+    });
+    let n = l.node_id("n1");
+    l.connect(n, ["a", "b", "c"], T);
+    assert_eq!(l.services().collect::<Vec<_>>(), ["a", "b"]);
+    let r = report_from_json(
+        r#"{"node_id": "n1", "slot_number": 100, "consumption": {"a": {"u": {"r": 1}}, "d": {"u": {"r": 1}}}, "rejection": {"d": {"u": {"r": 1}}}}"#,
+    )
+    .unwrap();
+    let out = l.ingest(&r, T).unwrap();
+    assert_eq!(out.entries, 1);
+    assert_eq!(
+        out.dropped,
+        vec![(DropReason::TooManyServices, "d".to_string())]
+    );
+    assert_eq!(l.services().count(), 2);
+}
