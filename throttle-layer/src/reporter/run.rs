@@ -348,9 +348,7 @@ impl Run {
     /// Sends the reports kept from before the stream opened, in order, as
     /// many as the stream's queue takes (the others stay kept).
     pub(super) fn replay(&mut self, tx: &mpsc::Sender<Inbound>) {
-        if !self.packed_reports {
-            self.unpack_pending();
-        }
+        self.rewrite_pending(self.packed_reports);
         let now = Instant::now();
         let mut replayed = 0;
         for p in &mut self.pending {
@@ -367,17 +365,31 @@ impl Run {
         });
     }
 
-    /// Rewrites the reports written packed for an earlier central node as
-    /// the original maps, for one that does not read packed reports.
-    pub(super) fn unpack_pending(&mut self) {
+    /// Rewrites the reports kept from before the stream opened in the form
+    /// this central reads: packed where it reads packed reports (fewer
+    /// bytes), as the original maps where it does not. A report collected
+    /// while the stream was opening was written before the Welcome said
+    /// which.
+    pub(super) fn rewrite_pending(&mut self, packed: bool) {
         self.pending.retain_mut(|p| {
-            if !p.packed {
+            if p.packed == packed {
                 return true;
             }
-            match throttle_proto::wire::unpacked_report(&p.report) {
+            let rewritten = if packed {
+                let report = v1::Report::decode(&p.report[..]).map_err(|e| e.to_string());
+                report.and_then(|r| throttle_proto::wire::packed_report(&r).map_err(|e| e.to_string()))
+            } else {
+                throttle_proto::wire::unpacked_report(&p.report).map_err(|e| e.to_string())
+            };
+            match rewritten {
                 Ok(report) => {
                     p.report = report;
-                    p.packed = false;
+                    p.packed = packed;
+                    true
+                }
+                // Maps are read by every central: kept as they are.
+                Err(e) if packed => {
+                    tracing::debug!(slot = p.slot, error = %e, "buffered report left unpacked");
                     true
                 }
                 // Only a report this node did not encode could fail here.
