@@ -63,8 +63,7 @@ pub fn router(store: &SlotStore, fallback: Fallback) -> Result<Router, LayerErro
 }
 
 /// Counts the body's bytes as they stream, keeping none of them.
-async fn upload(body: Body) -> Response {
-    let mut body = body;
+async fn upload(mut body: Body) -> Response {
     let mut len: u64 = 0;
     while let Some(frame) = body.frame().await {
         match frame {

@@ -140,13 +140,8 @@ impl QuotaEncoder {
             .clone()
             .map(|(name, _)| delimited_len(MAP_FIELD, resource_entry_len(name)))
             .sum();
-        let entry_len =
-            delimited_len(ENTRY_KEY, user.len()) + delimited_len(ENTRY_VALUE, quotas_len);
         let buf = &mut self.users;
-        buf.reserve(delimited_len(MAP_FIELD, entry_len));
-        put_delimited_header(buf, MAP_FIELD, entry_len);
-        put_str(buf, ENTRY_KEY, user);
-        put_delimited_header(buf, ENTRY_VALUE, quotas_len);
+        put_string_entry_head(buf, MAP_FIELD, user, quotas_len);
         for (name, amount) in resources {
             put_delimited_header(buf, MAP_FIELD, resource_entry_len(name));
             put_str(buf, ENTRY_KEY, name);
@@ -315,13 +310,8 @@ impl QuotaEncoder {
             + encoded_len_varint(slot as u64)
             + delimited_len(ENTRY_VALUE, self.users.len());
         let service_quota_len = delimited_len(MAP_FIELD, slot_entry_len);
-        let entry_len =
-            delimited_len(ENTRY_KEY, service.len()) + delimited_len(ENTRY_VALUE, service_quota_len);
         let buf = &mut self.services;
-        buf.reserve(delimited_len(QUOTA_SERVICES, entry_len));
-        put_delimited_header(buf, QUOTA_SERVICES, entry_len);
-        put_str(buf, ENTRY_KEY, service);
-        put_delimited_header(buf, ENTRY_VALUE, service_quota_len);
+        put_string_entry_head(buf, QUOTA_SERVICES, service, service_quota_len);
         put_delimited_header(buf, MAP_FIELD, slot_entry_len);
         put_key(buf, ENTRY_KEY, WireType::Varint);
         encode_varint(slot as u64, buf);

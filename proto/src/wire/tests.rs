@@ -641,19 +641,12 @@ proptest! {
         tail in proptest::collection::vec(any::<u8>(), 0..200),
         packed in any::<bool>(),
     ) {
-        let amounts = v1::Amounts {
-            resources: [("bytes".to_string(), 1 << 40), ("requests".to_string(), 3)].into(),
-        };
-        let usage = v1::Usage {
-            users: [("alice".to_string(), amounts.clone()), ("bob".to_string(), amounts)].into(),
-        };
-        let report = v1::Report {
-            node_id: "n1".into(),
-            slot_number: 7,
-            consumption: [("front".to_string(), usage.clone())].into(),
-            rejection: [("front".to_string(), usage)].into(),
-            ..v1::Report::default()
-        };
+        let report = crate::legacy::report_from_json(
+            r#"{"node_id": "n1", "slot_number": 7,
+                "consumption": {"front": {"alice": {"bytes": 1099511627776, "requests": 3}, "bob": {"requests": 3}}},
+                "rejection": {"front": {"alice": {"requests": 3}}}}"#,
+        )
+        .expect("a valid legacy report");
         let valid = if packed {
             packed_report(&report).map(|b| b.to_vec()).unwrap_or_default()
         } else {

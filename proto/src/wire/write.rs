@@ -88,3 +88,16 @@ pub(super) fn put_packed_user<'a, A: Copy>(
         }
     }
 }
+
+/// Writes, as field `field`, the head of a map entry with a string key:
+/// the entry's header, the key, and the header of a `value_len`-byte
+/// value, which the caller writes next. Room for the whole entry is
+/// reserved at once.
+#[inline]
+pub(super) fn put_string_entry_head(buf: &mut Vec<u8>, field: u32, key: &str, value_len: usize) {
+    let entry_len = delimited_len(ENTRY_KEY, key.len()) + delimited_len(ENTRY_VALUE, value_len);
+    buf.reserve(delimited_len(field, entry_len));
+    put_delimited_header(buf, field, entry_len);
+    put_str(buf, ENTRY_KEY, key);
+    put_delimited_header(buf, ENTRY_VALUE, value_len);
+}

@@ -59,7 +59,8 @@ pub struct Key {
 
 /// How far below zero a bucket may go, in whole seconds of its rate, in
 /// two bytes: 0 for as far as its capacity (the default), `u16::MAX` for
-/// no bound; otherwise seconds, rounded up, at most 65,534 (18 hours).
+/// no bound, otherwise one more than the seconds (rounded up, at most
+/// 65,533: 18 hours), so that no debt at all is a bound too.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct MaxDebt(u16);
 
@@ -69,7 +70,7 @@ impl MaxDebt {
         match seconds {
             None => Self(0),
             Some(s) if s.is_infinite() => Self(u16::MAX),
-            Some(s) => Self(s.max(1.0).ceil().min(f64::from(u16::MAX - 1)) as u16),
+            Some(s) => Self(s.max(0.0).ceil().min(f64::from(u16::MAX - 2)) as u16 + 1),
         }
     }
 
@@ -78,7 +79,7 @@ impl MaxDebt {
         match self.0 {
             0 => -bucket.capacity(),
             u16::MAX => f64::NEG_INFINITY,
-            s => bucket.floor(f64::from(s)),
+            s => bucket.floor(f64::from(s - 1)),
         }
     }
 }
@@ -415,9 +416,9 @@ impl Key {
         is_rejection: bool,
         now_ms: i64,
     ) {
-        let floor = self.max_debt.floor(&self.bucket);
-        if !is_rejection && let Some(b) = self.bucket_mut() {
-            b.consume_down_to(amount, now_ms, floor);
+        if !is_rejection && self.limited {
+            let floor = self.max_debt.floor(&self.bucket);
+            self.bucket.consume_down_to(amount, now_ms, floor);
         }
         // Distribution: one entry per node, the latest report wins; both the
         // consumption and the rejection pass of one report land in it.

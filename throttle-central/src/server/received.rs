@@ -92,24 +92,10 @@ mod tests {
     use super::*;
 
     fn report(amount: i64) -> v1::Report {
-        v1::Report {
-            node_id: "n1".into(),
-            slot_number: 9,
-            consumption: [(
-                "front".to_string(),
-                v1::Usage {
-                    users: [(
-                        "alice".to_string(),
-                        v1::Amounts {
-                            resources: [("requests".to_string(), amount)].into(),
-                        },
-                    )]
-                    .into(),
-                },
-            )]
-            .into(),
-            ..v1::Report::default()
-        }
+        throttle_proto::legacy::report_from_json(&format!(
+            r#"{{"node_id": "n1", "slot_number": 9, "consumption": {{"front": {{"alice": {{"requests": {amount}}}}}}}, "rejection": {{}}}}"#
+        ))
+        .unwrap()
     }
 
     #[test]

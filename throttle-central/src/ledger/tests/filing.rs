@@ -217,17 +217,17 @@ fn debt_is_bounded_by_the_burst_unless_the_limit_says_otherwise() {
     unbounded.max_debt_seconds = Some(f64::INFINITY);
     let mut short = limit("carol", "requests", 100.0);
     short.max_debt_seconds = Some(2.0);
-    l.apply_limits(
-        "front",
-        &[limit("alice", "requests", 100.0), unbounded, short],
-        T,
-    );
-    let flood = r#"{"alice": {"requests": 1000000}, "bob": {"requests": 1000000}, "carol": {"requests": 1000000}}"#;
+    let mut none = limit("dave", "requests", 100.0);
+    none.max_debt_seconds = Some(0.0);
+    let limits = [limit("alice", "requests", 100.0), unbounded, short, none];
+    l.apply_limits("front", &limits, T);
+    let flood = r#"{"alice": {"requests": 1000000}, "bob": {"requests": 1000000}, "carol": {"requests": 1000000}, "dave": {"requests": 1000000}}"#;
     l.ingest(&report("n1", 100, flood, "{}"), T).unwrap();
     let level = |l: &mut Ledger, user| l.bucket_level("front", user, "requests", T).unwrap();
     assert_eq!(level(&mut l, "alice"), -1_000.0, "as deep as the capacity");
     assert_eq!(level(&mut l, "bob"), 100.0 - 1_000_000.0, "the original's");
     assert_eq!(level(&mut l, "carol"), -200.0, "two seconds of rate");
+    assert_eq!(level(&mut l, "dave"), 0.0, "no debt at all");
 }
 
 #[test]
