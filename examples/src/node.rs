@@ -1,6 +1,10 @@
 //! What both example nodes take on the command line for their reporter.
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+use anyhow::Context;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use throttle_layer::reporter::ReporterBuilder;
 use throttle_layer::{Reporter, SlotStore};
@@ -32,6 +36,17 @@ pub struct ReporterArgs {
         requires = "access_key"
     )]
     pub secret_key: Option<String>,
+    /// PEM CA certificate the central's certificate chains to: connect
+    /// over TLS (every `--central` must then be `https://`).
+    #[arg(long, env = "THROTTLE_CA")]
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate, for a central that requires one (mutual
+    /// TLS); needs `--key` and `--ca`.
+    #[arg(long, env = "THROTTLE_CERT", requires_all = ["key", "ca"])]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `--cert`.
+    #[arg(long, env = "THROTTLE_KEY", requires = "cert")]
+    pub key: Option<PathBuf>,
 }
 
 impl ReporterArgs {
@@ -43,7 +58,11 @@ impl ReporterArgs {
     }
 
     /// A reporter of `store` as `node_id`, to every `--central`.
-    pub fn builder(&self, store: &SlotStore, node_id: &str) -> ReporterBuilder {
+    ///
+    /// # Errors
+    ///
+    /// A TLS file that cannot be read.
+    pub fn builder(&self, store: &SlotStore, node_id: &str) -> anyhow::Result<ReporterBuilder> {
         let mut reporter = Reporter::builder(store, node_id)
             .report_spread(Duration::from_millis(self.report_spread_ms));
         for c in &self.centrals {
@@ -52,6 +71,24 @@ impl ReporterArgs {
         if let (Some(access), Some(secret)) = (&self.access_key, &self.secret_key) {
             reporter = reporter.credentials(access.clone(), secret.clone());
         }
-        reporter
+        if let Some(tls) = self.tls()? {
+            reporter = reporter.tls(tls);
+        }
+        Ok(reporter)
+    }
+
+    /// The TLS settings of `--ca`, `--cert` and `--key`, if any.
+    fn tls(&self) -> anyhow::Result<Option<ClientTlsConfig>> {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+        };
+        let Some(ca) = &self.ca else {
+            return Ok(None);
+        };
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        Ok(Some(tls))
     }
 }

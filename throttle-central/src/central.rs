@@ -23,14 +23,14 @@ use throttle_proto::wire::server::central_server::CentralServer;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 
 use crate::assigner::Assigner;
 use crate::http::{self, HttpState};
 use crate::keys::NodeKeys;
 use crate::leadership::{AlwaysLeader, Leadership};
-use crate::ledger::{Ledger, LedgerConfig, PolicyFactory, SlotRange};
+use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
 use crate::limits::{FileLimits, LimitSet, LimitSource};
+use crate::net::{self, ConnectionLimits, ServerTls};
 use crate::server::{Actor, CentralService, Command, MonitorView, Subject, ask, reloader, ticker};
 
 /// Settings and collaborators of a central node; see [`Central::builder`].
@@ -45,6 +45,8 @@ pub struct CentralBuilder {
     policies: Option<PolicyFactory>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     http_token: Option<Arc<str>>,
+    tls: Option<ServerTls>,
+    connections: ConnectionLimits,
 }
 
 impl std::fmt::Debug for CentralBuilder {
@@ -78,6 +80,8 @@ impl Central {
             policies: None,
             metrics: None,
             http_token: None,
+            tls: None,
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -175,6 +179,19 @@ impl CentralBuilder {
         self
     }
 
+    /// Serves both gRPC and HTTP over TLS; with a client CA in `tls`, a
+    /// node must show a certificate that chains to it (mutual TLS).
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Bounds on open connections (see [`ConnectionLimits`]).
+    pub fn connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.connections = limits;
+        self
+    }
+
     /// Serves `GET /metrics` from this Prometheus recorder.
     pub fn metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
         self.metrics = Some(handle);
@@ -186,7 +203,8 @@ impl CentralBuilder {
     ///
     /// # Errors
     ///
-    /// When the listeners' addresses cannot be read.
+    /// When the listeners' addresses cannot be read, or tonic refuses the
+    /// TLS configuration.
     pub fn spawn(
         self,
         grpc: TcpListener,
@@ -236,7 +254,12 @@ impl CentralBuilder {
             config,
             clock: self.clock.clone(),
         };
-        tasks.push(serve_grpc(grpc, service, self.max_message_bytes, &stop_rx));
+        let grpc_server = GrpcServer {
+            max_message_bytes: self.max_message_bytes,
+            tls: self.tls.clone(),
+            limits: self.connections,
+        };
+        tasks.push(grpc_server.spawn(grpc, service, &stop_rx)?);
         tracing::info!(%grpc_addr, slot_ms = slot.as_ms(), "central node listening for nodes");
         if let Some(http) = http {
             let state = HttpState {
@@ -245,9 +268,14 @@ impl CentralBuilder {
                 leadership: self.leadership,
                 metrics: self.metrics,
                 token: self.http_token,
+                monitor_places: HttpState::monitor_places(),
             };
             tracing::info!(http_addr = ?http_addr, "monitor API listening");
-            tasks.push(serve_http(http, state, &stop_rx));
+            let router = http::router(state);
+            let tls = self.tls.as_ref().map(ServerTls::http);
+            let stop = stopped(stop_rx.clone());
+            let serve = net::serve_http(http, router, tls, self.connections, stop);
+            tasks.push(tokio::spawn(serve));
         }
         Ok(RunningCentral {
             grpc_addr,
@@ -259,37 +287,41 @@ impl CentralBuilder {
     }
 }
 
-/// Serves node streams on `grpc` until the stop.
-fn serve_grpc(
-    grpc: TcpListener,
-    service: CentralService,
+/// How the gRPC server is set up.
+struct GrpcServer {
     max_message_bytes: usize,
-    stop: &watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    // Answers are small writes right after a large read: without
-    // TCP_NODELAY, Nagle's algorithm holds them until the node's delayed
-    // ACK (milliseconds on loopback, 40 ms across hosts). Tonic applies
-    // its own `tcp_nodelay` only to sockets it binds itself.
-    let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
-    let server = tonic::transport::Server::builder()
-        .add_service(CentralServer::new(service).max_decoding_message_size(max_message_bytes))
-        .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));
-    tokio::spawn(async move {
-        if let Err(e) = server.await {
-            tracing::error!(error = %e, "gRPC server failed");
-        }
-    })
+    tls: Option<ServerTls>,
+    limits: ConnectionLimits,
 }
 
-/// Serves the monitor API on `http` until the stop.
-fn serve_http(http: TcpListener, state: HttpState, stop: &watch::Receiver<bool>) -> JoinHandle<()> {
-    let router = http::router(state);
-    let stop = stopped(stop.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(http, router).with_graceful_shutdown(stop).await {
-            tracing::error!(error = %e, "HTTP server failed");
+impl GrpcServer {
+    /// Serves node streams on `grpc` until the stop.
+    fn spawn(
+        self,
+        grpc: TcpListener,
+        service: CentralService,
+        stop: &watch::Receiver<bool>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        let limits = self.limits;
+        let mut builder = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(limits.keepalive))
+            .http2_keepalive_timeout(Some(limits.keepalive));
+        if let Some(tls) = &self.tls {
+            builder = builder
+                .tls_config(tls.grpc(limits.first_stream))
+                .map_err(std::io::Error::other)?;
         }
-    })
+        let service = CentralServer::new(service).max_decoding_message_size(self.max_message_bytes);
+        let incoming = net::node_incoming(grpc, limits);
+        let server = builder
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));
+        Ok(tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "gRPC server failed");
+            }
+        }))
+    }
 }
 
 /// The name of the ledger's thread.
@@ -343,10 +375,21 @@ impl RunningCentral {
         self.http_addr
     }
 
-    /// Asks the ledger a monitor question (see [`Subject`]).
+    /// Asks the ledger a monitor question (see [`Subject`]), every row
+    /// of its answer.
     pub async fn monitor(&self, subject: Subject, range: SlotRange) -> Option<Value> {
-        let view = ask(&self.commands, subject, range).await?;
+        let view = ask(&self.commands, subject, range, Page::ALL).await?;
         Some(http::monitor::to_json(&view))
+    }
+
+    /// Asks the ledger a monitor question, a page of its answer.
+    pub async fn monitor_page(
+        &self,
+        subject: Subject,
+        range: SlotRange,
+        page: Page,
+    ) -> Option<MonitorView> {
+        ask(&self.commands, subject, range, page).await
     }
 
     /// Closes every node stream with `UNAVAILABLE`, stops the servers and

@@ -9,6 +9,8 @@
 //!
 //! - [`Central`] (`central.rs`): wires the gRPC server, the ledger's task,
 //!   the timers and the HTTP monitor together;
+//! - [`net`]: how connections reach the two servers (the caps, the
+//!   deadline for a node's first stream, TLS);
 //! - [`server`]: the ledger's task and the node streams, which only move
 //!   data in and out; the HTTP monitor (`http`) asks it and renders JSON;
 //! - [`assigner`]: what to answer a report, what to push and when, and
@@ -28,6 +30,8 @@ pub mod keys;
 pub mod leadership;
 pub mod ledger;
 pub mod limits;
+mod log;
+pub mod net;
 pub mod policy;
 pub mod server;
 pub mod watched;

@@ -12,6 +12,7 @@ use throttle_central::Central;
 use throttle_central::keys::NodeKeys;
 use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::FileLimits;
+use throttle_central::net::{ConnectionLimits, ServerTls};
 use throttle_central::policy::{Classic, Projected, StaticSplit};
 use throttle_clock::SlotLength;
 
@@ -59,6 +60,20 @@ struct Args {
     /// slot; an entry above it is dropped and the rest of the report filed.
     #[arg(long, env = "THROTTLE_CENTRAL_MAX_AMOUNT", default_value_t = throttle_central::ledger::MAX_AMOUNT, value_parser = clap::value_parser!(i64).range(1..))]
     max_amount: i64,
+    /// PEM certificate chain: both servers then speak TLS only.
+    #[arg(long, env = "THROTTLE_CENTRAL_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "THROTTLE_CENTRAL_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA certificate: nodes must then show a client certificate that
+    /// chains to it (mutual TLS). Needs --tls-cert.
+    #[arg(long, env = "THROTTLE_CENTRAL_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Most node connections open at once; past it new ones wait in the
+    /// listen queue.
+    #[arg(long, env = "THROTTLE_CENTRAL_MAX_NODE_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    max_node_connections: u32,
     /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
     #[arg(long, env = "THROTTLE_CENTRAL_LOG", default_value = "info")]
     log: String,
@@ -99,6 +114,17 @@ async fn main() -> anyhow::Result<()> {
             path.display()
         );
         builder = builder.http_token(token);
+    }
+    builder = builder.connection_limits(ConnectionLimits {
+        max_node_connections: args.max_node_connections as usize,
+        ..ConnectionLimits::default()
+    });
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let tls =
+            ServerTls::read(cert, key, args.tls_client_ca.as_deref()).context("setting up TLS")?;
+        let mtls = tls.requires_client_certificates();
+        tracing::info!(cert = %cert.display(), mutual = mtls, "TLS on gRPC and HTTP");
+        builder = builder.tls(tls);
     }
     if let Some(path) = &args.node_keys {
         let keys = NodeKeys::open(path)

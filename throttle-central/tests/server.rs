@@ -214,12 +214,7 @@ impl Node {
 }
 
 async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
+    let out = http_get_all(addr, path).await;
     let status = out[9..12].parse().unwrap();
     let body = out
         .split_once("\r\n\r\n")
@@ -708,5 +703,59 @@ async fn http_api_errors() {
     assert_eq!(status, 400);
     assert!(serde_json::from_str::<Value>(&body).unwrap()["error"].is_string());
     assert_eq!(json(&central, "/healthz").await["status"], "ok");
+    central.shutdown().await;
+}
+
+/// The `Link` header's path to the next page, if the response has one.
+fn next_link(response: &str) -> Option<String> {
+    let head = response.split("\r\n\r\n").next()?;
+    let link = head.lines().find_map(|l| l.strip_prefix("link: "))?;
+    let path = link.strip_prefix('<')?.split_once('>')?.0;
+    Some(path.to_owned())
+}
+
+async fn http_get_all(addr: SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn the_monitor_answers_in_pages_linked_one_to_the_next() {
+    let central = start(Central::builder()).await;
+    let mut n = node(central.grpc_addr(), "n1").await;
+    let users: Vec<String> = (0..5)
+        .map(|i| format!(r#""u{i}": {{"requests": 1}}"#))
+        .collect();
+    let users = format!("{{{}}}", users.join(", "));
+    n.exchange(report("n1", current_slot(), &users, "{}"))
+        .await
+        .unwrap();
+    let http = central.http_addr().unwrap();
+    let mut path = Some("/v1/monitor/distribution?limit=2".to_owned());
+    let mut seen = Vec::new();
+    while let Some(p) = path.take() {
+        let response = http_get_all(http, &p).await;
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        let body: Value = serde_json::from_str(response.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        let page: Vec<String> = body["front"].as_object().unwrap().keys().cloned().collect();
+        assert!(page.len() <= 2, "{page:?}");
+        seen.extend(page);
+        path = next_link(&response);
+        assert!(seen.len() <= 5, "the links end");
+    }
+    seen.sort();
+    assert_eq!(seen, ["u0", "u1", "u2", "u3", "u4"]);
+    let one = json(&central, "/v1/monitor/distribution?user=u3").await;
+    let users: Vec<&String> = one["front"].as_object().unwrap().keys().collect();
+    assert_eq!(users, ["u3"]);
+    for bad in ["limit=0", "limit=10001", "after=zz", "limit=x"] {
+        let (status, body) = http_get(http, &format!("/v1/monitor/distribution?{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
     central.shutdown().await;
 }

@@ -44,7 +44,7 @@ async fn main() -> anyhow::Result<()> {
     let node_id = args.reporter.node_id(addr.port());
     let store = SlotStore::default();
     let router = app::router(&store, Fallback::Allow)?;
-    let _reporter = args.reporter.builder(&store, &node_id).spawn()?;
+    let _reporter = args.reporter.builder(&store, &node_id)?.spawn()?;
     println!(
         "axum-node {node_id} listening on http://{addr} (central: {})",
         args.reporter.centrals.join(", ")

@@ -103,9 +103,15 @@ async fn main() -> anyhow::Result<()> {
     let layer = ThrottleLayer::builder(&store, "front")
         .user(UserKey::header("x-user"))
         .build()?;
-    let _reporter = args.reporter.builder(&store, &node_id).spawn()?;
+    let _reporter = args.reporter.builder(&store, &node_id)?.spawn()?;
     println!("tonic-node {node_id} serving hello.v1.Greeter on http://{addr}");
+    // What a hardened gRPC server sets: dead peers found by pings, a bound
+    // on a request's time and on the streams one connection may hold.
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .timeout(Duration::from_secs(30))
+        .max_concurrent_streams(Some(256))
         .layer(layer)
         .add_service(GreeterServer::new(Hello))
         .serve_with_incoming_shutdown(

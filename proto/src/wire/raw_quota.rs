@@ -35,6 +35,8 @@ impl From<RawReportError> for RawQuotaError {
         match e {
             RawReportError::Malformed(m) => Self::Malformed(m),
             RawReportError::Unordered => Self::Repeated,
+            // A quota is read with no limit on its users.
+            RawReportError::TooManyUsers { .. } => Self::Malformed("too many users"),
         }
     }
 }

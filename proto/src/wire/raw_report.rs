@@ -71,6 +71,14 @@ impl Names {
     }
 }
 
+/// `Err` once `users` holds more than `max`.
+fn within(users: &[RawUser], max: usize) -> Result<(), RawReportError> {
+    if users.len() > max {
+        return Err(RawReportError::TooManyUsers { max });
+    }
+    Ok(())
+}
+
 /// The name at `at` in a report's names ("" if there is none there).
 pub(super) fn name_at(names: &str, at: (u32, u32)) -> &str {
     let (start, len) = (at.0 as usize, at.1 as usize);
@@ -104,6 +112,17 @@ impl RawReport {
     /// [`RawReportError::Unordered`] where prost would decode it but this
     /// reader might not read it the same way.
     pub fn parse(bytes: Bytes) -> Result<Self, RawReportError> {
+        Self::parse_within(bytes, usize::MAX)
+    }
+
+    /// As [`RawReport::parse`], refusing a report of more than `max_users`
+    /// users (over all its usages) at the first past it, before listing
+    /// the rest: a report too large is measured, not read whole.
+    ///
+    /// # Errors
+    ///
+    /// As [`RawReport::parse`], and [`RawReportError::TooManyUsers`].
+    pub fn parse_within(bytes: Bytes, max_users: usize) -> Result<Self, RawReportError> {
         let whole = &bytes[..];
         if u32::try_from(whole.len()).is_err() {
             return Err(RawReportError::Unordered);
@@ -131,6 +150,7 @@ impl RawReport {
                     let first = users.len();
                     let (service, rejection) =
                         Self::check_packed(b, &mut names, &mut users, &mut entries)?;
+                    within(&users, max_users)?;
                     repeated |= packed.contains(&(service, rejection));
                     packed.push((service, rejection));
                     usages.push(RawUsage {
@@ -145,7 +165,7 @@ impl RawReport {
                     in_order(&mut prev_service[usize::from(rejection)], service)?;
                     mapped[usize::from(rejection)].push(service);
                     let first = users.len();
-                    Self::check_usage(usage, &mut names, &mut users, &mut entries)?;
+                    Self::check_usage(usage, &mut names, &mut users, &mut entries, max_users)?;
                     usages.push(RawUsage {
                         rejection,
                         service: names.keep(service),
@@ -251,6 +271,7 @@ impl RawReport {
         names: &mut Names,
         users: &mut Vec<RawUser>,
         entries: &mut Vec<RawEntry>,
+        max_users: usize,
     ) -> Result<(), RawReportError> {
         let mut prev_user = None;
         // The previous user's entries, whose names the next user's likely
@@ -279,8 +300,40 @@ impl RawReport {
                 name: names.keep(user),
                 entries: first as u32..entries.len() as u32,
             });
+            within(users, max_users)?;
         }
         Ok(())
+    }
+
+    /// How many users the report encoded in `bytes` names over all its
+    /// usages: a walk over its framing that keeps nothing, to measure a
+    /// report [`RawReport::parse`] leaves to prost before prost decodes it.
+    ///
+    /// # Errors
+    ///
+    /// [`RawReportError::Malformed`] where the framing is broken.
+    pub fn count_users(bytes: &[u8]) -> Result<usize, RawReportError> {
+        let mut count = 0;
+        let mut f = Fields::new(bytes);
+        while let Some((n, field)) = f.next_field()? {
+            match (n, field) {
+                (REPORT_PACKED, Field::Bytes(b)) => {
+                    let mut p = Fields::new(b);
+                    while let Some((m, _)) = p.next_field()? {
+                        count += usize::from(m == PACKED_USERS);
+                    }
+                }
+                (3 | 4, Field::Bytes(b)) => {
+                    let (_, usage, _) = entry(b, Value::Message)?;
+                    let mut u = Fields::new(usage);
+                    while map_entry(&mut u, "usage field of the wrong type")?.is_some() {
+                        count += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(count)
     }
 
     /// The node's id as it wrote it (may be empty).

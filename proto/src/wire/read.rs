@@ -16,6 +16,13 @@ pub enum RawReportError {
     /// parts that prost would merge): decode it with prost instead.
     #[error("report maps are not in key order")]
     Unordered,
+    /// More users than the reader was allowed
+    /// ([`RawReport::parse_within`](super::RawReport::parse_within)).
+    #[error("report carries more users than the limit of {max}")]
+    TooManyUsers {
+        /// The limit.
+        max: usize,
+    },
 }
 
 /// One field of a message, borrowed from its bytes.

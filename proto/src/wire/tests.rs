@@ -177,6 +177,11 @@ proptest! {
         prop_assert_eq!(raw.slot_number(), report.slot_number);
         let users: usize = report.consumption.values().chain(report.rejection.values()).map(|u| u.users.len()).sum();
         prop_assert_eq!(raw.user_count(), users);
+        prop_assert_eq!(RawReport::count_users(&report.encode_to_vec()), Ok(users));
+        if users > 0 {
+            let within = RawReport::parse_within(report.encode_to_vec().into(), users - 1);
+            prop_assert_eq!(within.err(), Some(RawReportError::TooManyUsers { max: users - 1 }));
+        }
         prop_assert_eq!(raw_content(&raw), content_of(&report));
     }
 
@@ -194,6 +199,7 @@ proptest! {
 /// packed usages unpack, and both read the same report.
 fn reads_as_prost(bytes: &[u8]) -> Result<(), proptest::test_runner::TestCaseError> {
     if let Ok(raw) = RawReport::parse(Bytes::copy_from_slice(bytes)) {
+        prop_assert_eq!(RawReport::count_users(bytes), Ok(raw.user_count()));
         let decoded = v1::Report::decode(bytes);
         prop_assert!(decoded.is_ok());
         let mut decoded = decoded.unwrap_or_default();

@@ -14,9 +14,9 @@ pub(crate) fn to_json(view: &MonitorView) -> Value {
     match view {
         MonitorView::Connections(c) => connections(c),
         MonitorView::Reported(slots) => reported(slots),
-        MonitorView::Sums(rows) => sums(rows),
-        MonitorView::Distribution(rows) => distribution(rows),
-        MonitorView::Quota(rows) => quota(rows),
+        MonitorView::Sums(page) => sums(&page.rows),
+        MonitorView::Distribution(page) => distribution(&page.rows),
+        MonitorView::Quota(page) => quota(&page.rows),
     }
 }
 

@@ -24,12 +24,23 @@ pub struct LedgerConfig {
     /// new one past it has that service refused (limits may still add
     /// services).
     pub max_services: usize,
+    /// Most (user, resource) keys the ledger holds over every service: an
+    /// entry of a report that would add one past it is dropped
+    /// ([`DropReason::TooManyKeys`](super::DropReason::TooManyKeys)); keys
+    /// idle for the whole history are forgotten, which makes room again.
+    /// Limits may still add keys.
+    pub max_keys: usize,
 }
 
 /// The default [`LedgerConfig::max_amount`]: a petabyte (or 10^15
 /// requests) per node and slot, far past any real use, and far enough from
 /// `i64::MAX` that no sum of reports overflows a bucket into nonsense.
 pub const MAX_AMOUNT: i64 = 1_000_000_000_000_000;
+
+/// The default [`LedgerConfig::max_keys`]: four million (user, resource)
+/// keys, about 0.8 GB of ledger when each is reported by one node
+/// (`docs/performance.md`: 188-191 B per key and node).
+pub const MAX_KEYS: usize = 4_000_000;
 
 impl LedgerConfig {
     /// Whether a report may be filed at `now_ms`, on its own: its node id,
@@ -76,6 +87,7 @@ impl Default for LedgerConfig {
             max_users_per_report: 1_000_000,
             max_amount: MAX_AMOUNT,
             max_services: 10_000,
+            max_keys: MAX_KEYS,
         }
     }
 }

@@ -4,40 +4,12 @@ use smallvec::SmallVec;
 use throttle_proto::v1;
 
 use super::config::ReportError;
+use super::dropped::{DropReason, Dropped};
 use super::ids::{KeyId, NodeId, valid_name};
 use super::ledger::Ledger;
 use super::recent::NodeUsers;
 use super::source::ReportSource;
 use super::state::ServiceState;
-
-/// Why one entry of a report was left out (the rest is kept).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DropReason {
-    /// An empty or overlong service, user or resource name.
-    BadName,
-    /// An amount below zero.
-    NegativeAmount,
-    /// A rejection count above `u32::MAX` (4.3 G requests refused in one
-    /// slot, by one node, for one user): no node refuses that many.
-    TooManyRejections,
-    /// An amount above [`LedgerConfig::max_amount`](super::LedgerConfig::max_amount).
-    AmountTooLarge,
-    /// A new service past [`LedgerConfig::max_services`](super::LedgerConfig::max_services).
-    TooManyServices,
-}
-
-impl DropReason {
-    /// Label for logs and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::BadName => "bad_name",
-            Self::NegativeAmount => "negative_amount",
-            Self::TooManyRejections => "too_many_rejections",
-            Self::AmountTooLarge => "amount_too_large",
-            Self::TooManyServices => "too_many_services",
-        }
-    }
-}
 
 /// What [`Ledger::ingest`] did with a report.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -47,7 +19,7 @@ pub struct Ingested {
     /// Entries applied.
     pub entries: usize,
     /// Entries left out, with why.
-    pub dropped: Vec<(DropReason, String)>,
+    pub dropped: Dropped,
 }
 
 /// Where a usage's entries are filed: by which node, for which data slot,
@@ -114,7 +86,7 @@ impl Ledger {
                     None
                 };
                 if let Some(reason) = refused {
-                    out.dropped.push((reason, name.to_owned()));
+                    out.dropped.push(reason, || name.to_owned());
                 }
                 seen.push((name, refused.is_none()));
                 refused.is_none()
@@ -127,8 +99,11 @@ impl Ledger {
                     max_amount: self.config.max_amount,
                     now_ms,
                 };
+                let mut room = self.config.max_keys.saturating_sub(self.key_total);
+                let before = room;
                 let state = &mut self.service_mut(name).state;
-                state.file_usage(name, at, users, &mut out);
+                state.file_usage(name, at, users, &mut room, &mut out);
+                self.key_total += before - room;
             }
         }
         for (name, _) in seen.into_iter().filter(|(_, valid)| *valid) {
@@ -144,8 +119,14 @@ impl Ledger {
 impl ServiceState {
     /// Files one usage of a report (`service`'s consumption or rejection)
     /// into the keys and the slot's sums.
-    fn file_usage<'r, U, A>(&mut self, service: &str, at: Filing, users: U, out: &mut Ingested)
-    where
+    fn file_usage<'r, U, A>(
+        &mut self,
+        service: &str,
+        at: Filing,
+        users: U,
+        room: &mut usize,
+        out: &mut Ingested,
+    ) where
         U: Iterator<Item = (&'r str, A)>,
         A: Iterator<Item = (&'r str, i64)>,
     {
@@ -162,7 +143,12 @@ impl ServiceState {
                     ids.clear();
                     ids.extend_from_slice(listed);
                 }
-                None => self.keys_for(user, entries.iter().map(|(r, _)| *r), &mut ids),
+                None => {
+                    for resource in self.keys_for(user, &mut entries, &mut ids, room) {
+                        let name = || format!("{service}/{user}/{resource}");
+                        out.dropped.push(DropReason::TooManyKeys, name);
+                    }
+                }
             }
             if let Some(next) = &mut next {
                 next.push(user, &ids);
@@ -221,6 +207,6 @@ fn checked_entries<'r>(
             continue;
         };
         out.dropped
-            .push((reason, format!("{service}/{user}/{resource}")));
+            .push(reason, || format!("{service}/{user}/{resource}"));
     }
 }

@@ -23,6 +23,9 @@ pub struct Ledger {
     /// data slot -> nodes that reported it.
     pub(super) reported: BTreeMap<i64, BTreeSet<NodeId>>,
     policy_factory: PolicyFactory,
+    /// Keys held over every service: counted as reports add them, and
+    /// again over the services where keys go (forgetting, limits).
+    pub(super) key_total: usize,
 }
 
 impl fmt::Debug for Ledger {
@@ -50,6 +53,7 @@ impl Ledger {
             services: BTreeMap::new(),
             reported: BTreeMap::new(),
             policy_factory: factory,
+            key_total: 0,
         }
     }
 
@@ -138,6 +142,7 @@ impl Ledger {
                 key.max_debt = MaxDebt::of(limit.max_debt_seconds);
             }
         }
+        self.key_total = self.key_count();
     }
 
     /// Records that `node` opened a stream for `services` at `now_ms`: it
@@ -253,6 +258,10 @@ impl Ledger {
             svc.policy.forget_before(cutoff);
             svc.state
                 .forget(cutoff, cutoff + i64::from(self.config.nr_slot));
+        }
+        self.key_total = self.key_count();
+        if self.key_total >= self.config.max_keys {
+            metrics::counter!("throttle_central_keys_at_cap_total").increment(1);
         }
     }
 

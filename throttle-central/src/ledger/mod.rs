@@ -44,10 +44,12 @@
 //! - `ledger`: the [`Ledger`] itself.
 
 mod config;
+mod dropped;
 mod filing;
 mod ids;
 #[allow(clippy::module_inception)]
 mod ledger;
+mod page;
 mod recent;
 mod service;
 mod source;
@@ -58,11 +60,13 @@ mod views;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use config::{LedgerConfig, MAX_AMOUNT, ReportError};
-pub use filing::{DropReason, Ingested};
+pub use config::{LedgerConfig, MAX_AMOUNT, MAX_KEYS, ReportError};
+pub use dropped::{DROPPED_EXAMPLES, DropReason, Dropped};
+pub use filing::Ingested;
 pub(crate) use ids::valid_name;
 pub use ids::{KeyId, Map, NodeId};
 pub use ledger::{Ledger, PolicyFactory};
+pub use page::{Cursor, Page, Paged};
 pub use source::{FromNode, ReportSource};
 pub use state::{Key, NodeUsage, ServiceState};
 pub use views::{

@@ -191,6 +191,29 @@ impl ServiceState {
             .map(|(i, k)| (KeyId(i as u32), k))
     }
 
+    /// The keys from id `start` on (of `user` only, if given), by id.
+    pub fn keys_from<'a>(
+        &'a self,
+        start: usize,
+        user: Option<&str>,
+    ) -> Box<dyn Iterator<Item = (KeyId, &'a Key)> + 'a> {
+        let Some(user) = user else {
+            let keys = self.keys.iter().enumerate().skip(start);
+            return Box::new(
+                keys.filter(|(_, k)| k.live)
+                    .map(|(i, k)| (KeyId(i as u32), k)),
+            );
+        };
+        let mut ids: Vec<KeyId> = self.users.get(user).map_or_else(Vec::new, |keys| {
+            keys.iter()
+                .copied()
+                .filter(|id| id.index() >= start)
+                .collect()
+        });
+        ids.sort_unstable_by_key(|id| id.index());
+        Box::new(ids.into_iter().map(|id| (id, &self.keys[id.index()])))
+    }
+
     /// The key of `id`. A freed id still names its former key until it is
     /// reused, so grants of the book always resolve.
     ///
@@ -274,31 +297,48 @@ impl ServiceState {
         (&mut self.keys, &mut self.sums[column])
     }
 
-    /// The keys of `user` for each of `resources` (created where new), in
-    /// order: one lookup of the user for all its entries of a report.
+    /// The keys of `user` for each of `entries`' resources, in order: one
+    /// lookup of the user for all its entries of a report. A new key is
+    /// created while `room` lasts (each takes one); an entry whose key
+    /// would be past it is taken out of `entries`, and its resource
+    /// returned.
     pub(super) fn keys_for<'r>(
         &mut self,
         user: &str,
-        resources: impl Iterator<Item = &'r str> + Clone,
+        entries: &mut SmallVec<[(&'r str, i64); 8]>,
         out: &mut SmallVec<[KeyId; 8]>,
-    ) {
+        room: &mut usize,
+    ) -> SmallVec<[&'r str; 2]> {
         out.clear();
         if let Some(keys) = self.users.get(user) {
-            let found = resources.clone().all(|r| {
+            let found = entries.iter().all(|(r, _)| {
                 let id = self.key_of(keys, r);
                 out.extend(id);
                 id.is_some()
             });
             if found {
-                return;
+                return SmallVec::new();
             }
         }
         // Some key is new: the general path.
         out.clear();
-        for r in resources {
-            let id = self.find_or_insert(user, r);
+        let mut refused = SmallVec::new();
+        entries.retain(|(r, _)| {
+            let id = match self.find(user, r) {
+                Some(id) => id,
+                None if *room > 0 => {
+                    *room -= 1;
+                    self.find_or_insert(user, r)
+                }
+                None => {
+                    refused.push(*r);
+                    return false;
+                }
+            };
             out.push(id);
-        }
+            true
+        });
+        refused
     }
 
     /// The key of (`user`, `resource`), created if new.

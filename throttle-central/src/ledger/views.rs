@@ -3,6 +3,7 @@
 
 use super::ids::NodeId;
 use super::ledger::Ledger;
+use super::page::{Filler, Page, Paged};
 use super::state::{NodeUsage, ServiceState};
 use crate::policy::NodeGrants;
 
@@ -95,7 +96,8 @@ pub struct QuotaRow {
 }
 
 impl Ledger {
-    /// Data slot -> the nodes that reported it, oldest first.
+    /// Data slot -> the nodes that reported it, oldest first. Not paged:
+    /// at most `nr_slot` slots of the connected nodes.
     pub fn reported_view(&self, range: SlotRange) -> Vec<(i64, Vec<String>)> {
         self.reported
             .iter()
@@ -107,36 +109,41 @@ impl Ledger {
             .collect()
     }
 
-    /// Per service, every key's summed consumption (or rejection) per
-    /// data slot, where it is not zero.
-    pub fn sums_view(&self, range: SlotRange, rejection: bool) -> ServiceRows<SumRow> {
+    /// Per service, a page of every key's summed consumption (or
+    /// rejection) per data slot, where it is not zero.
+    pub fn sums_view(&self, range: SlotRange, rejection: bool, page: &Page) -> Paged<SumRow> {
         let which = usize::from(rejection);
-        let rows = |state: &ServiceState| {
+        let mut fill = Filler::new(page);
+        for (name, svc, start) in self.services_from(page) {
+            if !fill.open(name) {
+                break;
+            }
+            let state = &svc.state;
             let columns = state.sums.iter().filter(|c| range.contains(c.slot));
-            columns
-                .flat_map(|column| {
-                    column.columns[which].iter().map(|(id, amount)| {
-                        let key = state.key(id);
-                        SumRow {
-                            slot: column.slot,
-                            user: key.user().to_owned(),
-                            resource: key.resource().to_owned(),
-                            amount,
-                        }
-                    })
-                })
-                .collect()
-        };
-        self.services
-            .iter()
-            .map(|(name, svc)| (name.to_string(), rows(&svc.state)))
-            .collect()
+            let rows = columns.flat_map(|c| c.columns[which].iter().map(|(id, n)| (c.slot, id, n)));
+            for (position, (slot, id, amount)) in rows.enumerate().skip(start) {
+                let key = state.key(id);
+                if !page.wants(key.user()) {
+                    continue;
+                }
+                let row = || SumRow {
+                    slot,
+                    user: key.user().to_owned(),
+                    resource: key.resource().to_owned(),
+                    amount,
+                };
+                if !fill.push(position, |rows| rows.push(row())) {
+                    break;
+                }
+            }
+        }
+        fill.finish()
     }
 
-    /// Per service, every key's latest entry per node (within `range`)
-    /// and its bucket as of `now_ms`.
-    pub fn distribution_view(&self, range: SlotRange, now_ms: i64) -> ServiceRows<KeyView> {
-        let view = |(_, key): (_, &super::Key)| KeyView {
+    /// Per service, a page of keys: each key's latest entry per node
+    /// (within `range`) and its bucket as of `now_ms`.
+    pub fn distribution_view(&self, range: SlotRange, now_ms: i64, page: &Page) -> Paged<KeyView> {
+        let view = |key: &super::Key| KeyView {
             user: key.user().to_owned(),
             resource: key.resource().to_owned(),
             nodes: key
@@ -154,50 +161,106 @@ impl Ledger {
                 capacity: b.capacity(),
             }),
         };
-        self.services
-            .iter()
-            .map(|(name, svc)| (name.to_string(), svc.state.keys().map(view).collect()))
-            .collect()
+        let mut fill = Filler::new(page);
+        for (name, svc, start) in self.services_from(page) {
+            if !fill.open(name) {
+                break;
+            }
+            // A key's position is its id: a page starts at its cursor's
+            // key without reading the ones before.
+            for (id, key) in svc.state.keys_from(start, page.user.as_deref()) {
+                if !fill.push(id.index(), |rows| rows.push(view(key))) {
+                    break;
+                }
+            }
+        }
+        fill.finish()
     }
 
-    /// Per service, the quotas of every slot held (the older ones compact),
-    /// oldest first; a slot the book holds is listed after the same slot
-    /// kept compact, and stands for it.
-    pub fn quota_view(&self, range: SlotRange) -> ServiceRows<QuotaSlot> {
-        let mut out = Vec::with_capacity(self.services.len());
-        for (name, svc) in &self.services {
-            let mut slots = Vec::new();
+    /// Per service, a page of the quotas of every slot held (the older
+    /// ones compact), oldest first; a slot the book holds is listed after
+    /// the same slot kept compact, and stands for it.
+    pub fn quota_view(&self, range: SlotRange, page: &Page) -> Paged<QuotaSlot> {
+        let mut fill = Filler::new(page);
+        for (name, svc, start) in self.services_from(page) {
+            if !fill.open(name) {
+                break;
+            }
+            let mut quota = QuotaPager {
+                ledger: self,
+                state: &svc.state,
+                page,
+                start,
+                position: 0,
+                fill: &mut fill,
+            };
             svc.kept.read(range.start, |slot, quotas| {
                 if range.contains(slot) {
-                    slots.push(self.quota_slot(&svc.state, slot, quotas.iter()));
+                    quota.slot(slot, quotas.iter());
                 }
             });
             for (slot, assignment) in svc.book.iter().filter(|(s, _)| range.contains(**s)) {
-                slots.push(self.quota_slot(&svc.state, *slot, assignment.iter()));
+                quota.slot(*slot, assignment.iter());
             }
-            out.push((name.to_string(), slots));
         }
-        out
+        fill.finish()
     }
 
-    fn quota_slot<'a>(
-        &self,
-        state: &ServiceState,
-        slot: i64,
-        grants: impl Iterator<Item = (NodeId, NodeGrants<'a>)>,
-    ) -> QuotaSlot {
-        let mut rows = Vec::new();
+    /// The services a page reads, in name order, each with the position
+    /// its rows start from.
+    fn services_from<'a>(
+        &'a self,
+        page: &'a Page,
+    ) -> impl Iterator<Item = (&'a str, &'a super::service::Service, usize)> + 'a {
+        let services = self.services.iter();
+        services.filter_map(|(name, svc)| Some((&**name, svc, page.start_of(name)?)))
+    }
+}
+
+/// Fills a page with one service's quotas, slot by slot.
+struct QuotaPager<'a, 'f> {
+    ledger: &'a Ledger,
+    state: &'a ServiceState,
+    page: &'a Page,
+    start: usize,
+    /// The position of the next grant read.
+    position: usize,
+    fill: &'f mut Filler<QuotaSlot>,
+}
+
+impl QuotaPager<'_, '_> {
+    fn slot<'g>(&mut self, slot: i64, grants: impl Iterator<Item = (NodeId, NodeGrants<'g>)>) {
+        let mut opened = false;
         for (node, grants) in grants {
             for g in grants.iter() {
-                let key = state.key(g.key);
-                rows.push(QuotaRow {
-                    node: self.node_name(node).to_owned(),
+                let position = self.position;
+                self.position += 1;
+                let key = self.state.key(g.key);
+                if position < self.start || !self.page.wants(key.user()) {
+                    continue;
+                }
+                let row = QuotaRow {
+                    node: self.ledger.node_name(node).to_owned(),
                     user: key.user().to_owned(),
                     resource: key.resource().to_owned(),
                     amount: g.amount(),
+                };
+                let added = self.fill.push(position, |slots| {
+                    if !opened {
+                        slots.push(QuotaSlot {
+                            slot,
+                            grants: Vec::new(),
+                        });
+                        opened = true;
+                    }
+                    if let Some(last) = slots.last_mut() {
+                        last.grants.push(row);
+                    }
                 });
+                if !added {
+                    return;
+                }
             }
         }
-        QuotaSlot { slot, grants: rows }
     }
 }

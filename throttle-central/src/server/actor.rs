@@ -15,11 +15,11 @@ use tonic::Status;
 
 use super::ahead::{AnswerAhead, Ready};
 use super::command::{Command, Outgoing, Snapshot};
-use super::log::truncate;
 use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
-use crate::ledger::{FromNode, Ingested, NodeId, ReportError, ReportSource, SlotRange};
+use crate::ledger::{FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange};
+use crate::log::{Throttled, truncate};
 
 /// One open node stream, as the ledger's task knows it.
 #[derive(Debug)]
@@ -35,20 +35,38 @@ struct Conn {
     answered_ahead: u64,
     tx: Outgoing,
     ahead: Arc<AnswerAhead>,
+    /// Lets the stream's line about dropped entries out once a second.
+    drop_log: Throttled,
 }
 
-/// Counts and logs what the ledger did with a report of `node_id`.
-fn count_filed(out: &Ingested, node_id: &str, slot: i64) {
+/// Counts and logs what the ledger did with a report of `node_id`: one
+/// line for the entries it left out, at most once a second per stream
+/// (`log`).
+fn count_filed(out: &Ingested, node_id: &str, slot: i64, log: &Throttled, now_ms: i64) {
     counter!("throttle_central_reports_total").increment(1);
     counter!("throttle_central_report_entries_total").increment(out.entries as u64);
     if out.duplicate {
         counter!("throttle_central_duplicate_reports_total").increment(1);
         tracing::debug!(%node_id, slot, "duplicate report ignored");
     }
-    for (reason, key) in &out.dropped {
+    for (reason, n) in out.dropped.counts() {
         counter!("throttle_central_dropped_entries_total", "reason" => reason.as_str())
-            .increment(1);
-        tracing::warn!(%node_id, reason = reason.as_str(), key = %truncate(key), "report entry dropped");
+            .increment(n);
+    }
+    let Some((reason, key)) = out.dropped.examples().first() else {
+        return;
+    };
+    if let Some(skipped) = log.allow(now_ms) {
+        let dropped = out.dropped.total();
+        tracing::warn!(
+            %node_id,
+            slot,
+            dropped,
+            first_reason = reason.as_str(),
+            first = %truncate(key),
+            reports_not_logged = skipped,
+            "report entries dropped"
+        );
     }
 }
 
@@ -154,7 +172,7 @@ impl Actor {
             }
         }
         for (subject, reply) in snapshots {
-            let _ = reply.send(self.monitor(subject, SlotRange::default()));
+            let _ = reply.send(self.monitor(subject, SlotRange::default(), &Page::ALL));
         }
         // Waits for each stream that answers ahead to queue its answer
         // (it holds this lock until then), so that no answer follows the
@@ -197,9 +215,10 @@ impl Actor {
             Command::Monitor {
                 subject,
                 range,
+                page,
                 reply,
             } => {
-                let _ = reply.send(self.monitor(subject, range));
+                let _ = reply.send(self.monitor(subject, range, &page));
             }
             Command::CloseAll { snapshot } => return Some(snapshot),
         }
@@ -236,6 +255,7 @@ impl Actor {
             answered_ahead: 0,
             tx,
             ahead,
+            drop_log: Throttled::new(),
         };
         self.conns.insert(conn, c);
         gauge!("throttle_central_connections").set(self.conns.len() as f64);
@@ -329,7 +349,7 @@ impl Actor {
         }
         c.reports += 1;
         c.answered_ahead += u64::from(answered);
-        let (node, node_id) = (c.node, c.node_id.as_str());
+        let (node, node_id, drop_log) = (c.node, c.node_id.as_str(), &c.drop_log);
         let filed = match report {
             Received::Raw(r) => file_report(assigner, node, &FromNode(node_id, r), now, answered),
             Received::Decoded(r) => {
@@ -351,7 +371,13 @@ impl Actor {
         if answered {
             counter!("throttle_central_answers_ahead_total").increment(1);
         }
-        count_filed(&answer.ingested, node_id, report.slot_number());
+        count_filed(
+            &answer.ingested,
+            node_id,
+            report.slot_number(),
+            drop_log,
+            now,
+        );
         // Re-assign after the answers already queued: the ledger task takes
         // its commands in order.
         for service in answer.complete {
@@ -458,18 +484,18 @@ impl Actor {
     }
 
     /// Answers a monitor question from the ledger as it stands.
-    fn monitor(&self, subject: Subject, range: SlotRange) -> MonitorView {
+    fn monitor(&self, subject: Subject, range: SlotRange, page: &Page) -> MonitorView {
         let ledger = self.assigner.ledger();
         match subject {
             Subject::Connections => MonitorView::Connections(self.connections()),
             Subject::Reported => MonitorView::Reported(ledger.reported_view(range)),
-            Subject::ConsumptionSum => MonitorView::Sums(ledger.sums_view(range, false)),
-            Subject::RejectionSum => MonitorView::Sums(ledger.sums_view(range, true)),
+            Subject::ConsumptionSum => MonitorView::Sums(ledger.sums_view(range, false, page)),
+            Subject::RejectionSum => MonitorView::Sums(ledger.sums_view(range, true, page)),
             Subject::Distribution => {
                 let now = self.clock.now_ms();
-                MonitorView::Distribution(ledger.distribution_view(range, now))
+                MonitorView::Distribution(ledger.distribution_view(range, now, page))
             }
-            Subject::Quota => MonitorView::Quota(ledger.quota_view(range)),
+            Subject::Quota => MonitorView::Quota(ledger.quota_view(range, page)),
         }
     }
 

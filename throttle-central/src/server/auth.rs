@@ -11,8 +11,8 @@ use throttle_proto::auth::{
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 
-use super::log::Throttled;
 use crate::keys::NodeKeys;
+use crate::log::Throttled;
 
 static REFUSED: Throttled = Throttled::new();
 

@@ -11,7 +11,7 @@ use tonic::Status;
 use super::ahead::AnswerAhead;
 use super::monitor::{MonitorView, Subject};
 use super::received::Received;
-use crate::ledger::SlotRange;
+use crate::ledger::{Page, SlotRange};
 
 /// A stream's queue of messages to its node. Quotas are queued already
 /// encoded ([`Encoded`](crate::assigner::Encoded)): a push to many nodes
@@ -23,12 +23,14 @@ pub(crate) async fn ask(
     commands: &mpsc::Sender<Command>,
     subject: Subject,
     range: SlotRange,
+    page: Page,
 ) -> Option<MonitorView> {
     let (reply, rx) = oneshot::channel();
     commands
         .send(Command::Monitor {
             subject,
             range,
+            page,
             reply,
         })
         .await
@@ -67,6 +69,7 @@ pub(crate) enum Command {
     Monitor {
         subject: Subject,
         range: SlotRange,
+        page: Page,
         reply: oneshot::Sender<MonitorView>,
     },
     CloseAll {

@@ -23,7 +23,6 @@ mod actor;
 mod ahead;
 mod auth;
 mod command;
-mod log;
 mod monitor;
 mod received;
 mod stream;

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use crate::ledger::{KeyView, QuotaSlot, ServiceRows, SumRow};
+use crate::ledger::{Cursor, KeyView, Paged, QuotaSlot, SumRow};
 
 /// What the monitor API can be asked about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +19,20 @@ pub enum Subject {
     Distribution,
     /// Assigned quotas per slot and node.
     Quota,
+}
+
+impl Subject {
+    /// The subject's name in the API's paths.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connections => "connections",
+            Self::Reported => "reported",
+            Self::ConsumptionSum => "consumption_sum",
+            Self::RejectionSum => "rejection_sum",
+            Self::Distribution => "distribution",
+            Self::Quota => "quota",
+        }
+    }
 }
 
 impl std::str::FromStr for Subject {
@@ -46,11 +60,24 @@ pub enum MonitorView {
     /// [`Subject::Reported`]: data slot -> the nodes that reported it.
     Reported(Vec<(i64, Vec<String>)>),
     /// [`Subject::ConsumptionSum`] or [`Subject::RejectionSum`].
-    Sums(ServiceRows<SumRow>),
+    Sums(Paged<SumRow>),
     /// [`Subject::Distribution`].
-    Distribution(ServiceRows<KeyView>),
+    Distribution(Paged<KeyView>),
     /// [`Subject::Quota`].
-    Quota(ServiceRows<QuotaSlot>),
+    Quota(Paged<QuotaSlot>),
+}
+
+impl MonitorView {
+    /// Where the next page starts, if the answer is paged and there is
+    /// more.
+    pub fn next(&self) -> Option<&Cursor> {
+        match self {
+            Self::Connections(_) | Self::Reported(_) => None,
+            Self::Sums(p) => p.next.as_ref(),
+            Self::Distribution(p) => p.next.as_ref(),
+            Self::Quota(p) => p.next.as_ref(),
+        }
+    }
 }
 
 /// The node streams open, and how long the central has run.

@@ -21,29 +21,41 @@ pub(crate) enum Received {
 impl Received {
     /// Reads a report's bytes in place, or decodes them with prost where
     /// reading in place would not say the same; on the stream's task.
-    pub(super) fn read(bytes: bytes::Bytes) -> Result<Self, Status> {
-        match RawReport::parse(bytes.clone()) {
+    /// A report of more than `max_users` users is refused as soon as it is
+    /// measured: at the first user past it when read in place, before
+    /// prost decodes anything otherwise.
+    pub(super) fn read(bytes: bytes::Bytes, max_users: usize) -> Result<Self, Status> {
+        let too_many = || {
+            counter!("throttle_central_invalid_messages_total", "reason" => "too_many_users")
+                .increment(1);
+            let why = format!("report carries more users than the limit of {max_users}");
+            Err(Status::invalid_argument(why))
+        };
+        match RawReport::parse_within(bytes.clone(), max_users) {
             Ok(raw) => Ok(Self::Raw(raw)),
-            Err(why) => match v1::Report::decode(bytes) {
-                Ok(mut report) => {
-                    if why == RawReportError::Unordered {
-                        counter!("throttle_central_reports_decoded_total").increment(1);
-                    }
-                    // Packed usages as the maps the ledger reads.
-                    if let Err(e) = report.unpack() {
-                        counter!("throttle_central_invalid_messages_total", "reason" => "packed")
-                            .increment(1);
-                        return Err(Status::invalid_argument(format!("unreadable report: {e}")));
-                    }
-                    Ok(Self::Decoded(report))
-                }
-                Err(e) => {
-                    counter!("throttle_central_invalid_messages_total", "reason" => "decode")
-                        .increment(1);
-                    Err(Status::invalid_argument(format!("unreadable report: {e}")))
-                }
+            Err(RawReportError::TooManyUsers { .. }) => too_many(),
+            Err(why) => match RawReport::count_users(&bytes) {
+                Ok(users) if users > max_users => too_many(),
+                _ => Self::decode(bytes, &why),
             },
         }
+    }
+
+    /// Decodes with prost a report not read in place (`why`).
+    fn decode(bytes: bytes::Bytes, why: &RawReportError) -> Result<Self, Status> {
+        let mut report = v1::Report::decode(bytes).map_err(|e| {
+            counter!("throttle_central_invalid_messages_total", "reason" => "decode").increment(1);
+            Status::invalid_argument(format!("unreadable report: {e}"))
+        })?;
+        if *why == RawReportError::Unordered {
+            counter!("throttle_central_reports_decoded_total").increment(1);
+        }
+        // Packed usages as the maps the ledger reads.
+        if let Err(e) = report.unpack() {
+            counter!("throttle_central_invalid_messages_total", "reason" => "packed").increment(1);
+            return Err(Status::invalid_argument(format!("unreadable report: {e}")));
+        }
+        Ok(Self::Decoded(report))
     }
 
     pub(super) fn node_id(&self) -> &str {
@@ -102,19 +114,24 @@ mod tests {
     fn reports_are_read_in_place_or_by_prost_or_refused() {
         let ordered = report(1).encode_to_vec();
         assert!(matches!(
-            Received::read(ordered.into()),
+            Received::read(ordered.clone().into(), 10),
             Ok(Received::Raw(r)) if r.node_id() == "n1" && r.slot_number() == 9
         ));
         // Two entries for one user, as another encoder may send them:
         // prost's reading (the last one counts) is used.
         let mut repeated = report(1).encode_to_vec();
         repeated.extend(report(2).encode_to_vec());
-        match Received::read(repeated.into()) {
+        match Received::read(repeated.clone().into(), 10) {
             Ok(Received::Decoded(r)) => assert_eq!(r, report(2)),
             other => panic!("{other:?}"),
         }
         let garbage = bytes::Bytes::from_static(&[0x0a, 0x05, b'a']);
-        let refused = Received::read(garbage).err().map(|s| s.code());
+        let refused = Received::read(garbage, 10).err().map(|s| s.code());
         assert_eq!(refused, Some(tonic::Code::InvalidArgument));
+        // Measured before read, in place or by prost.
+        for bytes in [ordered, repeated] {
+            let refused = Received::read(bytes.into(), 0).err().map(|s| s.code());
+            assert_eq!(refused, Some(tonic::Code::InvalidArgument));
+        }
     }
 }

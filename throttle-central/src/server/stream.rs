@@ -19,11 +19,12 @@ use tonic::{Request, Response, Status, Streaming};
 use super::ahead::AnswerAhead;
 use super::auth::{authenticate, other_node_id};
 use super::command::{Command, Outgoing};
-use super::log::truncate;
 use super::received::Received;
 use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::ledger::LedgerConfig;
+use crate::log::truncate;
+use crate::net::NodeConnInfo;
 
 /// Most services one Hello may name: a process serves a few, and each
 /// named costs the central memory.
@@ -238,7 +239,7 @@ impl CentralService {
             let _ = tx.send(message(not_leader)).await;
             return Flow::Stop;
         }
-        let report = match Received::read(bytes) {
+        let report = match Received::read(bytes, self.config.max_users_per_report) {
             Ok(r) => r,
             Err(status) => return Flow::Fail(status),
         };
@@ -328,7 +329,12 @@ impl CentralRpc for CentralService {
         &self,
         request: Request<Streaming<Inbound>>,
     ) -> Result<Response<Self::ExchangeStream>, Status> {
-        let addr = request.remote_addr();
+        // The connection is a node's: it stays past the first-stream
+        // deadline (whatever the stream's credentials turn out to be, the
+        // keep-alive and the cap still bound it).
+        let conn = NodeConnInfo::of(&request);
+        conn.inspect(|c| c.stream_opened());
+        let addr = conn.and_then(|c| c.addr).or_else(|| request.remote_addr());
         let signed = match &self.keys {
             Some(keys) => Some(authenticate(
                 keys,

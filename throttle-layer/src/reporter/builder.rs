@@ -5,6 +5,7 @@ use std::time::Duration;
 use throttle_proto::auth::Credentials;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tonic::transport::ClientTlsConfig;
 
 use crate::store::SlotStore;
 
@@ -26,6 +27,7 @@ pub struct ReporterBuilder {
     pub(super) backoff_max: Duration,
     pub(super) max_message_bytes: usize,
     pub(super) credentials: Option<Credentials>,
+    pub(super) tls: Option<ClientTlsConfig>,
 }
 
 /// Why the reporter could not start.
@@ -37,6 +39,16 @@ pub enum ReporterError {
     /// An endpoint is not a valid URI.
     #[error("invalid central endpoint {0:?}")]
     InvalidEndpoint(String),
+    /// TLS is set but a central's address is not `https://`.
+    #[error("central endpoint {0:?} must be https:// when TLS is set")]
+    TlsNeedsHttps(String),
+    /// A central's address is `https://` but no TLS is set
+    /// ([`ReporterBuilder::tls`]).
+    #[error("central endpoint {0:?} is https://: set the CA with .tls(..)")]
+    HttpsNeedsTls(String),
+    /// tonic refused the TLS settings.
+    #[error("TLS settings: {0}")]
+    Tls(String),
     /// The node id is empty or longer than 256 bytes.
     #[error("node id must be 1 to 256 bytes")]
     InvalidNodeId,
@@ -125,6 +137,7 @@ impl Reporter {
             backoff_max: Duration::from_secs(5),
             max_message_bytes: 64 << 20,
             credentials: None,
+            tls: None,
         }
     }
 }
@@ -201,6 +214,15 @@ impl ReporterBuilder {
         secret_key: impl Into<String>,
     ) -> Self {
         self.credentials = Some(Credentials::new(access_key, secret_key));
+        self
+    }
+
+    /// Connects over TLS (every central must then be `https://`): the CA
+    /// that the central's certificate chains to and, for a central that
+    /// requires client certificates, this node's identity, e.g.
+    /// `ClientTlsConfig::new().ca_certificate(ca).identity(identity)`.
+    pub fn tls(mut self, tls: ClientTlsConfig) -> Self {
+        self.tls = Some(tls);
         self
     }
 

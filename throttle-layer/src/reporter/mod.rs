@@ -29,6 +29,7 @@
 //! `throttle_quotas_malformed_total`.
 
 mod builder;
+mod dial;
 mod run;
 mod stream;
 

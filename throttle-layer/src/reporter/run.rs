@@ -11,9 +11,9 @@ use throttle_proto::v1;
 use throttle_proto::wire::{Answer, Inbound, RawQuota};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tonic::transport::Endpoint;
 
 use super::builder::*;
+use super::dial;
 use super::stream::*;
 
 /// A report kept until its answer: encoded once, sent (and sent again
@@ -79,8 +79,7 @@ impl ReporterBuilder {
             return Err(ReporterError::InvalidNodeId);
         }
         for e in &self.endpoints {
-            Endpoint::from_shared(e.clone())
-                .map_err(|_| ReporterError::InvalidEndpoint(e.clone()))?;
+            dial::endpoint(e, self.connect_timeout, self.tls.as_ref())?;
         }
         let half_slot = self.store.slot_length().as_duration() / 2;
         if self.report_delay.saturating_add(self.report_spread) >= half_slot {
@@ -181,7 +180,7 @@ impl Run {
         &mut self,
         endpoint: String,
     ) -> impl Future<Output = Result<Opened, OpenError>> + use<> {
-        let timeout = self.cfg.connect_timeout;
+        let endpoint = dial::endpoint(&endpoint, self.cfg.connect_timeout, self.cfg.tls.as_ref());
         let queue = self.cfg.max_buffered + 8;
         let services = self.cfg.store.service_names();
         self.announced = services.len();
@@ -204,14 +203,7 @@ impl Run {
             .credentials
             .as_ref()
             .map(|c| c.sign(&self.cfg.node_id, now));
-        open(
-            endpoint,
-            timeout,
-            queue,
-            self.cfg.max_message_bytes,
-            hello,
-            signed,
-        )
+        open(endpoint, queue, self.cfg.max_message_bytes, hello, signed)
     }
     pub(super) fn follow(&mut self, leader: String) {
         if leader.is_empty() {

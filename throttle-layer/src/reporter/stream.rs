@@ -9,6 +9,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
+use super::builder::ReporterError;
+
 pub(super) enum Opened {
     /// A stream, and whether its central reads packed reports.
     Stream(mpsc::Sender<Inbound>, Box<tonic::Streaming<Answer>>, bool),
@@ -17,6 +19,8 @@ pub(super) enum Opened {
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum OpenError {
+    #[error(transparent)]
+    Endpoint(#[from] ReporterError),
     #[error("connect: {0}")]
     Connect(#[from] tonic::transport::Error),
     #[error("central refused the stream: {0}")]
@@ -40,19 +44,13 @@ pub(super) fn sign(
 }
 
 pub(super) async fn open(
-    endpoint: String,
-    timeout: Duration,
+    endpoint: Result<Endpoint, ReporterError>,
     queue: usize,
     max_message_bytes: usize,
     hello: Inbound,
     signed: Option<Signed>,
 ) -> Result<Opened, OpenError> {
-    let channel = Endpoint::from_shared(endpoint)
-        .map_err(OpenError::Connect)?
-        .connect_timeout(timeout)
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
+    let channel = endpoint?.connect().await?;
     let mut client = CentralClient::new(channel).max_decoding_message_size(max_message_bytes);
     let (tx, rx) = mpsc::channel(queue);
     let _ = tx.try_send(hello);

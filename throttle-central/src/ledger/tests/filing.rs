@@ -141,7 +141,7 @@ fn bad_entries_are_dropped_and_the_rest_kept() {
     );
     let out = l.ingest(&r, T).unwrap();
     assert_eq!(out.entries, 2);
-    let reasons: Vec<_> = out.dropped.iter().map(|d| d.0).collect();
+    let reasons: Vec<_> = out.dropped.examples().iter().map(|d| d.0).collect();
     assert_eq!(
         reasons
             .iter()
@@ -158,6 +158,7 @@ fn bad_entries_are_dropped_and_the_rest_kept() {
     );
     assert_eq!(
         out.dropped
+            .examples()
             .iter()
             .filter(|r| r.0 == DropReason::TooManyRejections)
             .map(|r| r.1.as_str())
@@ -187,8 +188,8 @@ fn absurd_amounts_and_slots_not_begun_are_refused() {
     let out = l.ingest(&report("n1", 100, &huge, "{}"), T).unwrap();
     assert_eq!(out.entries, 1, "the entry within the ceiling is filed");
     assert_eq!(
-        out.dropped,
-        vec![(
+        out.dropped.examples(),
+        [(
             DropReason::AmountTooLarge,
             "front/alice/requests".to_string()
         )]
@@ -246,8 +247,35 @@ fn new_services_past_the_cap_are_refused_and_the_rest_filed() {
     let out = l.ingest(&r, T).unwrap();
     assert_eq!(out.entries, 1);
     assert_eq!(
-        out.dropped,
-        vec![(DropReason::TooManyServices, "d".to_string())]
+        out.dropped.examples(),
+        [(DropReason::TooManyServices, "d".to_string())]
     );
     assert_eq!(l.services().count(), 2);
+}
+
+#[test]
+fn new_keys_past_the_cap_are_refused_until_idle_ones_are_forgotten() {
+    let mut l = Ledger::new(LedgerConfig {
+        max_keys: 3,
+        nr_slot: 5,
+        ..LedgerConfig::default()
+    });
+    let flood = r#"{"a": {"requests": 1, "bytes": 1}, "b": {"requests": 1, "bytes": 1}}"#;
+    let out = l.ingest(&report("n1", 100, flood, "{}"), T).unwrap();
+    assert_eq!(out.entries, 3, "three keys fit");
+    assert_eq!(out.dropped.count(DropReason::TooManyKeys), 1);
+    assert_eq!(l.key_count(), 3);
+    // Known keys are still filed at the cap.
+    let again = l
+        .ingest(&report("n1", 101, flood, "{}"), T + 1_000)
+        .unwrap();
+    assert_eq!((again.entries, again.dropped.total()), (3, 1));
+    assert_eq!(l.slot_sum("front", "a", "bytes", 100, false), 1);
+    // Once the history has passed, the idle keys go and new ones fit.
+    l.forget(T + 10_000);
+    let later = r#"{"c": {"requests": 1}}"#;
+    let out = l
+        .ingest(&report("n1", 110, later, "{}"), T + 10_000)
+        .unwrap();
+    assert_eq!((out.entries, out.dropped.total()), (1, 0));
 }

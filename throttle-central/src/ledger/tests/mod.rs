@@ -17,21 +17,28 @@ use crate::server::MonitorView;
 
 mod assign;
 mod filing;
+mod pages;
 mod properties;
 mod retention;
 
 fn monitor_quota(l: &Ledger, range: SlotRange) -> Value {
-    to_json(&MonitorView::Quota(l.quota_view(range)))
+    to_json(&MonitorView::Quota(l.quota_view(range, &Page::ALL)))
 }
 
 fn monitor_sums(l: &Ledger, range: SlotRange, rejection: bool) -> Value {
-    to_json(&MonitorView::Sums(l.sums_view(range, rejection)))
+    to_json(&MonitorView::Sums(l.sums_view(
+        range,
+        rejection,
+        &Page::ALL,
+    )))
 }
 
 fn monitor_distribution(l: &Ledger, range: SlotRange, now_ms: i64) -> Value {
-    to_json(&MonitorView::Distribution(
-        l.distribution_view(range, now_ms),
-    ))
+    to_json(&MonitorView::Distribution(l.distribution_view(
+        range,
+        now_ms,
+        &Page::ALL,
+    )))
 }
 
 fn monitor_reported(l: &Ledger, range: SlotRange) -> Value {

@@ -1,4 +1,4 @@
-//! Log helpers of the server.
+//! Log helpers: names from outside cut short, lines rate-limited.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -27,6 +27,14 @@ impl Throttled {
             next_ms: AtomicI64::new(i64::MIN),
             skipped: AtomicU64::new(0),
         }
+    }
+
+    /// [`Throttled::allow`] at the system clock's now.
+    pub(crate) fn allow_now(&self) -> Option<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.allow(now)
     }
 
     /// `Some(lines left out since the last one)` when a line may go out at

@@ -1,0 +1,18 @@
+//! How connections reach the central's two servers: how many may be open,
+//! how long a node connection may stay without a stream, and TLS.
+//!
+//! - `limits`: [`ConnectionLimits`], the settings;
+//! - `node_io`: node connections, each holding a place under the cap and
+//!   closed if no stream opens on it in time;
+//! - `tls`: certificates and keys read from PEM files, for both servers;
+//! - `http`: the HTTP server's accept loop (TLS, header timeout, the cap).
+
+mod http;
+mod limits;
+mod node_io;
+mod tls;
+
+pub(crate) use http::serve_http;
+pub use limits::ConnectionLimits;
+pub(crate) use node_io::{NodeConnInfo, node_incoming};
+pub use tls::{ServerTls, TlsError};
