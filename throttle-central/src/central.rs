@@ -113,6 +113,14 @@ impl CentralBuilder {
         self
     }
 
+    /// Most (user, resource) keys the central holds over every service
+    /// (default [`MAX_KEYS`](crate::ledger::MAX_KEYS)): an entry of a
+    /// report that would add one past it is dropped, counted and logged.
+    pub fn max_keys(mut self, max: usize) -> Self {
+        self.ledger.max_keys = max;
+        self
+    }
+
     /// Largest amount a node may report for one (user, resource) in one
     /// slot (default [`MAX_AMOUNT`](crate::ledger::MAX_AMOUNT)); an entry
     /// above it is dropped, counted and logged, and the rest of the report
