@@ -350,3 +350,49 @@ async fn a_report_over_the_centrals_size_limit_is_dropped_and_the_rest_go_on() {
     let status = node.reporter.status();
     assert!(status.connections < 10, "no reconnecting loop: {status:?}");
 }
+
+/// The long-user bypass, closed: a user key of 256 bytes (the longest name)
+/// is held to its limit across the cluster, and one of 257 bytes, which the
+/// central could not account for, is refused by the nodes, never let
+/// through unlimited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_key_too_long_to_account_for_is_refused_not_unlimited() {
+    let longest = "u".repeat(throttle_proto::MAX_NAME_LEN);
+    let too_long = "u".repeat(throttle_proto::MAX_NAME_LEN + 1);
+    let toml = format!(
+        "[[limit]]\nservice = \"front\"\nuser = \"{longest}\"\nper_second = {{ requests = 200 }}\nburst_seconds = 1\n"
+    );
+    let _alone = LOADED.lock().await;
+    let cluster = Cluster::start(2, SLOT_MS, limits(&toml), Fallback::Allow)
+        .await
+        .unwrap();
+    cluster.connected().await;
+    let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
+    for node in 0..2 {
+        load.flow(&longest, node, 250.0);
+        load.flow(&too_long, node, 50.0);
+    }
+    let start = cluster.current_slot();
+    load.run(Duration::from_millis(2500)).await;
+    cluster.slots(3).await;
+    let sums = cluster.monitor(Subject::ConsumptionSum).await;
+    let (from, to) = (start + 11, start + 20);
+    let admitted = sum(&sums, "front", &longest, "requests", from, to);
+    let limit = 200 * (to - from + 1) / 10;
+    let ratio = admitted as f64 / limit as f64;
+    assert!(
+        (0.85..=1.15).contains(&ratio),
+        "admitted {admitted} of {limit} ({ratio:.3})"
+    );
+    let tallies = load.tallies();
+    let long: Vec<_> = tallies
+        .values()
+        .flat_map(|row| row.iter().filter(|((u, _), _)| *u == too_long))
+        .map(|(_, t)| *t)
+        .collect();
+    let offered: u64 = long.iter().map(|t| t.offered).sum();
+    let admitted: u64 = long.iter().map(|t| t.admitted).sum();
+    assert!(offered > 100, "{offered} requests sent");
+    assert_eq!(admitted, 0, "none of {offered} let through");
+    assert_eq!(sum(&sums, "front", &too_long, "requests", start, to), 0);
+}

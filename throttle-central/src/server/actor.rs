@@ -35,7 +35,8 @@ struct Conn {
     answered_ahead: u64,
     tx: Outgoing,
     ahead: Arc<AnswerAhead>,
-    /// Lets the stream's line about dropped entries out once a second.
+    /// Lets the stream's lines about dropped entries and refused reports
+    /// out once a second.
     drop_log: Throttled,
 }
 
@@ -364,7 +365,9 @@ impl Actor {
                 // The stream answers ahead only what passes the same check
                 // (`LedgerConfig::check`), so `answered` here means the two
                 // checks disagreed: say so.
-                tracing::warn!(%node_id, error = %e, answered, "report refused");
+                if let Some(skipped) = drop_log.allow(now) {
+                    tracing::warn!(%node_id, error = %e, answered, skipped, "report refused");
+                }
                 return Err(Status::invalid_argument(e.to_string()));
             }
         };

@@ -23,7 +23,7 @@ use super::received::Received;
 use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::ledger::LedgerConfig;
-use crate::log::truncate;
+use crate::log::{Throttled, truncate};
 use crate::net::NodeConnInfo;
 
 /// Most services one Hello may name: a process serves a few, and each
@@ -70,9 +70,15 @@ fn message(kind: central_message::Kind) -> Result<Outbound, Status> {
     Ok(Outbound::Message(v1::CentralMessage { kind: Some(kind) }))
 }
 
+/// Lets lines about refused Hellos and broken streams out once a second:
+/// before its Hello a stream has no node id to count per.
+static REFUSED: Throttled = Throttled::new();
+
 fn invalid(reason: &'static str, msg: String) -> Status {
     counter!("throttle_central_invalid_messages_total", "reason" => reason).increment(1);
-    tracing::warn!(reason, "{msg}");
+    if let Some(skipped) = REFUSED.allow_now() {
+        tracing::warn!(reason, skipped, "{msg}");
+    }
     Status::invalid_argument(msg)
 }
 
@@ -158,7 +164,9 @@ impl CentralService {
                 Some(Err(s)) => {
                     counter!("throttle_central_invalid_messages_total", "reason" => "decode")
                         .increment(1);
-                    tracing::warn!(?addr, status = %s, "node stream failed");
+                    if let Some(skipped) = REFUSED.allow_now() {
+                        tracing::warn!(?addr, status = %s, skipped, "node stream failed");
+                    }
                     // Tell the node why (e.g. a message over the size limit).
                     Status::new(s.code(), s.message().to_owned())
                 }
