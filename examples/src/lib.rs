@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod load;
+pub mod logs;
 pub mod node;
 pub mod serve;
 

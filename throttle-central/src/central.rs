@@ -278,7 +278,9 @@ impl CentralBuilder {
                 token: self.http_token,
                 monitor_places: HttpState::monitor_places(),
             };
-            tracing::info!(http_addr = ?http_addr, "monitor API listening");
+            if let Some(http_addr) = http_addr {
+                tracing::info!(%http_addr, "monitor API listening");
+            }
             let router = http::router(state);
             let tls = self.tls.as_ref().map(ServerTls::http);
             let stop = stopped(stop_rx.clone());

@@ -1,5 +1,6 @@
 //! Log helpers: names from outside cut short, lines rate-limited.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// At most the first 80 bytes of `s`, for a log line about a name from
@@ -10,6 +11,11 @@ pub(crate) fn truncate(s: &str) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// A peer's address for a log line: the address, or "unknown".
+pub(crate) fn peer(addr: Option<SocketAddr>) -> String {
+    addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string())
 }
 
 /// Lets a kind of log line through at most once a second, and says how

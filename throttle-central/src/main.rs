@@ -83,7 +83,10 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let shutdown = shutdown_signal()?;
+    // Logs go to stderr, coloured only on a terminal.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&args.log).context("invalid --log filter")?,
         )

@@ -35,7 +35,6 @@ impl Drop for Program {
 /// The address logged after `field=` on `line`.
 fn addr_after(line: &str, field: &str) -> Option<SocketAddr> {
     let rest = line.split(field).nth(1)?;
-    let rest = rest.trim_start_matches("Some(");
     let end = rest.find([' ', ')']).unwrap_or(rest.len());
     rest[..end].parse().ok()
 }
@@ -53,13 +52,12 @@ fn start(test: &str) -> Program {
         .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
         .arg("--limits")
         .arg(&limits)
-        .env("NO_COLOR", "1")
         .env("THROTTLE_CENTRAL_LOG", "warn,throttle_central=info")
-        .stderr(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("the binary runs");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let (mut grpc, mut http) = (None, None);
     while grpc.is_none() || http.is_none() {
         let line = lines.next().expect("logs its addresses").unwrap();

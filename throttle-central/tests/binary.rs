@@ -17,13 +17,12 @@ fn starts_logs_and_stops_on_sigterm() {
             "200",
         ])
         .env("THROTTLE_CENTRAL_POLICY", "classic")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("the binary runs");
-    let stdout = child.stdout.take().expect("piped");
-    let mut lines = BufReader::new(stdout).lines();
+    let stderr = child.stderr.take().expect("piped");
+    let mut lines = BufReader::new(stderr).lines();
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
@@ -36,6 +35,8 @@ fn starts_logs_and_stops_on_sigterm() {
     }
     let log = seen.join("\n");
     assert!(log.contains("policy=classic"), "env var read: {log}");
+    assert!(!log.contains('\x1b'), "no colours in a pipe: {log}");
+    assert!(!log.contains("Some("), "addresses as text: {log}");
     assert!(log.contains("nobody is limited"), "{log}");
     assert!(log.contains("central node listening for nodes"), "{log}");
     let status = Command::new("kill")

@@ -17,7 +17,7 @@ use throttle_layer::{Fallback, SlotStore};
 
 /// A demo app node throttled by throttle.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Address to serve HTTP on.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -32,11 +32,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&args.log).context("invalid --log")?,
-        )
-        .init();
+    throttle_examples::logs::init(&args.log)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -20,7 +20,7 @@ use throttle_layer::{Fallback, Reporter, SlotStore};
 /// Runs a central node, three app nodes and a load generator, and shows
 /// what each user was admitted against their limit.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// How long to run the load, in seconds.
     #[arg(long, default_value_t = 20)]
@@ -28,6 +28,10 @@ struct Args {
     /// Requests per second alice offers (her limit is 200/s).
     #[arg(long, default_value_t = 500.0)]
     offered: f64,
+    /// Log filter. The reporters' complaints when the central node goes
+    /// away at the end are expected here, hence quiet by default.
+    #[arg(long, default_value = "warn,throttle_layer::reporter=error")]
+    log: String,
 }
 
 const NODES: usize = 3;
@@ -103,9 +107,7 @@ fn print_row(second: i64, row: &std::collections::BTreeMap<(String, usize), Tall
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // Reporters warn when the central node goes away at the end: expected here.
-    tracing_subscriber::fmt()
-        .with_env_filter("warn,throttle_layer::reporter=error")
-        .init();
+    throttle_examples::logs::init(&args.log)?;
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let central = Central::builder()

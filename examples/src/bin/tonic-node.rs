@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 
 /// A gRPC greeter throttled by throttle, or a client for it.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Address to serve gRPC on.
     #[arg(long, default_value = "127.0.0.1:50051")]
@@ -36,6 +36,9 @@ struct Args {
     /// Client: how many calls, 50 ms apart.
     #[arg(long, default_value_t = 10)]
     requests: u32,
+    /// Log filter, e.g. `info` or `throttle_layer=debug`.
+    #[arg(long, default_value = "info")]
+    log: String,
 }
 
 #[derive(Debug)]
@@ -93,7 +96,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(url) = args.client {
         return client(url, &args.user, args.requests).await;
     }
-    tracing_subscriber::fmt().with_env_filter("info").init();
+    throttle_examples::logs::init(&args.log)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

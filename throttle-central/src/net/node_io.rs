@@ -19,7 +19,7 @@ use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TlsConnectInfo};
 
 use super::ConnectionLimits;
-use crate::log::Throttled;
+use crate::log::{Throttled, peer};
 
 static AT_CAP: Throttled = Throttled::new();
 static NO_STREAM: Throttled = Throttled::new();
@@ -92,9 +92,9 @@ impl NodeIo {
         }
         counter!("throttle_central_connections_closed_total", "reason" => "no_stream").increment(1);
         if let Some(skipped) = NO_STREAM.allow_now() {
-            let addr = self.info.addr;
+            let addr = peer(self.info.addr);
             tracing::warn!(
-                ?addr,
+                %addr,
                 skipped,
                 "node connection closed: no stream opened in time"
             );

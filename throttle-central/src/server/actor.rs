@@ -19,7 +19,7 @@ use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
 use crate::ledger::{FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange};
-use crate::log::{Throttled, truncate};
+use crate::log::{Throttled, peer, truncate};
 
 /// One open node stream, as the ledger's task knows it.
 #[derive(Debug)]
@@ -245,7 +245,7 @@ impl Actor {
             accepts,
             self.clock.now_ms(),
         );
-        tracing::info!(node_id = %hello.node_id, ?addr, services = ?hello.services, packed = accepts.packed, refs = accepts.refs, "node connected");
+        tracing::info!(node_id = %hello.node_id, addr = %peer(addr), services = %hello.services.join(","), packed = accepts.packed, refs = accepts.refs, "node connected");
         let c = Conn {
             node_id: hello.node_id,
             node,

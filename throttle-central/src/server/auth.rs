@@ -12,7 +12,7 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 use crate::keys::NodeKeys;
-use crate::log::Throttled;
+use crate::log::{Throttled, peer};
 
 static REFUSED: Throttled = Throttled::new();
 
@@ -46,10 +46,6 @@ fn refused(e: AuthError, addr: Option<SocketAddr>, now_ms: i64) -> Status {
         tracing::warn!(reason = e.as_str(), addr = %peer(addr), skipped, "node stream refused: {e}");
     }
     Status::unauthenticated(e.to_string())
-}
-
-fn peer(addr: Option<SocketAddr>) -> String {
-    addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string())
 }
 
 /// The four credential entries of `metadata`, each present and of a

@@ -23,7 +23,7 @@ use super::received::Received;
 use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::ledger::LedgerConfig;
-use crate::log::{Throttled, truncate};
+use crate::log::{Throttled, peer, truncate};
 use crate::net::NodeConnInfo;
 
 /// Most services one Hello may name: a process serves a few, and each
@@ -165,7 +165,7 @@ impl CentralService {
                     counter!("throttle_central_invalid_messages_total", "reason" => "decode")
                         .increment(1);
                     if let Some(skipped) = REFUSED.allow_now() {
-                        tracing::warn!(?addr, status = %s, skipped, "node stream failed");
+                        tracing::warn!(addr = %peer(addr), status = %s, skipped, "node stream failed");
                     }
                     // Tell the node why (e.g. a message over the size limit).
                     Status::new(s.code(), s.message().to_owned())
@@ -355,7 +355,7 @@ impl CentralRpc for CentralService {
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         if !self.leadership.is_leader() {
             let leader = self.leadership.leader().unwrap_or_default();
-            tracing::info!(?addr, %leader, "not the leader; redirecting node");
+            tracing::info!(addr = %peer(addr), %leader, "not the leader; redirecting node");
             let _ = tx.try_send(message(central_message::Kind::NotLeader(v1::NotLeader {
                 leader,
             })));

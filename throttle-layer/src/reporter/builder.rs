@@ -39,6 +39,10 @@ pub enum ReporterError {
     /// An endpoint is not a valid URI.
     #[error("invalid central endpoint {0:?}")]
     InvalidEndpoint(String),
+    /// A central's address has no scheme (`127.0.0.1:7075`): tonic would
+    /// accept it and fail at every connect.
+    #[error("central endpoint {0:?} has no scheme: write http://{0} (https:// with TLS)")]
+    NoScheme(String),
     /// TLS is set but a central's address is not `https://`.
     #[error("central endpoint {0:?} must be https:// when TLS is set")]
     TlsNeedsHttps(String),
@@ -86,6 +90,7 @@ pub struct ReporterStatus {
 
 /// The running reporter; dropping it stops the task.
 #[derive(Debug)]
+#[must_use = "dropping the handle stops the reporter: keep it as long as the app serves"]
 pub struct ReporterHandle {
     pub(super) task: JoinHandle<()>,
     pub(super) status: watch::Receiver<ReporterStatus>,

@@ -16,7 +16,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(10);
 ///
 /// # Errors
 ///
-/// An address that is not a URI, or whose scheme does not match the TLS
+/// An address without `http://` or `https://`, that is not a URI, or whose scheme does not match the TLS
 /// settings: with TLS every central must be `https://` (tonic would speak
 /// plaintext to an `http://` one), without it none may be.
 pub(super) fn endpoint(
@@ -24,6 +24,9 @@ pub(super) fn endpoint(
     timeout: Duration,
     tls: Option<&ClientTlsConfig>,
 ) -> Result<Endpoint, ReporterError> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(ReporterError::NoScheme(url.to_owned()));
+    }
     let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|_| ReporterError::InvalidEndpoint(url.to_owned()))?
         .connect_timeout(timeout)

@@ -30,6 +30,7 @@
 
 mod builder;
 mod dial;
+mod repeats;
 mod run;
 mod stream;
 

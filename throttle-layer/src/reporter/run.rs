@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::builder::*;
 use super::dial;
+use super::repeats::Repeats;
 use super::stream::*;
 
 /// A report kept until its answer: encoded once, sent (and sent again
@@ -41,6 +42,8 @@ pub(super) struct Run {
     /// written packed for it (and rewritten should the next one not).
     pub(super) packed_reports: bool,
     pub(super) status: watch::Sender<ReporterStatus>,
+    /// The last "cannot reach" warning, said once until it changes.
+    pub(super) unreachable: Repeats,
 }
 
 /// The shortest life of a stream closed to announce a new service: an app
@@ -106,6 +109,7 @@ impl ReporterBuilder {
             announced: 0,
             packed_reports: false,
             status: status_tx,
+            unreachable: Repeats::default(),
         };
         let mut run = run;
         run.schedule();
@@ -246,6 +250,7 @@ impl Run {
             match opened {
                 Ok(Opened::Stream(tx, inbound, packed_reports)) => {
                     backoff = self.cfg.backoff_min;
+                    self.unreachable.clear();
                     self.packed_reports = packed_reports;
                     if self.connected(&endpoint, tx, inbound).await == Ended::Announce {
                         // A new stream at once: its Hello names the new
@@ -256,7 +261,15 @@ impl Run {
                 Ok(Opened::Redirect(leader)) => self.follow(leader),
                 Err(e) => {
                     counter!("throttle_reporter_connect_failures_total").increment(1);
-                    tracing::warn!(endpoint = %endpoint, error = %e, "cannot reach central node");
+                    let error = e.to_string();
+                    let fresh = self
+                        .unreachable
+                        .fresh(&format!("{endpoint} {error}"), std::time::Instant::now());
+                    if fresh {
+                        tracing::warn!(%endpoint, %error, "cannot reach central node");
+                    } else {
+                        tracing::debug!(%endpoint, %error, "cannot reach central node");
+                    }
                     self.current = (self.current + 1) % self.cfg.endpoints.len();
                 }
             }

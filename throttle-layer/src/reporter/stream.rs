@@ -21,7 +21,7 @@ pub(super) enum Opened {
 pub(super) enum OpenError {
     #[error(transparent)]
     Endpoint(#[from] ReporterError),
-    #[error("connect: {0}")]
+    #[error("connect: {}", causes(.0))]
     Connect(#[from] tonic::transport::Error),
     #[error("central refused the stream: {0}")]
     Status(#[from] tonic::Status),
@@ -29,6 +29,22 @@ pub(super) enum OpenError {
     NoWelcome,
     #[error("credentials cannot go in gRPC metadata (not visible ASCII)")]
     Credentials,
+}
+
+/// `e` and its sources, outermost first: tonic's own message is only
+/// "transport error", the cause ("Connection refused") is further down.
+pub(super) fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// Puts `signed` in a stream's request metadata.

@@ -28,3 +28,30 @@ fn a_fleet_falls_evenly_over_the_spread() {
         "{tenths:?}"
     );
 }
+
+#[test]
+fn an_endpoint_without_a_scheme_is_refused_with_what_to_write() {
+    let e = super::dial::endpoint("127.0.0.1:7075", Duration::from_secs(1), None);
+    let e = e.expect_err("no scheme");
+    assert_eq!(e, ReporterError::NoScheme("127.0.0.1:7075".into()));
+    assert!(e.to_string().contains("write http://127.0.0.1:7075"), "{e}");
+    assert!(super::dial::endpoint("http://127.0.0.1:7075", Duration::from_secs(1), None).is_ok());
+}
+
+#[tokio::test]
+async fn a_failed_connect_says_why() {
+    // A port nobody listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let channel = super::dial::endpoint(&url, Duration::from_secs(1), None)
+        .unwrap()
+        .connect()
+        .await;
+    let e = super::stream::OpenError::from(channel.expect_err("nobody listens"));
+    let text = e.to_string().to_lowercase();
+    assert!(text.contains("connection refused"), "{text}");
+}
