@@ -322,6 +322,7 @@ pub mod fleet {
                     per_second: RESOURCES.iter().map(|r| (r.to_string(), 1000.0)).collect(),
                     burst_seconds: 10.0,
                     max_debt_seconds: None,
+                    per_period: Default::default(),
                 },
             );
         }

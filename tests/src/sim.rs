@@ -159,6 +159,7 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
                 per_second: [(resource.to_string(), u.limit)].into(),
                 burst_seconds: scenario.burst_seconds,
                 max_debt_seconds: None,
+                per_period: Default::default(),
             },
         );
     }

@@ -399,3 +399,55 @@ async fn a_user_key_too_long_to_account_for_is_refused_not_unlimited() {
     assert_eq!(admitted, 0, "none of {offered} let through");
     assert_eq!(sum(&sums, "front", &too_long, "requests", start, to), 0);
 }
+
+/// Rules as operators write them, end to end: a user the file never names
+/// is held at the `*` rate, and a per-minute quota is spent at any pace
+/// (it starts full), then refills at its rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_user_and_per_minute_rules_hold_across_nodes() {
+    let toml = r#"
+[[limit]]
+service = "front"
+user = "*"
+per_second = { requests = 200 }
+burst_seconds = 1
+
+[[limit]]
+service = "front"
+user = "minute"
+per_second = { requests = 100000 }
+per_minute = { requests = 3000 }
+"#;
+    let _alone = LOADED.lock().await;
+    let cluster = Cluster::start(2, SLOT_MS, limits(toml), Fallback::Allow)
+        .await
+        .unwrap();
+    cluster.connected().await;
+    let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
+    for node in 0..2 {
+        load.flow("stranger", node, 250.0);
+        load.flow("minute", node, 500.0);
+    }
+    let start = cluster.current_slot();
+    load.run(Duration::from_millis(5000)).await;
+    cluster.slots(3).await;
+    let sums = cluster.monitor(Subject::ConsumptionSum).await;
+    let (from, to) = (start + 11, start + 50);
+    let stranger = sum(&sums, "front", "stranger", "requests", from, to);
+    let limit = 200 * (to - from + 1) / 10;
+    let ratio = stranger as f64 / limit as f64;
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "stranger admitted {stranger} of {limit} ({ratio:.3}); per slot {:?}",
+        per_slot(&sums, "front", "stranger", "requests", from, to)
+    );
+    // 1,000/s offered for 5 s against 3,000 a minute: the whole 3,000 at
+    // once, then 50 a second as it refills: 3,250 in all.
+    let minute = sum(&sums, "front", "minute", "requests", start, to + 5);
+    println!("stranger {stranger} of {limit} ({ratio:.3}); per-minute user {minute} of 3,250");
+    assert!(
+        (3_100..=3_500).contains(&minute),
+        "minute admitted {minute}; per slot {:?}",
+        per_slot(&sums, "front", "minute", "requests", start, to + 5)
+    );
+}

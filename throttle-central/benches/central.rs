@@ -57,6 +57,7 @@ fn limits(users: usize) -> Vec<Limit> {
             per_second: RESOURCES.iter().map(|r| (r.to_string(), 1000.0)).collect(),
             burst_seconds: 10.0,
             max_debt_seconds: None,
+            per_period: Default::default(),
         })
         .collect()
 }

@@ -47,6 +47,14 @@ impl Bucket {
         }
     }
 
+    /// As [`Bucket::new`], starting full: the bucket of a longer period,
+    /// whose whole amount may be spent at any pace.
+    pub fn full(rate: f64, burst_seconds: f64, now_ms: i64) -> Self {
+        let mut b = Self::new(rate, burst_seconds, now_ms);
+        b.level = b.capacity;
+        b
+    }
+
     /// Tokens added per second.
     pub fn rate(&self) -> f64 {
         self.rate

@@ -129,6 +129,7 @@ async fn limits(attack_limit: u32) -> LimitSet {
                 per_second: [("requests".to_string(), f64::from(LIMIT))].into(),
                 burst_seconds: 1.0,
                 max_debt_seconds: None,
+                per_period: Default::default(),
             },
         );
     }
@@ -139,6 +140,7 @@ async fn limits(attack_limit: u32) -> LimitSet {
             per_second: [("requests".to_string(), f64::from(attack_limit))].into(),
             burst_seconds: 1.0,
             max_debt_seconds: None,
+            per_period: Default::default(),
         },
     );
     set

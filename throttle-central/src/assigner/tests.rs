@@ -46,6 +46,7 @@ fn set(rate: f64) -> LimitSet {
             per_second: [("requests".into(), rate)].into(),
             burst_seconds: 1.0,
             max_debt_seconds: None,
+            per_period: Default::default(),
         },
     );
     set

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::ledger::{KeyView, QuotaSlot, ServiceRows, SumRow};
+use crate::ledger::{BucketView, KeyView, QuotaSlot, ServiceRows, SumRow};
 use crate::server::{Connections, MonitorView};
 
 /// `view` as the JSON the monitor API answers.
@@ -85,13 +85,15 @@ fn distribution(rows: &ServiceRows<KeyView>) -> Value {
                     (n.node.clone(), entry)
                 })
                 .collect();
-            let bucket = key
-                .bucket
-                .map(|b| json!({"level": b.level, "rate": b.rate, "capacity": b.capacity}));
-            users.entry(&key.user).or_default().insert(
-                key.resource.clone(),
-                json!({"nodes": nodes, "bucket": bucket}),
-            );
+            let bucket = |b: &BucketView| json!({"level": b.level, "rate": b.rate, "capacity": b.capacity, "period": b.period.as_str()});
+            let mut entry = json!({"nodes": nodes, "bucket": key.bucket.as_ref().map(bucket)});
+            if !key.others.is_empty() {
+                entry["others"] = key.others.iter().map(bucket).collect();
+            }
+            users
+                .entry(&key.user)
+                .or_default()
+                .insert(key.resource.clone(), entry);
         }
         out.insert(service.clone(), json!(users));
     }

@@ -144,7 +144,8 @@ impl ServiceState {
                     ids.extend_from_slice(listed);
                 }
                 None => {
-                    for resource in self.keys_for(user, &mut entries, &mut ids, room) {
+                    let refused = self.keys_for(user, &mut entries, &mut ids, room, at.now_ms);
+                    for resource in refused {
                         let name = || format!("{service}/{user}/{resource}");
                         out.dropped.push(DropReason::TooManyKeys, name);
                     }

@@ -5,9 +5,9 @@ use std::fmt;
 
 use super::config::LedgerConfig;
 use super::ids::{Map, NodeId, valid_name};
+use super::rules::ServiceRules;
 use super::service::Service;
-use super::state::{MaxDebt, ServiceState};
-use crate::bucket::Bucket;
+use super::state::ServiceState;
 use crate::limits::Limit;
 use crate::policy::{NodeGrants, Policy, Projected, QuotaHistory};
 
@@ -115,33 +115,20 @@ impl Ledger {
         self.services.keys().map(|s| &**s)
     }
 
-    /// Makes `limits` the limits of `service`: buckets are created, changed
-    /// (a new rate applies from `now_ms`), or dropped for users and resources
-    /// no longer listed.
+    /// Makes `limits` the rules of `service` from `now_ms`: every key is
+    /// limited as its user's own rule and the `*` rule say (buckets are
+    /// created, changed, or dropped where no rule limits the key any
+    /// more), the keys of users with a rule of their own are created, and
+    /// keys created later are limited as they are.
     pub fn apply_limits(&mut self, service: &str, limits: &[Limit], now_ms: i64) {
-        let by_user: Map<&str, &Limit> = limits.iter().map(|l| (l.user.as_str(), l)).collect();
         let svc = self.service_mut(service);
-        for key in svc.state.keys.iter_mut().filter(|k| k.live) {
-            let limited = by_user
-                .get(&*key.user)
-                .is_some_and(|l| l.per_second.contains_key(&*key.resource));
-            key.limited &= limited;
-        }
-        for limit in limits {
-            for (resource, &rate) in &limit.per_second {
-                let id = svc.state.find_or_insert(&limit.user, resource);
-                let key = svc.state.key_mut(id);
-                match key.bucket_mut() {
-                    Some(b) if b.rate() == rate && b.capacity() == rate * limit.burst_seconds => {}
-                    Some(b) => b.set_limit(rate, limit.burst_seconds, now_ms),
-                    None => {
-                        key.bucket = Bucket::new(rate, limit.burst_seconds, now_ms);
-                        key.limited = true;
-                    }
-                }
-                key.max_debt = MaxDebt::of(limit.max_debt_seconds);
+        svc.state.rules = ServiceRules::new(limits);
+        for limit in limits.iter().filter(|l| !l.is_every_user()) {
+            for resource in limit.resources() {
+                svc.state.find_or_insert(&limit.user, resource, now_ms);
             }
         }
+        svc.state.limit_all(now_ms);
         self.key_total = self.key_count();
     }
 
@@ -257,7 +244,7 @@ impl Ledger {
             svc.forget_book(cutoff, current);
             svc.policy.forget_before(cutoff);
             svc.state
-                .forget(cutoff, cutoff + i64::from(self.config.nr_slot));
+                .forget(cutoff, cutoff + i64::from(self.config.nr_slot), now_ms);
         }
         self.key_total = self.key_count();
         if self.key_total >= self.config.max_keys {

@@ -19,7 +19,12 @@
 //! use throttle_proto::legacy;
 //!
 //! let mut ledger = Ledger::new(LedgerConfig::default());
-//! let limit = Limit { user: "alice".into(), per_second: [("requests".into(), 100.0)].into(), burst_seconds: 10.0, max_debt_seconds: None };
+//! let limit = Limit {
+//!     user: "alice".into(),
+//!     per_second: [("requests".into(), 100.0)].into(),
+//!     burst_seconds: 10.0,
+//!     ..Limit::default()
+//! };
 //! ledger.apply_limits("front", &[limit], 10_000);
 //! let report = legacy::report_from_json(
 //!     r#"{"node_id": "n1", "slot_number": 10, "consumption": {"front": {"alice": {"requests": 40}}}, "rejection": {"front": {}}}"#,
@@ -39,6 +44,10 @@
 //! - `source`: [`ReportSource`], the reports the ledger can file;
 //! - `config`: [`LedgerConfig`] and the check of a whole report;
 //! - `filing`: [`Ledger::ingest`];
+//! - `rules`: a service's limit rules, which limit keys as they appear;
+//! - `periods`: keys limited over several periods;
+//! - `dropped`: entries of a report left out, counted per reason;
+//! - `page`: monitor answers a page at a time;
 //! - `service`: one service's state, policy and book of assignments;
 //! - `views`: typed answers to monitor questions;
 //! - `ledger`: the [`Ledger`] itself.
@@ -50,7 +59,9 @@ mod ids;
 #[allow(clippy::module_inception)]
 mod ledger;
 mod page;
+mod periods;
 mod recent;
+mod rules;
 mod service;
 mod source;
 mod state;

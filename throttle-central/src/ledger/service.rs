@@ -27,6 +27,7 @@ impl Service {
     pub(crate) fn assign(&mut self, slot: i64, now_ms: i64) {
         let mut out = self.spare.take().unwrap_or_default();
         out.clear_like(self.book.values().next_back());
+        self.state.bind(now_ms);
         let granted = Granted::new(&self.book, &self.kept);
         let mut assignment = self.policy.assign(&self.state, granted, slot, now_ms, out);
         assignment.share_keys();

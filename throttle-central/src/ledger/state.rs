@@ -8,7 +8,9 @@ use smallvec::SmallVec;
 use throttle_clock::SlotLength;
 
 use super::ids::{KeyId, Map, Name, NodeId};
+use super::periods::Periods;
 use super::recent::NodeUsers;
+use super::rules::ServiceRules;
 use super::sums::{Column, SlotSums};
 use crate::bucket::Bucket;
 
@@ -39,10 +41,11 @@ const _: () = assert!(std::mem::size_of::<NodeUsage>() == 24);
 
 /// Everything the ledger keeps for one (service, user, resource).
 ///
-/// 144 bytes, a third of them per (user, resource, node) entry
+/// 152 bytes, a third of them per (user, resource, node) entry
 /// where a user is on 3 nodes: the resource's name is a thin pointer
-/// (`Name`), and whether the key has a bucket is a flag beside the
-/// generation rather than an `Option`'s tag padded to 8 bytes.
+/// (`Name`), whether the key has a bucket is a flag beside the
+/// generation rather than an `Option`'s tag padded to 8 bytes, and the
+/// buckets of a key limited over several periods are behind one pointer.
 #[derive(Debug)]
 pub struct Key {
     pub(super) user: Arc<str>,
@@ -55,6 +58,8 @@ pub struct Key {
     pub(super) limited: bool,
     /// How deep in debt the bucket may go; in what was padding.
     pub(super) max_debt: MaxDebt,
+    /// The buckets of other periods, for a key limited over several.
+    pub(super) periods: Option<Box<Periods>>,
 }
 
 /// How far below zero a bucket may go, in whole seconds of its rate, in
@@ -84,7 +89,7 @@ impl MaxDebt {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Key>() == 144);
+const _: () = assert!(std::mem::size_of::<Key>() == 152);
 
 impl Key {
     pub(super) fn new(user: Arc<str>, resource: Name, generation: u32) -> Self {
@@ -97,6 +102,7 @@ impl Key {
             live: true,
             limited: false,
             max_debt: MaxDebt::default(),
+            periods: None,
         }
     }
 
@@ -179,6 +185,11 @@ pub struct ServiceState {
     /// How many ids have been given to a new key: a list in `recent` made
     /// before the count changed may name keys that are no longer its.
     pub(super) reused: u64,
+    /// The rules that limit the service's keys, new ones included.
+    pub(super) rules: ServiceRules,
+    /// Keys limited over several periods, whose binding bucket is chosen
+    /// again before each assign (some may no longer be).
+    pub(super) several: Vec<KeyId>,
 }
 
 impl ServiceState {
@@ -308,6 +319,7 @@ impl ServiceState {
         entries: &mut SmallVec<[(&'r str, i64); 8]>,
         out: &mut SmallVec<[KeyId; 8]>,
         room: &mut usize,
+        now_ms: i64,
     ) -> SmallVec<[&'r str; 2]> {
         out.clear();
         if let Some(keys) = self.users.get(user) {
@@ -328,7 +340,7 @@ impl ServiceState {
                 Some(id) => id,
                 None if *room > 0 => {
                     *room -= 1;
-                    self.find_or_insert(user, r)
+                    self.find_or_insert(user, r, now_ms)
                 }
                 None => {
                     refused.push(*r);
@@ -342,7 +354,7 @@ impl ServiceState {
     }
 
     /// The key of (`user`, `resource`), created if new.
-    pub(super) fn find_or_insert(&mut self, user: &str, resource: &str) -> KeyId {
+    pub(super) fn find_or_insert(&mut self, user: &str, resource: &str, now_ms: i64) -> KeyId {
         // Look up before inserting: the common case allocates nothing.
         if let Some(id) = self.find(user, resource) {
             return id;
@@ -367,7 +379,43 @@ impl ServiceState {
         if let Some(keys) = self.users.get_mut(&user) {
             keys.push(id);
         }
+        self.limit(id, now_ms);
         id
+    }
+
+    /// Limits key `id` as the rules say, from `now_ms`.
+    pub(super) fn limit(&mut self, id: KeyId, now_ms: i64) {
+        let key = &self.keys[id.index()];
+        if self.rules.is_empty() && !key.limited {
+            return;
+        }
+        let resolved = self.rules.resolve(key.user(), key.resource());
+        let several_before = key.has_several();
+        if self.keys[id.index()].set_allowances(&resolved, now_ms) && !several_before {
+            self.several.push(id);
+        }
+    }
+
+    /// Limits every key as the rules say, from `now_ms`.
+    pub(super) fn limit_all(&mut self, now_ms: i64) {
+        for i in 0..self.keys.len() {
+            if self.keys[i].live {
+                self.limit(KeyId(i as u32), now_ms);
+            }
+        }
+        self.several.sort_unstable_by_key(|id| id.index());
+        self.several.dedup();
+    }
+
+    /// Makes each key's bucket with the least room its own, before an
+    /// assign reads them; forgets the keys no longer of several periods.
+    pub(super) fn bind(&mut self, now_ms: i64) {
+        let keys = &mut self.keys;
+        self.several.retain(|id| {
+            let key = &mut keys[id.index()];
+            key.bind(now_ms);
+            key.live && key.has_several()
+        });
     }
 
     pub(super) fn alloc(&mut self, user: Arc<str>, resource: Name) -> KeyId {
@@ -390,7 +438,7 @@ impl ServiceState {
 
     /// Drops what is older than `cutoff` and the keys left empty; `current`
     /// is the current slot.
-    pub(super) fn forget(&mut self, cutoff: i64, current: i64) {
+    pub(super) fn forget(&mut self, cutoff: i64, current: i64, now_ms: i64) {
         self.cutoff = cutoff;
         self.last_report.retain(|_, s| *s >= cutoff);
         let reporting = &self.last_report;
@@ -421,12 +469,20 @@ impl ServiceState {
                 continue;
             }
             key.nodes.retain(|n| n.slot >= cutoff);
-            if key.limited || !key.nodes.is_empty() {
+            // An idle key goes unless a rule of its user's own keeps it,
+            // or its buckets still remember something (a debt, a day's
+            // quota partly spent): a key of the `*` rule comes back as
+            // it went.
+            let remembers =
+                key.limited && (self.rules.names(&key.user) || !key.buckets_full(now_ms));
+            if remembers || !key.nodes.is_empty() {
                 continue;
             }
             // Freed: its names stay until the id is reused, so assignments
             // still in the book resolve.
             key.live = false;
+            key.limited = false;
+            key.periods = None;
             self.live -= 1;
             let id = KeyId(i as u32);
             self.freed.push_back((id, current + REUSE_AFTER));
@@ -457,8 +513,7 @@ impl Key {
         now_ms: i64,
     ) {
         if !is_rejection && self.limited {
-            let floor = self.max_debt.floor(&self.bucket);
-            self.bucket.consume_down_to(amount, now_ms, floor);
+            self.charge(amount, now_ms);
         }
         // Distribution: one entry per node, the latest report wins; both the
         // consumption and the rejection pass of one report land in it.

@@ -5,6 +5,8 @@ use super::ids::NodeId;
 use super::ledger::Ledger;
 use super::page::{Filler, Page, Paged};
 use super::state::{NodeUsage, ServiceState};
+use crate::bucket::Bucket;
+use crate::limits::Period;
 use crate::policy::NodeGrants;
 
 /// An inclusive slot range for monitor queries; open ends are unbounded.
@@ -58,9 +60,11 @@ pub struct BucketView {
     pub rate: f64,
     /// Most tokens held.
     pub capacity: f64,
+    /// The period of the limit it stands for.
+    pub period: Period,
 }
 
-/// One (user, resource) key: its distribution and its bucket.
+/// One (user, resource) key: its distribution and its buckets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyView {
     /// The user.
@@ -69,8 +73,11 @@ pub struct KeyView {
     pub resource: String,
     /// Per node, its latest report within the range asked.
     pub nodes: Vec<NodeEntry>,
-    /// The bucket, when the user has a limit on the resource.
+    /// The bucket with the least room, when the user has a limit on the
+    /// resource: the one quotas are cut from.
     pub bucket: Option<BucketView>,
+    /// The other periods' buckets, for a key limited over several.
+    pub others: Vec<BucketView>,
 }
 
 /// One slot's quotas of a service, per node.
@@ -93,6 +100,15 @@ pub struct QuotaRow {
     pub resource: String,
     /// How much the node may admit in the slot.
     pub amount: f64,
+}
+
+fn bucket_view(period: Period, b: &Bucket, now_ms: i64) -> BucketView {
+    BucketView {
+        level: b.level_at(now_ms),
+        rate: b.rate(),
+        capacity: b.capacity(),
+        period,
+    }
 }
 
 impl Ledger {
@@ -155,11 +171,12 @@ impl Ledger {
                     usage: *n,
                 })
                 .collect(),
-            bucket: key.bucket().map(|b| BucketView {
-                level: b.level_at(now_ms),
-                rate: b.rate(),
-                capacity: b.capacity(),
-            }),
+            bucket: key.buckets().next().map(|(p, b)| bucket_view(p, b, now_ms)),
+            others: key
+                .buckets()
+                .skip(1)
+                .map(|(p, b)| bucket_view(p, b, now_ms))
+                .collect(),
         };
         let mut fill = Filler::new(page);
         for (name, svc, start) in self.services_from(page) {

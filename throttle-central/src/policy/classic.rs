@@ -195,6 +195,7 @@ mod tests {
             per_second: [("requests".into(), 100.0)].into(),
             burst_seconds: 10.0,
             max_debt_seconds: None,
+            per_period: Default::default(),
         };
         l.apply_limits("front", &[limit], 9_000);
         for (node, n) in [("a", 30), ("b", 10)] {
@@ -231,6 +232,7 @@ mod tests {
             per_second: [("r".into(), 1.0)].into(),
             burst_seconds: 10.0,
             max_debt_seconds: None,
+            per_period: Default::default(),
         };
         l.apply_limits("s", &[limit], 9_000);
         let r = report_from_json(

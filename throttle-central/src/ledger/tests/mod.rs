@@ -20,6 +20,7 @@ mod filing;
 mod pages;
 mod properties;
 mod retention;
+mod rules;
 
 fn monitor_quota(l: &Ledger, range: SlotRange) -> Value {
     to_json(&MonitorView::Quota(l.quota_view(range, &Page::ALL)))
@@ -51,6 +52,7 @@ fn limit(user: &str, resource: &str, rate: f64) -> Limit {
         per_second: [(resource.into(), rate)].into(),
         burst_seconds: 10.0,
         max_debt_seconds: None,
+        per_period: Default::default(),
     }
 }
 

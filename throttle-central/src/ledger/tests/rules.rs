@@ -1,0 +1,190 @@
+//! Rules as operators write them: `*` limits every user the moment the
+//! central meets them, idle users of `*` are forgotten, and a key limited
+//! over several periods is held by the bucket with the least room.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::limits::{LimitSet, LimitSource, Period, StaticLimits};
+
+/// The rules of `toml` for service `front`.
+fn rules(toml: &str) -> Vec<Limit> {
+    StaticLimits::new(LimitSet::from_toml(toml).unwrap()).list_limits("front")
+}
+
+const EVERY_100: &str = r#"
+[[limit]]
+service = "front"
+user = "*"
+per_second = { requests = 100 }
+burst_seconds = 1
+"#;
+
+fn level(l: &mut Ledger, user: &str, now_ms: i64) -> Option<f64> {
+    l.bucket_level("front", user, "requests", now_ms)
+}
+
+#[test]
+fn every_user_is_limited_from_the_first_report() {
+    let mut l = keeping(5);
+    l.apply_limits("front", &rules(EVERY_100), T);
+    let r = report("n1", 100, r#"{"zoe": {"requests": 150, "bytes": 9}}"#, "{}");
+    l.ingest(&r, T).unwrap();
+    assert_eq!(
+        level(&mut l, "zoe", T),
+        Some(100.0 - 150.0),
+        "charged at once"
+    );
+    assert_eq!(
+        l.bucket_level("front", "zoe", "bytes", T),
+        None,
+        "no rule limits bytes"
+    );
+}
+
+#[test]
+fn idle_users_of_the_every_user_rule_are_forgotten_unless_in_debt() {
+    let mut l = keeping(5);
+    let mut limits = rules(EVERY_100);
+    limits.extend(rules(
+        "[[limit]]\nservice = \"front\"\nuser = \"named\"\nper_second = { requests = 5 }\n",
+    ));
+    l.apply_limits("front", &limits, T);
+    let users =
+        r#"{"light": {"requests": 1}, "heavy": {"requests": 100000}, "named": {"requests": 1}}"#;
+    l.ingest(&report("n1", 100, users, "{}"), T).unwrap();
+    assert_eq!(l.key_count(), 3);
+    // Six slots later the history has passed: the light user's bucket
+    // refilled and goes; the heavy one is still paying its debt (one
+    // second of 100/s at most: -100, so it refills within 2 s)... and the
+    // named user's rule keeps theirs.
+    l.forget(T + 6_000);
+    assert_eq!(level(&mut l, "light", T + 6_000), None, "forgotten");
+    assert!(
+        level(&mut l, "named", T + 6_000).is_some(),
+        "kept by its rule"
+    );
+    // A forgotten user is limited again when next seen.
+    l.ingest(
+        &report("n1", 106, r#"{"light": {"requests": 500}}"#, "{}"),
+        T + 6_000,
+    )
+    .unwrap();
+    assert_eq!(
+        level(&mut l, "light", T + 6_000),
+        Some(-100.0),
+        "debt bounded at the capacity"
+    );
+    // One in debt when the history passes is kept until it has paid.
+    l.ingest(
+        &report("n2", 106, r#"{"deep": {"requests": 500}}"#, "{}"),
+        T + 6_000,
+    )
+    .unwrap();
+    l.forget(T + 6_500);
+    assert!(
+        level(&mut l, "deep", T + 6_500).is_some(),
+        "kept while in debt"
+    );
+}
+
+const SECOND_AND_MINUTE: &str = r#"
+[[limit]]
+service = "front"
+user = "*"
+per_second = { requests = 100 }
+
+[[limit]]
+service = "front"
+user = "alice"
+per_minute = { requests = 600 }
+"#;
+
+#[test]
+fn several_periods_all_charge_and_the_tightest_binds() {
+    let mut l = keeping(60);
+    l.apply_limits("front", &rules(SECOND_AND_MINUTE), T);
+    let view = |l: &Ledger, now| {
+        let page = l.distribution_view(SlotRange::default(), now, &Page::ALL);
+        let (_, keys) = page.rows.into_iter().next().unwrap();
+        keys.into_iter().find(|k| k.user == "alice").unwrap()
+    };
+    // Fresh: the second's bucket (100 + 100 of room) binds before the
+    // minute's, which starts full (600 + 10).
+    let fresh = view(&l, T);
+    assert_eq!(fresh.bucket.unwrap().period, Period::Second);
+    assert_eq!(fresh.others[0].period, Period::Minute);
+    assert_eq!(fresh.others[0].level, 600.0);
+    // 95 a second for six seconds: the second's bucket keeps up (it
+    // refills 100 a second), the minute's does not (10 a second): both
+    // are charged, and the minute's has the least room by then.
+    for slot in 100..106 {
+        let now = slot * 1000;
+        let users = r#"{"alice": {"requests": 95}}"#;
+        l.ingest(&report("n1", slot, users, "{}"), now).unwrap();
+        l.assign(now + 500);
+    }
+    let spent = view(&l, 105_500);
+    let own = spent.bucket.unwrap();
+    assert_eq!(own.period, Period::Minute, "{spent:?}");
+    assert_eq!(
+        own.level,
+        600.0 - 6.0 * 95.0 + 55.0,
+        "refilled 10/s for 5.5 s"
+    );
+    let second = spent.others[0];
+    assert_eq!(second.period, Period::Second);
+    assert_eq!(
+        second.level,
+        100.0 - 6.0 * 95.0 + 550.0,
+        "refilled 100/s for 5.5 s"
+    );
+    // bob has no rule of his own: the * rule's second alone.
+    l.ingest(
+        &report("n2", 105, r#"{"bob": {"requests": 1}}"#, "{}"),
+        105_500,
+    )
+    .unwrap();
+    let bob = l
+        .distribution_view(SlotRange::default(), 105_500, &Page::ALL)
+        .rows[0]
+        .1
+        .iter()
+        .find(|k| k.user == "bob")
+        .cloned()
+        .unwrap();
+    assert!(bob.others.is_empty());
+}
+
+proptest! {
+    /// Whatever the periods' rates and the consumption, the bucket a key
+    /// is held by is the one with the least room.
+    #[test]
+    fn the_bucket_with_the_least_room_binds(
+        per_second in 1u32..1000,
+        per_minute in 1u32..100_000,
+        per_hour in 1u32..1_000_000,
+        spends in proptest::collection::vec(0i64..2000, 1..8),
+    ) {
+        let toml = format!(
+            "[[limit]]\nservice = \"front\"\nuser = \"u\"\nper_second = {{ requests = {per_second} }}\nper_minute = {{ requests = {per_minute} }}\nper_hour = {{ requests = {per_hour} }}\n"
+        );
+        let mut l = keeping(60);
+        l.apply_limits("front", &rules(&toml), T);
+        for (i, spend) in spends.iter().enumerate() {
+            let slot = 100 + i as i64;
+            let now = slot * 1000;
+            let users = format!(r#"{{"u": {{"requests": {spend}}}}}"#);
+            l.ingest(&report("n1", slot, &users, "{}"), now).unwrap();
+            l.assign(now + 500);
+            let page = l.distribution_view(SlotRange::default(), now + 500, &Page::ALL);
+            let key = &page.rows[0].1[0];
+            let room = |b: &BucketView| b.level + b.rate;
+            let own = key.bucket.as_ref().map(room).unwrap_or_default();
+            prop_assert_eq!(key.others.len(), 2);
+            for other in &key.others {
+                prop_assert!(own <= room(other) + 1e-6, "{key:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The TOML form of limits (see the [module docs](super)).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use throttle_proto::MAX_NAME_LEN;
+
+use super::amount::amount;
+use super::period::{Allowance, Period};
+use super::{
+    DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS, MAX_RATE,
+};
+use crate::watched::{line_of, parse_toml};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    limit: Vec<toml::Spanned<Entry>>,
+}
+
+type Amounts = BTreeMap<String, toml::Value>;
+
+/// One `[[limit]]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    service: String,
+    user: Option<String>,
+    users: Option<Vec<String>>,
+    per_second: Option<Amounts>,
+    per_minute: Option<Amounts>,
+    per_hour: Option<Amounts>,
+    per_day: Option<Amounts>,
+    burst_seconds: Option<toml::Value>,
+    max_debt_seconds: Option<toml::Value>,
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_LEN
+}
+
+fn number(v: &toml::Value) -> Option<f64> {
+    match v {
+        toml::Value::Integer(i) => Some(*i as f64),
+        toml::Value::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
+impl LimitSet {
+    /// Parses the TOML form (see the [module docs](super)).
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Syntax`] or [`LimitsError::Entry`], naming the line:
+    /// bad TOML, unknown keys, an empty or overlong name, a negative, NaN,
+    /// non-numeric or absurd amount or burst, an unknown unit, a rule with
+    /// no amounts or with both or neither of `user` and `users`, a user in
+    /// two rules of one service.
+    pub fn from_toml(text: &str) -> Result<Self, LimitsError> {
+        let file: File =
+            parse_toml(text).map_err(|(line, message)| LimitsError::Syntax { line, message })?;
+        let mut set = Self::new();
+        for spanned in file.limit {
+            let line = line_of(text, spanned.span().start);
+            let e = spanned.into_inner();
+            let bad = |user: &str, message: String| LimitsError::Entry {
+                line,
+                service: e.service.clone(),
+                user: user.to_owned(),
+                message,
+            };
+            let who = e.who();
+            let users = e.users().map_err(|m| bad(&who, m))?;
+            let rule = e.rule().map_err(|m| bad(&who, m))?;
+            for user in users {
+                if set.get(&e.service, &user).is_some() {
+                    return Err(bad(
+                        &user,
+                        "duplicate rule: this user has one already in this service".into(),
+                    ));
+                }
+                let limit = Limit {
+                    user,
+                    ..rule.clone()
+                };
+                set.insert(e.service.clone(), limit);
+            }
+        }
+        Ok(set)
+    }
+}
+
+impl Entry {
+    /// Who the entry is for, for an error message.
+    fn who(&self) -> String {
+        match (&self.user, &self.users) {
+            (Some(u), _) => u.chars().take(80).collect(),
+            (None, Some(list)) => list
+                .first()
+                .map_or_else(String::new, |u| format!("{u}, ...")),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// The users the rule is for.
+    fn users(&self) -> Result<Vec<String>, String> {
+        if !valid_name(&self.service) {
+            return Err(format!("service names must be 1 to {MAX_NAME_LEN} bytes"));
+        }
+        let users = match (&self.user, &self.users) {
+            (Some(user), None) => vec![user.clone()],
+            (None, Some(users)) if !users.is_empty() => users.clone(),
+            (None, Some(_)) => return Err("users lists nobody".into()),
+            _ => return Err("a rule names either user or users".into()),
+        };
+        if let Some(u) = users.iter().find(|u| !valid_name(u)) {
+            return Err(format!("user {u:?} must be 1 to {MAX_NAME_LEN} bytes"));
+        }
+        if users.len() > 1 && users.iter().any(|u| u == EVERY_USER) {
+            return Err(format!("{EVERY_USER:?} is a rule of its own: user = \"*\""));
+        }
+        Ok(users)
+    }
+
+    /// The rule, for no user yet.
+    fn rule(&self) -> Result<Limit, String> {
+        let burst = self.burst_seconds()?;
+        let mut rule = Limit {
+            burst_seconds: burst.unwrap_or(DEFAULT_BURST_SECONDS),
+            max_debt_seconds: self.max_debt_seconds()?,
+            ..Limit::default()
+        };
+        let tables = [
+            (Period::Second, &self.per_second),
+            (Period::Minute, &self.per_minute),
+            (Period::Hour, &self.per_hour),
+            (Period::Day, &self.per_day),
+        ];
+        if tables.iter().all(|(_, t)| t.is_none()) {
+            return Err("a rule sets per_second, per_minute, per_hour or per_day".into());
+        }
+        for (period, table) in tables {
+            for (resource, v) in table.iter().flatten() {
+                let rate = rate(resource, v, period)?;
+                if period == Period::Second {
+                    rule.per_second.insert(resource.clone(), rate);
+                    continue;
+                }
+                // A day's quota may be spent at any pace, unless the rule
+                // says how much at once.
+                let burst_seconds = burst.unwrap_or_else(|| period.seconds());
+                let allowance = Allowance {
+                    period,
+                    rate,
+                    burst_seconds,
+                };
+                rule.per_period
+                    .entry(resource.clone())
+                    .or_default()
+                    .push(allowance);
+            }
+        }
+        Ok(rule)
+    }
+
+    fn burst_seconds(&self) -> Result<Option<f64>, String> {
+        let Some(v) = &self.burst_seconds else {
+            return Ok(None);
+        };
+        match number(v) {
+            Some(x) if x > 0.0 && x <= MAX_BURST_SECONDS => Ok(Some(x)),
+            _ => Err(format!(
+                "burst_seconds must be a number > 0 and at most {MAX_BURST_SECONDS:e}, not {v}"
+            )),
+        }
+    }
+
+    fn max_debt_seconds(&self) -> Result<Option<f64>, String> {
+        match &self.max_debt_seconds {
+            None => Ok(None),
+            Some(toml::Value::String(s)) if s == "unbounded" => Ok(Some(f64::INFINITY)),
+            Some(v) => match number(v) {
+                Some(x) if (0.0..=MAX_BURST_SECONDS).contains(&x) => Ok(Some(x)),
+                _ => Err(format!(
+                    "max_debt_seconds must be a number from 0 to {MAX_BURST_SECONDS:e} or \"unbounded\", not {v}"
+                )),
+            },
+        }
+    }
+}
+
+/// The rate per second of `v`, an amount of `resource` per `period`.
+fn rate(resource: &str, v: &toml::Value, period: Period) -> Result<f64, String> {
+    if !valid_name(resource) {
+        return Err(format!("resource names must be 1 to {MAX_NAME_LEN} bytes"));
+    }
+    let per = period.as_str();
+    let amount = amount(v).map_err(|e| format!("per_{per} {resource:?}: {e}"))?;
+    let rate = amount / period.seconds();
+    if !(amount.is_finite() && (0.0..=MAX_RATE).contains(&rate)) {
+        return Err(format!(
+            "per_{per} {resource:?} must be an amount from 0 to {MAX_RATE:e} a second, not {v}"
+        ));
+    }
+    Ok(rate)
+}

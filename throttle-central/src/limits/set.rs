@@ -1,0 +1,118 @@
+//! [`LimitSet`]: a snapshot of every service's rules; [`StaticLimits`]:
+//! one an embedder replaces at will.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+
+use super::{Limit, LimitSource, LimitsError};
+
+/// A snapshot of limits: service -> user (or `*`) -> rule.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LimitSet {
+    services: BTreeMap<String, BTreeMap<String, Limit>>,
+}
+
+impl LimitSet {
+    /// An empty set: nobody is limited.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces one rule.
+    pub fn insert(&mut self, service: impl Into<String>, limit: Limit) {
+        self.services
+            .entry(service.into())
+            .or_default()
+            .insert(limit.user.clone(), limit);
+    }
+
+    /// Reads and parses a TOML file.
+    ///
+    /// # Errors
+    ///
+    /// As [`LimitSet::from_toml`], or [`LimitsError::Read`].
+    pub fn from_file(path: &Path) -> Result<Self, LimitsError> {
+        let text = std::fs::read_to_string(path).map_err(|e| LimitsError::Read {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// The rule of one user (or of `*`), if any.
+    pub fn get(&self, service: &str, user: &str) -> Option<&Limit> {
+        self.services.get(service)?.get(user)
+    }
+
+    /// Number of (service, user) rules.
+    pub fn len(&self) -> usize {
+        self.services.values().map(BTreeMap::len).sum()
+    }
+
+    /// True when nobody is limited.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl LimitSource for LimitSet {
+    fn services(&self) -> Vec<String> {
+        self.services.keys().cloned().collect()
+    }
+
+    fn list_limits(&self, service: &str) -> Vec<Limit> {
+        self.services
+            .get(service)
+            .map(|users| users.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// A set shared as a source cannot change.
+    fn version(&self) -> Option<u64> {
+        Some(0)
+    }
+}
+
+/// Limits that change only when the embedder says so.
+#[derive(Debug, Clone, Default)]
+pub struct StaticLimits {
+    set: Arc<ArcSwap<LimitSet>>,
+    /// Bumped after each replacement (see [`LimitSource::version`]).
+    version: Arc<AtomicU64>,
+}
+
+impl StaticLimits {
+    /// Serves `set`.
+    pub fn new(set: LimitSet) -> Self {
+        Self {
+            set: Arc::new(ArcSwap::from_pointee(set)),
+            version: Arc::default(),
+        }
+    }
+
+    /// Replaces the limits; the central applies them at its next slot.
+    pub fn replace(&self, set: LimitSet) {
+        self.set.store(Arc::new(set));
+        // After the store: whoever sees the new version sees the new set.
+        self.version.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl LimitSource for StaticLimits {
+    fn services(&self) -> Vec<String> {
+        self.set.load().services()
+    }
+
+    fn list_limits(&self, service: &str) -> Vec<Limit> {
+        self.set.load().list_limits(service)
+    }
+
+    fn version(&self) -> Option<u64> {
+        Some(self.version.load(Ordering::Acquire))
+    }
+}

@@ -1,0 +1,312 @@
+//! Parsing, reloading and matching of limits.
+
+use super::*;
+
+const GOOD: &str = r#"
+# demo
+[[limit]]
+service = "front"
+user = "alice"
+per_second = { requests = 100, traffic_down = 1048576 }
+
+[[limit]]
+service = "front"
+user = "bob"
+per_second = { requests = 2.5 }
+burst_seconds = 3
+"#;
+
+#[test]
+fn parses_entries_with_defaults() {
+    let set = LimitSet::from_toml(GOOD).unwrap();
+    assert_eq!(set.len(), 2);
+    let alice = set.get("front", "alice").unwrap();
+    assert_eq!(alice.per_second["traffic_down"], 1_048_576.0);
+    assert_eq!(alice.burst_seconds, DEFAULT_BURST_SECONDS);
+    assert_eq!(set.get("front", "bob").unwrap().burst_seconds, 3.0);
+    assert!(LimitSet::from_toml("").unwrap().is_empty());
+}
+
+fn entry_error(body: &str) -> LimitsError {
+    LimitSet::from_toml(&format!(
+        "\n\n[[limit]]\nservice = \"front\"\nuser = \"u\"\n{body}\n"
+    ))
+    .unwrap_err()
+}
+
+#[test]
+fn negative_nan_and_non_numeric_rates_name_the_line() {
+    for body in [
+        "per_second = { requests = -1 }",
+        "per_second = { requests = nan }",
+        "per_second = { requests = \"ten\" }",
+        "per_second = { requests = 1 }\nburst_seconds = 0",
+    ] {
+        match entry_error(body) {
+            LimitsError::Entry { line, .. } => assert_eq!(line, 3, "{body}"),
+            e => panic!("{body}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn duplicates_and_bad_names_are_refused() {
+    let dup =
+        format!("{GOOD}\n[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = {{}}\n");
+    let e = LimitSet::from_toml(&dup).unwrap_err();
+    assert!(e.to_string().contains("duplicate"), "{e}");
+    assert!(e.to_string().contains("line 14"), "{e}");
+    let e = LimitSet::from_toml("[[limit]]\nservice = \"\"\nuser = \"u\"\nper_second = {}\n")
+        .unwrap_err();
+    assert!(matches!(e, LimitsError::Entry { line: 1, .. }), "{e}");
+}
+
+#[test]
+fn bad_toml_names_the_line() {
+    let e = LimitSet::from_toml("[[limit]]\nservice = \"front\"\nuser = \n").unwrap_err();
+    assert!(matches!(e, LimitsError::Syntax { line: 3, .. }), "{e}");
+    let e = LimitSet::from_toml(
+        "[[limit]]\nservice = \"f\"\nuser = \"u\"\nper_second = {}\ncolour = 1\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("colour"), "{e}");
+}
+
+#[test]
+fn file_reload_keeps_last_good_limits() {
+    let dir = std::env::temp_dir().join(format!("throttle-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, GOOD).unwrap();
+    let file = FileLimits::open(&path).unwrap();
+    assert_eq!(file.list_limits("front").len(), 2);
+    assert!(!file.reload().unwrap(), "unchanged file is not a change");
+
+    std::fs::write(&path, "[[limit]]\nbroken").unwrap();
+    assert!(file.reload().is_err());
+    assert!(
+        !file.reload().unwrap(),
+        "the same broken file is reported once"
+    );
+    assert_eq!(file.list_limits("front").len(), 2);
+    assert!(file.last_error().unwrap().contains("line"));
+
+    std::fs::write(&path, "").unwrap();
+    assert!(
+        !file.poll().unwrap(),
+        "a changed file waits for a second read"
+    );
+    std::fs::write(
+        &path,
+        "[[limit]]\nservice = \"s\"\nuser = \"u\"\nper_second = { r = 1 }\n",
+    )
+    .unwrap();
+    assert!(
+        !file.poll().unwrap(),
+        "the truncated version was never applied"
+    );
+    assert_eq!(file.list_limits("front").len(), 2);
+    assert!(file.poll().unwrap());
+    assert!(!file.poll().unwrap());
+    assert_eq!(file.services(), vec!["s".to_string()]);
+    assert_eq!(file.last_error(), None);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_empty_file_keeps_the_limits_and_one_without_entries_removes_them() {
+    let dir = std::env::temp_dir().join(format!("throttle-limits-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, GOOD).unwrap();
+    let file = FileLimits::open(&path).unwrap();
+    std::fs::write(&path, "").unwrap();
+    assert!(matches!(file.reload(), Err(LimitsError::Empty { .. })));
+    assert_eq!(file.list_limits("front").len(), 2);
+    assert!(file.last_error().unwrap().contains("empty"));
+    std::fs::write(&path, "# nobody is limited\n").unwrap();
+    assert!(file.reload().unwrap());
+    assert!(file.services().is_empty());
+    assert_eq!(file.last_error(), None);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn absurd_rates_and_bursts_are_refused() {
+    for body in [
+        "per_second = { requests = 1e300 }",
+        "per_second = { requests = 1.1e15 }",
+        "per_second = { requests = inf }",
+        "per_second = { requests = 1 }\nburst_seconds = 1e300",
+        "per_second = { requests = 1 }\nburst_seconds = inf",
+    ] {
+        match entry_error(body) {
+            LimitsError::Entry { line, .. } => assert_eq!(line, 3, "{body}"),
+            e => panic!("{body}: {e}"),
+        }
+    }
+    let most = "[[limit]]\nservice = \"s\"\nuser = \"u\"\nper_second = { r = 1e15 }\nburst_seconds = 1e9\n";
+    assert!(LimitSet::from_toml(most).is_ok());
+}
+
+proptest::proptest! {
+    /// Text from outside, whatever it is, parses or is refused with a
+    /// message: never a panic.
+    #[test]
+    fn arbitrary_text_is_parsed_or_refused(text in "\\PC{0,300}") {
+        if let Err(e) = LimitSet::from_toml(&text) {
+            proptest::prop_assert!(!e.to_string().is_empty());
+        }
+    }
+
+    /// The same for a real limits file cut short and carried on with
+    /// arbitrary text, which gets past the first lines.
+    #[test]
+    fn damaged_files_are_parsed_or_refused(cut in 0usize..200, tail in "\\PC{0,80}") {
+        let mut cut = cut.min(GOOD.len());
+        while !GOOD.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let text = format!("{}{tail}", &GOOD[..cut]);
+        if let Err(e) = LimitSet::from_toml(&text) {
+            proptest::prop_assert!(!e.to_string().is_empty());
+        }
+    }
+}
+
+const RULES: &str = r#"
+[[limit]]
+service = "front"
+user = "*"
+per_second = { requests = 100, traffic_down = "50MiB" }
+
+[[limit]]
+service = "front"
+users = ["alice", "bob"]
+per_minute = { requests = 6000 }
+per_day = { requests = 1000000 }
+
+[[limit]]
+service = "front"
+user = "carol"
+per_second = { requests = 1000 }
+burst_seconds = 2
+per_hour = { requests = 36000 }
+"#;
+
+#[test]
+fn rules_name_every_user_several_users_and_periods() {
+    let set = LimitSet::from_toml(RULES).unwrap();
+    assert_eq!(set.len(), 4, "*, alice, bob, carol");
+    let every = set.get("front", EVERY_USER).unwrap();
+    assert!(every.is_every_user());
+    assert_eq!(every.per_second["traffic_down"], 50.0 * 1_048_576.0);
+    let alice = set.get("front", "alice").unwrap();
+    assert_eq!(
+        set.get("front", "bob").unwrap().per_period,
+        alice.per_period
+    );
+    let minute = alice.allowance("requests", Period::Minute).unwrap();
+    assert_eq!(
+        (minute.rate, minute.burst_seconds),
+        (100.0, 60.0),
+        "the whole minute at once"
+    );
+    let day = alice.allowance("requests", Period::Day).unwrap();
+    assert_eq!(day.amount(), 1e6);
+    assert_eq!(day.burst_seconds, 86_400.0);
+    assert_eq!(alice.allowance("requests", Period::Second), None);
+    // An explicit burst holds for the longer periods too.
+    let carol = set.get("front", "carol").unwrap();
+    assert_eq!(
+        carol
+            .allowance("requests", Period::Hour)
+            .unwrap()
+            .burst_seconds,
+        2.0
+    );
+    let resources: Vec<&str> = carol.resources().collect();
+    assert_eq!(resources, ["requests"]);
+}
+
+#[test]
+fn a_users_own_rule_and_the_every_user_rule_apply_period_by_period() {
+    let set = LimitSet::from_toml(RULES).unwrap();
+    let every = set.get("front", EVERY_USER);
+    let periods = |user: &str, resource: &str| {
+        let r = resolve(set.get("front", user), every, resource);
+        r.allowances
+            .iter()
+            .map(|a| (a.period, a.amount()))
+            .collect::<Vec<_>>()
+    };
+    // alice: the * rule's second, her own minute and day.
+    assert_eq!(
+        periods("alice", "requests"),
+        [
+            (Period::Second, 100.0),
+            (Period::Minute, 6000.0),
+            (Period::Day, 1e6)
+        ]
+    );
+    // carol's own second wins over *'s.
+    assert_eq!(
+        periods("carol", "requests"),
+        [(Period::Second, 1000.0), (Period::Hour, 36000.0)]
+    );
+    // Someone never named: the * rule alone; a resource nobody limits:
+    // nothing.
+    assert_eq!(
+        periods("dave", "traffic_down"),
+        [(Period::Second, 50.0 * 1_048_576.0)]
+    );
+    assert!(periods("dave", "database_read").is_empty());
+    let none = resolve(None, None, "requests");
+    assert!(none.allowances.is_empty());
+}
+
+#[test]
+fn bad_rules_name_their_line_and_what_is_wrong() {
+    let cases = [
+        (
+            "user = \"a\"\nusers = [\"b\"]\nper_second = { r = 1 }",
+            "either user or users",
+        ),
+        ("per_second = { r = 1 }", "either user or users"),
+        ("users = []\nper_second = { r = 1 }", "nobody"),
+        (
+            "users = [\"a\", \"*\"]\nper_second = { r = 1 }",
+            "rule of its own",
+        ),
+        ("user = \"a\"", "per_second, per_minute"),
+        (
+            "user = \"a\"\nper_minute = { r = \"5 parsecs\" }",
+            "unknown unit",
+        ),
+        ("user = \"a\"\nper_day = { r = -1 }", "per_day \"r\""),
+        ("user = \"a\"\nper_hour = { r = 1e300 }", "from 0 to"),
+    ];
+    for (body, says) in cases {
+        let text = format!("# limits\n\n[[limit]]\nservice = \"front\"\n{body}\n");
+        match LimitSet::from_toml(&text) {
+            Err(e @ LimitsError::Entry { line: 3, .. }) => {
+                assert!(e.to_string().contains(says), "{body}: {e}");
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    let twice = format!(
+        "{RULES}\n[[limit]]\nservice = \"front\"\nusers = [\"zoe\", \"bob\"]\nper_second = {{ r = 1 }}\n"
+    );
+    let e = LimitSet::from_toml(&twice).unwrap_err();
+    assert!(e.to_string().contains("(front/bob)"), "{e}");
+}
+
+#[test]
+fn limits_show_as_json_per_period() {
+    let set = LimitSet::from_toml(RULES).unwrap();
+    let alice = serde_json::to_value(set.get("front", "alice").unwrap()).unwrap();
+    assert_eq!(alice["per_minute"]["requests"], 6000.0);
+    assert_eq!(alice["per_day"]["requests"], 1e6);
+    assert!(alice.get("per_hour").is_none());
+}
