@@ -1,7 +1,8 @@
-//! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits`, `/metrics`,
-//! `/healthz`. It asks the ledger's task ([`crate::server`]) and renders
-//! the typed answers as JSON ([`monitor`]).
+//! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits` (`limits`),
+//! `/metrics`, `/healthz`. It asks the ledger's task ([`crate::server`])
+//! and renders the typed answers as JSON ([`monitor`]).
 
+mod limits;
 pub(crate) mod monitor;
 mod token;
 
@@ -57,6 +58,7 @@ struct MonitorQuery {
     limit: Option<usize>,
     after: Option<String>,
     user: Option<String>,
+    service: Option<String>,
 }
 
 impl MonitorQuery {
@@ -74,6 +76,7 @@ impl MonitorQuery {
             limit,
             after,
             user: self.user,
+            service: self.service,
         })
     }
 }
@@ -82,7 +85,7 @@ impl MonitorQuery {
 pub(crate) fn router(state: HttpState) -> Router {
     let mut guarded = Router::new()
         .route("/v1/monitor/{subject}", get(monitor_subject))
-        .route("/v1/limits", get(limits))
+        .route("/v1/limits", get(limits::limits))
         .route("/metrics", get(metrics));
     if let Some(token) = state.token.clone() {
         guarded = guarded.route_layer(axum::middleware::from_fn_with_state(token, token::require));
@@ -150,6 +153,9 @@ fn next_link(subject: Subject, range: SlotRange, page: &Page, next: &Cursor) -> 
     if let Some(user) = &page.user {
         query.append_pair("user", user);
     }
+    if let Some(service) = &page.service {
+        query.append_pair("service", service);
+    }
     query.append_pair("limit", &page.limit.to_string());
     query.append_pair("after", &next.encode());
     format!(
@@ -157,19 +163,6 @@ fn next_link(subject: Subject, range: SlotRange, page: &Page, next: &Cursor) -> 
         subject.as_str(),
         query.finish()
     )
-}
-
-async fn limits(State(state): State<HttpState>) -> Response {
-    let limits: serde_json::Map<String, serde_json::Value> = state
-        .limits
-        .services()
-        .into_iter()
-        .map(|s| {
-            let list = state.limits.list_limits(&s);
-            (s, json!(list))
-        })
-        .collect();
-    axum::Json(json!({"limits": limits, "last_error": state.limits.last_error()})).into_response()
 }
 
 async fn metrics(State(state): State<HttpState>) -> Response {

@@ -759,3 +759,60 @@ async fn the_monitor_answers_in_pages_linked_one_to_the_next() {
     }
     central.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_limits_api_says_which_rule_limits_a_user() {
+    let rules = r#"
+[[limit]]
+service = "front"
+user = "*"
+per_second = { requests = 100 }
+
+[[limit]]
+service = "front"
+user = "alice"
+per_day = { requests = 1000000 }
+
+[[limit]]
+service = "back"
+user = "alice"
+per_second = { requests = 7 }
+"#;
+    let central = start(Central::builder().limits(limits(rules))).await;
+    let alice = json(&central, "/v1/limits?user=alice&service=front").await;
+    let front = &alice["limits"]["front"];
+    assert_eq!(front["rule"], "alice");
+    let periods: Vec<&str> = front["resources"]["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["period"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        periods,
+        ["second", "day"],
+        "the * rule's second and her own day"
+    );
+    assert!(alice["limits"].get("back").is_none(), "one service asked");
+    let zoe = json(&central, "/v1/limits?user=zoe").await;
+    assert_eq!(zoe["limits"]["front"]["rule"], "*");
+    assert_eq!(
+        zoe["limits"]["back"]["rule"],
+        Value::Null,
+        "no rule limits zoe there"
+    );
+    // The monitor answers one service when asked.
+    let mut n = node(central.grpc_addr(), "n1").await;
+    n.exchange(report(
+        "n1",
+        current_slot(),
+        r#"{"zoe": {"requests": 1}}"#,
+        "{}",
+    ))
+    .await
+    .unwrap();
+    let dist = json(&central, "/v1/monitor/distribution?service=back").await;
+    let services: Vec<&String> = dist.as_object().unwrap().keys().collect();
+    assert_eq!(services, ["back"]);
+    central.shutdown().await;
+}

@@ -17,6 +17,8 @@ pub struct Page {
     pub after: Option<Cursor>,
     /// Only this user's rows.
     pub user: Option<String>,
+    /// Only this service's rows.
+    pub service: Option<String>,
 }
 
 impl Page {
@@ -25,6 +27,7 @@ impl Page {
         limit: usize::MAX,
         after: None,
         user: None,
+        service: None,
     };
 
     /// The first `limit` rows.
@@ -33,12 +36,16 @@ impl Page {
             limit,
             after: None,
             user: None,
+            service: None,
         }
     }
 
     /// Where reading `service` starts, if it is read at all: services
     /// before the cursor's were on earlier pages.
     pub(super) fn start_of(&self, service: &str) -> Option<usize> {
+        if self.service.as_deref().is_some_and(|s| s != service) {
+            return None;
+        }
         match &self.after {
             None => Some(0),
             Some(c) if *c.service == *service => Some(c.position),

@@ -310,3 +310,15 @@ fn limits_show_as_json_per_period() {
     assert_eq!(alice["per_day"]["requests"], 1e6);
     assert!(alice.get("per_hour").is_none());
 }
+
+#[test]
+fn the_example_file_parses() {
+    let text = include_str!("../../../examples/limits.toml");
+    let set = LimitSet::from_toml(text).unwrap();
+    assert!(set.get("front", EVERY_USER).is_some());
+    let bob = set.get("front", "bob").unwrap();
+    assert_eq!(
+        bob.allowance("requests", Period::Minute).unwrap().amount(),
+        6000.0
+    );
+}
