@@ -13,7 +13,7 @@ use throttle_central::keys::NodeKeys;
 use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::FileLimits;
 use throttle_central::net::{ConnectionLimits, ServerTls};
-use throttle_central::policy::{Classic, Projected, StaticSplit};
+use throttle_central::policy::{Projected, by_name};
 use throttle_clock::SlotLength;
 
 /// Central node of throttle: holds one token bucket per (service, user,
@@ -42,7 +42,8 @@ struct Args {
     /// Slots of history kept for sums, distribution and quotas.
     #[arg(long, env = "THROTTLE_CENTRAL_NR_SLOT", default_value_t = 60)]
     nr_slot: u32,
-    /// Quota policy of every service: `projected` (default; see
+    /// Quota policy of every service the limits file sets none for
+    /// (`[service.NAME] policy = ...`): `projected` (default; see
     /// docs/accuracy.md), `classic` (the original algorithm, exactly) or
     /// `static-split` (the rate divided evenly between the nodes).
     #[arg(long, env = "THROTTLE_CENTRAL_POLICY", default_value = "projected", value_parser = ["projected", "classic", "static-split"])]
@@ -95,11 +96,9 @@ async fn main() -> anyhow::Result<()> {
         .install_recorder()
         .context("installing the Prometheus recorder")?;
     let slot = SlotLength::from_ms(args.slot_ms).context("invalid --slot-ms")?;
-    let policy: PolicyFactory = match args.policy.as_str() {
-        "classic" => Box::new(|_| Box::new(Classic::new())),
-        "static-split" => Box::new(|_| Box::new(StaticSplit::new())),
-        _ => Box::new(|_| Box::new(Projected::new())),
-    };
+    let name = args.policy.clone();
+    let policy: PolicyFactory =
+        Box::new(move |_| by_name(&name).unwrap_or_else(|| Box::new(Projected::new())));
     tracing::info!(policy = %args.policy, "quota policy");
     let mut builder = Central::builder()
         .slot(slot)

@@ -300,6 +300,11 @@ impl<F: QuotaFormat> Assigner<F> {
         for service in services {
             let limits = self.limits.list_limits(&service);
             self.ledger.apply_limits(&service, &limits, now_ms);
+            let policy = self.limits.policy(&service);
+            if self.ledger.use_policy(&service, policy.as_deref()) {
+                let name = self.ledger.policy_name(&service).unwrap_or_default();
+                tracing::info!(%service, policy = name, "quota policy");
+            }
         }
     }
 

@@ -28,6 +28,10 @@ impl LimitSource for Counting {
         self.inner.list_limits(service)
     }
 
+    fn policy(&self, service: &str) -> Option<String> {
+        self.inner.policy(service)
+    }
+
     fn version(&self) -> Option<u64> {
         if self.versioned {
             self.inner.version()
@@ -84,6 +88,27 @@ fn limits_are_read_again_only_when_their_version_changes() {
             .bucket_level("front", "alice", "requests", 3_000),
         Some(20.0)
     );
+}
+
+#[test]
+fn a_service_takes_the_policy_its_limits_name_and_the_default_again() {
+    let (mut a, limits) = assigner(true);
+    a.refresh_limits(0);
+    assert_eq!(a.ledger().policy_name("front"), Some("projected"));
+    let mut classic = set(10.0);
+    classic.set_policy("front", "classic");
+    limits.inner.replace(classic);
+    a.refresh_limits(1_000);
+    assert_eq!(a.ledger().policy_name("front"), Some("classic"));
+    assert_eq!(
+        a.ledger_mut()
+            .bucket_level("front", "alice", "requests", 1_000),
+        Some(10.0),
+        "the limits still apply"
+    );
+    limits.inner.replace(set(10.0));
+    a.refresh_limits(2_000);
+    assert_eq!(a.ledger().policy_name("front"), Some("projected"));
 }
 
 /// Accepts packed quotas or not, and no refs.

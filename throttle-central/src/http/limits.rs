@@ -1,4 +1,5 @@
-//! `GET /v1/limits`: the rules in force and the last reload's error; with
+//! `GET /v1/limits`: the rules in force, the services' policies named by
+//! the limits, and the last reload's error; with
 //! `?user=U` (and optionally `?service=S`), what limits that user instead:
 //! per service, which rule (their own, `*`, or none) and the buckets that
 //! result, resource by resource.
@@ -27,7 +28,11 @@ pub(super) async fn limits(
         None => source.services(),
     };
     let mut out = Map::new();
+    let mut policies = Map::new();
     for service in services {
+        if let Some(policy) = source.policy(&service) {
+            policies.insert(service.clone(), policy.into());
+        }
         let rules = source.list_limits(&service);
         let value = match &query.user {
             Some(user) => applies(&rules, user),
@@ -35,7 +40,8 @@ pub(super) async fn limits(
         };
         out.insert(service, value);
     }
-    axum::Json(json!({"limits": out, "last_error": source.last_error()})).into_response()
+    let body = json!({"limits": out, "policies": policies, "last_error": source.last_error()});
+    axum::Json(body).into_response()
 }
 
 /// What limits `user` among a service's `rules`.

@@ -97,10 +97,38 @@ impl Ledger {
                     book: BTreeMap::new(),
                     kept: QuotaHistory::default(),
                     spare: None,
+                    named_policy: false,
                 },
             );
         }
         self.services.get_mut(name).expect("inserted above")
+    }
+
+    /// Gives `service` the policy named `name` (see
+    /// [`crate::policy::by_name`]), or, with `None`, the ledger's default
+    /// again. A new policy starts afresh, as it would for a new service;
+    /// the assignments already made stay in the book. Returns whether the
+    /// policy changed; an unknown name changes nothing.
+    pub fn use_policy(&mut self, service: &str, name: Option<&str>) -> bool {
+        let svc = self.service_mut(service);
+        let policy = match name {
+            Some(name) if name == svc.policy.name() && svc.named_policy => return false,
+            Some(name) => crate::policy::by_name(name),
+            None if !svc.named_policy => return false,
+            None => Some((self.policy_factory)(service)),
+        };
+        let Some(policy) = policy else {
+            return false;
+        };
+        let svc = self.service_mut(service);
+        svc.policy = policy;
+        svc.named_policy = name.is_some();
+        true
+    }
+
+    /// The name of `service`'s policy, if the service is known.
+    pub fn policy_name(&self, service: &str) -> Option<&'static str> {
+        self.services.get(service).map(|s| s.policy.name())
     }
 
     /// Whether `service` is known, or there is room for one more service

@@ -19,6 +19,9 @@ pub(crate) struct Service {
     /// 1,000 nodes x 1,000 users an assignment is 4 M grants, and
     /// allocating them afresh twice a slot was page faults and copies.
     pub(crate) spare: Option<Assignment>,
+    /// The policy was named by the limits, not built by the ledger's
+    /// factory.
+    pub(crate) named_policy: bool,
 }
 
 impl Service {

@@ -97,6 +97,10 @@ impl LimitSource for FileLimits {
         self.file.current().list_limits(service)
     }
 
+    fn policy(&self, service: &str) -> Option<String> {
+        self.file.current().policy(service)
+    }
+
     fn last_error(&self) -> Option<String> {
         self.file.last_error()
     }

@@ -23,6 +23,13 @@
 //! #                              # out, or "unbounded"
 //! ```
 //!
+//! A service may also be given settings of its own:
+//!
+//! ```toml
+//! [service.front]
+//! policy = "classic"             # its quota policy; others keep the default
+//! ```
+//!
 //! Each period is a token bucket of rate amount / period. A user's own
 //! rule and the `*` rule both apply, period by period (the user's own
 //! setting wins in a period both set): every bucket that results must
@@ -30,7 +37,8 @@
 //!
 //! - `period`: [`Period`], [`Allowance`], [`resolve`];
 //! - `amount`: amounts with byte units;
-//! - `parse`: the TOML form;
+//! - `parse`: the TOML form, and per-service settings
+//!   (`[service.front] policy = "classic"`);
 //! - `set`: [`LimitSet`], [`StaticLimits`]; `file`: [`FileLimits`].
 //!
 //! # Examples
@@ -172,6 +180,13 @@ pub trait LimitSource: Send + Sync + fmt::Debug + 'static {
     fn list_limits(&self, service: &str) -> Vec<Limit>;
     /// Why the last reload failed, if it did (shown by the monitor API).
     fn last_error(&self) -> Option<String> {
+        None
+    }
+
+    /// The quota policy `service` should use, if the source says
+    /// ([`crate::policy::by_name`]); `None`: the central's default.
+    fn policy(&self, service: &str) -> Option<String> {
+        let _ = service;
         None
     }
 

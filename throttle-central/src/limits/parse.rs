@@ -10,6 +10,7 @@ use super::period::{Allowance, Period};
 use super::{
     DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS, MAX_RATE,
 };
+use crate::policy::POLICY_NAMES;
 use crate::watched::{line_of, parse_toml};
 
 #[derive(Deserialize)]
@@ -17,6 +18,15 @@ use crate::watched::{line_of, parse_toml};
 struct File {
     #[serde(default)]
     limit: Vec<toml::Spanned<Entry>>,
+    #[serde(default)]
+    service: BTreeMap<String, toml::Spanned<Settings>>,
+}
+
+/// A `[service.NAME]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    policy: Option<String>,
 }
 
 type Amounts = BTreeMap<String, toml::Value>;
@@ -62,6 +72,24 @@ impl LimitSet {
         let file: File =
             parse_toml(text).map_err(|(line, message)| LimitsError::Syntax { line, message })?;
         let mut set = Self::new();
+        for (service, spanned) in file.service {
+            let line = line_of(text, spanned.span().start);
+            let bad = |message: String| LimitsError::Syntax { line, message };
+            if !valid_name(&service) {
+                return Err(bad(format!(
+                    "service names must be 1 to {MAX_NAME_LEN} bytes"
+                )));
+            }
+            if let Some(policy) = spanned.into_inner().policy {
+                if !POLICY_NAMES.contains(&policy.as_str()) {
+                    let known = POLICY_NAMES.join(", ");
+                    return Err(bad(format!(
+                        "[service.{service}] policy {policy:?} is not one of {known}"
+                    )));
+                }
+                set.set_policy(service, policy);
+            }
+        }
         for spanned in file.limit {
             let line = line_of(text, spanned.span().start);
             let e = spanned.into_inner();

@@ -15,6 +15,8 @@ use super::{Limit, LimitSource, LimitsError};
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LimitSet {
     services: BTreeMap<String, BTreeMap<String, Limit>>,
+    /// Service -> the quota policy it uses.
+    policies: BTreeMap<String, String>,
 }
 
 impl LimitSet {
@@ -44,6 +46,12 @@ impl LimitSet {
         Self::from_toml(&text)
     }
 
+    /// Gives `service` the quota policy `name` (see
+    /// [`crate::policy::by_name`]).
+    pub fn set_policy(&mut self, service: impl Into<String>, name: impl Into<String>) {
+        self.policies.insert(service.into(), name.into());
+    }
+
     /// The rule of one user (or of `*`), if any.
     pub fn get(&self, service: &str, user: &str) -> Option<&Limit> {
         self.services.get(service)?.get(user)
@@ -62,7 +70,11 @@ impl LimitSet {
 
 impl LimitSource for LimitSet {
     fn services(&self) -> Vec<String> {
-        self.services.keys().cloned().collect()
+        let with_policy = self
+            .policies
+            .keys()
+            .filter(|s| !self.services.contains_key(*s));
+        self.services.keys().chain(with_policy).cloned().collect()
     }
 
     fn list_limits(&self, service: &str) -> Vec<Limit> {
@@ -70,6 +82,10 @@ impl LimitSource for LimitSet {
             .get(service)
             .map(|users| users.values().cloned().collect())
             .unwrap_or_default()
+    }
+
+    fn policy(&self, service: &str) -> Option<String> {
+        self.policies.get(service).cloned()
     }
 
     /// A set shared as a source cannot change.
@@ -110,6 +126,10 @@ impl LimitSource for StaticLimits {
 
     fn list_limits(&self, service: &str) -> Vec<Limit> {
         self.set.load().list_limits(service)
+    }
+
+    fn policy(&self, service: &str) -> Option<String> {
+        self.set.load().policy(service)
     }
 
     fn version(&self) -> Option<u64> {

@@ -322,3 +322,23 @@ fn the_example_file_parses() {
         6000.0
     );
 }
+
+#[test]
+fn a_service_may_name_its_policy() {
+    let text = "[service.front]\npolicy = \"classic\"\n\n[[limit]]\nservice = \"front\"\nuser = \"a\"\nper_second = { r = 1 }\n";
+    let set = LimitSet::from_toml(text).unwrap();
+    assert_eq!(set.policy("front").as_deref(), Some("classic"));
+    assert_eq!(set.policy("back"), None);
+    let only = LimitSet::from_toml("[service.back]\npolicy = \"static-split\"\n").unwrap();
+    assert_eq!(
+        only.services(),
+        ["back"],
+        "a service with settings only is listed"
+    );
+    let e = LimitSet::from_toml("# x\n[service.front]\npolicy = \"fastest\"\n").unwrap_err();
+    assert!(matches!(e, LimitsError::Syntax { line: 2, .. }), "{e}");
+    assert!(
+        e.to_string().contains("projected, classic, static-split"),
+        "{e}"
+    );
+}

@@ -35,3 +35,16 @@ pub use history::{QuotaHistory, SlotQuotas};
 pub use policy::Policy;
 pub use projected::Projected;
 pub use split::StaticSplit;
+
+/// The names [`by_name`] knows.
+pub const POLICY_NAMES: [&str; 3] = ["projected", "classic", "static-split"];
+
+/// A new policy of the name a limits file or a flag gives it.
+pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
+    Some(match name {
+        "projected" => Box::new(Projected::new()),
+        "classic" => Box::new(Classic::new()),
+        "static-split" => Box::new(StaticSplit::new()),
+        _ => return None,
+    })
+}
