@@ -89,3 +89,13 @@ fn the_simulator_is_deterministic_and_tells_policies_apart() {
     // The original algorithm's known overshoot: whole bucket offered each slot.
     assert!(classic.worst_slot > 2.0, "{classic:?}");
 }
+
+#[test]
+fn every_user_under_one_rule_holds_the_heavy_ones() {
+    // Scenario 13 with 1,000 light users instead of 100,000 (the accuracy
+    // program runs those, in a release build).
+    let s = sim::every_user("13 (1,000 light)", 1_000);
+    let o = sim::run(&s, Box::new(|_| Box::new(Projected::new())));
+    within_2_percent(&o);
+    assert_eq!(o.others_refused, 0, "light users are never refused: {o:?}");
+}

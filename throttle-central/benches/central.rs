@@ -118,10 +118,18 @@ fn ingest(c: &mut Criterion) {
     g.finish();
 }
 
-/// 100k users over 100 nodes, each user on 3 nodes, with recent reports.
-fn big_ledger(factory: PolicyFactory) -> Ledger {
+/// One `*` rule limiting every user as `limits` limits each.
+fn every_user() -> Vec<Limit> {
+    let mut rule = limits(1).remove(0);
+    rule.user = throttle_central::limits::EVERY_USER.into();
+    vec![rule]
+}
+
+/// 100k users over 100 nodes, each user on 3 nodes, with recent reports,
+/// limited by `rules`.
+fn big_ledger(factory: PolicyFactory, rules: &[Limit]) -> Ledger {
     let mut l = Ledger::with_policies(LedgerConfig::default(), factory);
-    l.apply_limits("front", &limits(100_000), SLOT * 1000);
+    l.apply_limits("front", rules, SLOT * 1000);
     for slot in [SLOT - 1, SLOT] {
         for n in 0..100 {
             // Users n*1000.. on this node and the two next to it.
@@ -144,8 +152,10 @@ fn rss_bytes() -> Option<u64> {
 
 /// Runs first, before other benches leave freed memory in the allocator.
 fn memory(_: &mut Criterion) {
+    // One ledger per process: a second would reuse the first one's freed
+    // memory, and RSS would not see it.
     let before = rss_bytes();
-    let ledger = big_ledger(Box::new(|_| Box::new(Projected::new())));
+    let ledger = big_ledger(Box::new(|_| Box::new(Projected::new())), &limits(100_000));
     if let (Some(b), Some(a)) = (before, rss_bytes()) {
         let entries = 100_000 * 4 * 3;
         println!(
@@ -155,6 +165,15 @@ fn memory(_: &mut Criterion) {
             ledger.key_count()
         );
     }
+}
+
+/// How long `iters` assigns of `l` take.
+fn assigns(l: &mut Ledger, iters: u64) -> Duration {
+    let start = Instant::now();
+    for i in 0..iters {
+        black_box(l.assign(SLOT * 1000 + 500 + i as i64));
+    }
+    start.elapsed()
 }
 
 fn assign(c: &mut Criterion) {
@@ -169,21 +188,19 @@ fn assign(c: &mut Criterion) {
             Box::new(|_| Box::new(StaticSplit::new()))
         }),
     ];
+    let rules = limits(100_000);
     for (name, factory) in policies {
-        let mut l = big_ledger(factory());
+        let mut l = big_ledger(factory(), &rules);
         g.bench_function(
             format!("100k users x 4 resources x 100 nodes/{name}"),
-            |b| {
-                b.iter_custom(|iters| {
-                    let start = Instant::now();
-                    for i in 0..iters {
-                        black_box(l.assign(SLOT * 1000 + 500 + i as i64));
-                    }
-                    start.elapsed()
-                })
-            },
+            |b| b.iter_custom(|iters| assigns(&mut l, iters)),
         );
     }
+    let mut l = big_ledger(Box::new(|_| Box::new(Projected::new())), &every_user());
+    g.bench_function(
+        "100k users x 4 resources x 100 nodes/projected, one * rule",
+        |b| b.iter_custom(|iters| assigns(&mut l, iters)),
+    );
     g.finish();
 }
 

@@ -1,7 +1,8 @@
 //! The accuracy benchmark: every simulator scenario under every policy,
 //! side by side.
 //!
-//! Run with: `cargo run --release -p throttle-tests --bin accuracy`
+//! Run with: `cargo run --release -p throttle-tests --bin accuracy` (add
+//! `-- --only 13` for the scenarios whose name starts so).
 
 use std::time::Instant;
 
@@ -48,7 +49,12 @@ fn main() {
         "|{:-<46}|{:-<14}|{:->12}|{:->12}|{:->12}|{:->13}|{:->9}|{:->13}|{:->8}|{:->9}|",
         "", "", "", "", "", "", "", "", "", ""
     );
-    for scenario in sim::scenarios() {
+    // `--only 13` runs the scenarios whose name starts so.
+    let only = throttle_tests::arg_text("--only").unwrap_or_default();
+    let chosen = sim::scenarios()
+        .into_iter()
+        .filter(|s| s.name.starts_with(&only));
+    for scenario in chosen {
         for (name, policy) in policies() {
             let started = Instant::now();
             let o = sim::run(&scenario, policy());
