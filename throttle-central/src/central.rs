@@ -237,7 +237,7 @@ impl CentralBuilder {
             slot,
             stop_rx.clone(),
         )));
-        if let Some(file) = self.reload {
+        if let Some(file) = self.reload.clone() {
             let tick = Some(commands.clone());
             tasks.push(tokio::spawn(reloader(file, tick, slot, stop_rx.clone())));
         }
@@ -276,6 +276,7 @@ impl CentralBuilder {
                 leadership: self.leadership,
                 metrics: self.metrics,
                 token: self.http_token,
+                limits_file: self.reload.clone(),
                 monitor_places: HttpState::monitor_places(),
             };
             if let Some(http_addr) = http_addr {

@@ -1,7 +1,9 @@
 //! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits` (`limits`),
-//! `/metrics`, `/healthz`. It asks the ledger's task ([`crate::server`])
+//! `/metrics`, `/healthz`; and the admin API on one user's rule, `GET`,
+//! `PUT`, `DELETE /v1/limits/{service}/{user}` (`admin`). It asks the ledger's task ([`crate::server`])
 //! and renders the typed answers as JSON ([`monitor`]).
 
+mod admin;
 mod limits;
 pub(crate) mod monitor;
 mod token;
@@ -31,6 +33,9 @@ pub(crate) struct HttpState {
     pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The bearer token every route but `/healthz` requires, if any.
     pub(crate) token: Option<Arc<str>>,
+    /// The limits file the admin API edits, if the limits are read from
+    /// one.
+    pub(crate) limits_file: Option<Arc<crate::limits::FileLimits>>,
     /// Places for monitor questions being answered.
     pub(crate) monitor_places: Arc<Semaphore>,
 }
@@ -86,6 +91,12 @@ pub(crate) fn router(state: HttpState) -> Router {
     let mut guarded = Router::new()
         .route("/v1/monitor/{subject}", get(monitor_subject))
         .route("/v1/limits", get(limits::limits))
+        .route(
+            "/v1/limits/{service}/{user}",
+            get(admin::get_rule)
+                .put(admin::put_rule)
+                .delete(admin::delete_rule),
+        )
         .route("/metrics", get(metrics));
     if let Some(token) = state.token.clone() {
         guarded = guarded.route_layer(axum::middleware::from_fn_with_state(token, token::require));

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Limit, LimitSet, LimitSource, LimitsError};
+use super::{EditError, Limit, LimitSet, LimitSource, LimitsError};
 use crate::watched::{FileFormat, Watched};
 
 /// Limits read from a TOML file, reloaded by [`FileLimits::reload`].
@@ -14,6 +14,8 @@ use crate::watched::{FileFormat, Watched};
 #[derive(Debug)]
 pub struct FileLimits {
     file: Watched<LimitSet>,
+    /// Held by an edit from its read to its write.
+    editing: parking_lot::Mutex<()>,
 }
 
 impl FileFormat for LimitSet {
@@ -52,6 +54,7 @@ impl FileLimits {
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, LimitsError> {
         Ok(Self {
             file: Watched::open(path, LimitSet::new())?,
+            editing: parking_lot::Mutex::new(()),
         })
     }
 
@@ -80,6 +83,48 @@ impl FileLimits {
     /// As [`FileLimits::reload`].
     pub fn poll(&self) -> Result<bool, LimitsError> {
         self.file.poll()
+    }
+
+    /// Edits the file: `change` gets its text and returns the new one,
+    /// which is written atomically (a temporary file beside it, synced,
+    /// then renamed over it, so a crash leaves the old file or the new,
+    /// never half of one) and applied at once. Edits are one at a time.
+    ///
+    /// # Errors
+    ///
+    /// [`EditError`] from `change`, or the file's reading or writing;
+    /// then the file is as it was.
+    pub fn edit(
+        &self,
+        change: impl FnOnce(&str) -> Result<String, EditError>,
+    ) -> Result<(), EditError> {
+        let _one_at_a_time = self.editing.lock();
+        let path = self.path();
+        let io = |e: std::io::Error| EditError::Io(format!("{}: {e}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        let new = change(&text)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+        let written = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, new.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)?;
+            // The rename itself is durable once the directory is synced.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map_err(io)?;
+        self.file.reload()?;
+        Ok(())
     }
 
     /// The limits in force.

@@ -39,7 +39,8 @@
 //! - `amount`: amounts with byte units;
 //! - `parse`: the TOML form, and per-service settings
 //!   (`[service.front] policy = "classic"`);
-//! - `set`: [`LimitSet`], [`StaticLimits`]; `file`: [`FileLimits`].
+//! - `set`: [`LimitSet`], [`StaticLimits`]; `file`: [`FileLimits`];
+//! - `edit`: one user's rule edited in a file's text ([`edit_rule`]).
 //!
 //! # Examples
 //!
@@ -62,6 +63,7 @@
 //! ```
 
 mod amount;
+mod edit;
 mod file;
 mod parse;
 mod period;
@@ -75,6 +77,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+pub use edit::{EditError, edit_rule};
 pub use file::FileLimits;
 pub use period::{Allowance, Period, Resolved, resolve};
 pub use set::{LimitSet, StaticLimits};
