@@ -451,3 +451,67 @@ per_minute = { requests = 3000 }
         per_slot(&sums, "front", "minute", "requests", start, to + 5)
     );
 }
+
+/// The status of `GET /` as `user` on the node at `addr`.
+async fn status_as(addr: std::net::SocketAddr, user: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request =
+        format!("GET / HTTP/1.1\r\nhost: t\r\nx-user: {user}\r\nconnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Every node's status for `user`.
+async fn statuses(cluster: &Cluster, user: &str) -> Vec<u16> {
+    let mut out = Vec::new();
+    for n in &cluster.nodes {
+        out.push(status_as(n.addr, user).await);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_user_is_refused_on_every_node_until_unblocked() {
+    let dir = std::env::temp_dir().join(format!("throttle-e2e-block-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let rule = "[[limit]]\nservice = \"front\"\nuser = \"*\"\nper_second = { requests = 1000 }\n";
+    std::fs::write(&path, rule).unwrap();
+    let file = Arc::new(FileLimits::open(&path).unwrap());
+    let central: throttle_tests::CentralFactory =
+        Arc::new(move || throttle_central::Central::builder().limits_file(file.clone()));
+    let cluster = Cluster::start_with(3, SLOT_MS, central, Fallback::Allow)
+        .await
+        .unwrap();
+    cluster.connected().await;
+    assert_eq!(statuses(&cluster, "mallory").await, [200; 3]);
+    let block = "[[block]]\nservice = \"front\"\nuser = \"mallory\"\nreason = \"scraping\"\n";
+    std::fs::write(&path, format!("{rule}{block}")).unwrap();
+    // Two slots: the reload (a quarter slot, read twice) and the tick; a
+    // busy machine may take a little longer.
+    let took = until(&cluster, "mallory", 403).await;
+    assert_eq!(statuses(&cluster, "bob").await, [200; 3], "nobody else");
+    std::fs::write(&path, rule).unwrap();
+    let lifted = until(&cluster, "mallory", 200).await;
+    println!("blocked after {took:?}, unblocked after {lifted:?} ({SLOT_MS} ms slots)");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// How long until every node answers `user` with `status`; fails the test
+/// after ten slots.
+async fn until(cluster: &Cluster, user: &str, status: u16) -> Duration {
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(10 * u64::from(SLOT_MS)) {
+        if statuses(cluster, user).await.iter().all(|s| *s == status) {
+            return started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!(
+        "{user} not answered {status} everywhere: {:?}",
+        statuses(cluster, user).await
+    );
+}

@@ -30,6 +30,8 @@ pub enum Answer {
     Quota(Bytes),
     /// This central node is not the leader.
     NotLeader(v1::NotLeader),
+    /// The users of a service blocked now.
+    Blocks(v1::Blocks),
 }
 
 impl Message for Answer {
@@ -41,6 +43,7 @@ impl Message for Answer {
             Self::NotLeader(n) => {
                 prost::encoding::message::encode(CENTRAL_MESSAGE_NOT_LEADER, n, buf);
             }
+            Self::Blocks(b) => prost::encoding::message::encode(CENTRAL_MESSAGE_BLOCKS, b, buf),
         }
     }
 
@@ -81,6 +84,13 @@ impl Message for Answer {
                 };
                 *self = Self::NotLeader(merge_kind(held, wire_type, buf, ctx)?);
             }
+            CENTRAL_MESSAGE_BLOCKS => {
+                let held = match std::mem::take(self) {
+                    Self::Blocks(b) => Some(b),
+                    _ => None,
+                };
+                *self = Self::Blocks(merge_kind(held, wire_type, buf, ctx)?);
+            }
             _ => skip_field(wire_type, tag, buf, ctx)?,
         }
         Ok(())
@@ -94,6 +104,7 @@ impl Message for Answer {
             Self::NotLeader(n) => {
                 prost::encoding::message::encoded_len(CENTRAL_MESSAGE_NOT_LEADER, n)
             }
+            Self::Blocks(b) => prost::encoding::message::encoded_len(CENTRAL_MESSAGE_BLOCKS, b),
         }
     }
 

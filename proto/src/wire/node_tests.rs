@@ -252,6 +252,7 @@ proptest! {
             Kind::Quota(q.clone()),
             Kind::Welcome(v1::Welcome { slot_ms: 1000, epoch, accepts: vec![crate::PACKED_REPORTS.into()] }),
             Kind::NotLeader(v1::NotLeader { leader: leader.clone() }),
+            Kind::Blocks(v1::Blocks { service: leader.clone(), users: vec![leader.clone(), "b".into()] }),
         ] {
             let bytes = v1::CentralMessage { kind: Some(kind.clone()) }.encode_to_vec();
             let answer = Answer::decode(&bytes[..]).expect("valid");
@@ -259,6 +260,7 @@ proptest! {
                 (Kind::Quota(q), Answer::Quota(b)) => prop_assert_eq!(&b[..], &q.encode_to_vec()[..]),
                 (Kind::Welcome(w), Answer::Welcome(a)) => prop_assert_eq!(&w, a),
                 (Kind::NotLeader(n), Answer::NotLeader(a)) => prop_assert_eq!(&n, a),
+                (Kind::Blocks(b), Answer::Blocks(a)) => prop_assert_eq!(&b, a),
                 (kind, answer) => prop_assert!(false, "{kind:?} read as {answer:?}"),
             }
             prop_assert_eq!(answer.encode_to_vec(), bytes);

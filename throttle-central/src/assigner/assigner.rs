@@ -282,6 +282,11 @@ impl<F: QuotaFormat> Assigner<F> {
         self.lacking.get(&node).is_some_and(|l| l.refs == 0)
     }
 
+    /// Where the limits (and block lists) come from.
+    pub fn limits(&self) -> &Arc<dyn LimitSource> {
+        &self.limits
+    }
+
     /// The services `node` declared or reported, if it is connected.
     pub fn services_of(&self, node: NodeId) -> Option<&BTreeSet<String>> {
         self.nodes.get(&node).map(|(_, s)| s)

@@ -146,6 +146,10 @@ impl LimitSource for FileLimits {
         self.file.current().policy(service)
     }
 
+    fn blocks(&self) -> super::Blocks {
+        self.file.current().blocks()
+    }
+
     fn last_error(&self) -> Option<String> {
         self.file.last_error()
     }

@@ -40,7 +40,8 @@
 //! - `parse`: the TOML form, and per-service settings
 //!   (`[service.front] policy = "classic"`);
 //! - `set`: [`LimitSet`], [`StaticLimits`]; `file`: [`FileLimits`];
-//! - `edit`: one user's rule edited in a file's text ([`edit_rule`]).
+//! - `edit`: one user's rule edited in a file's text ([`edit_rule`]);
+//! - `block`: block lists (`[[block]]`), [`Block`].
 //!
 //! # Examples
 //!
@@ -63,6 +64,7 @@
 //! ```
 
 mod amount;
+mod block;
 mod edit;
 mod file;
 mod parse;
@@ -77,6 +79,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+pub use block::{Block, Blocks, blocked_at};
 pub use edit::{EditError, edit_rule};
 pub use file::FileLimits;
 pub use period::{Allowance, Period, Resolved, resolve};
@@ -184,6 +187,11 @@ pub trait LimitSource: Send + Sync + fmt::Debug + 'static {
     /// Why the last reload failed, if it did (shown by the monitor API).
     fn last_error(&self) -> Option<String> {
         None
+    }
+
+    /// Every block of every service, whether it holds now or not.
+    fn blocks(&self) -> Blocks {
+        Blocks::new()
     }
 
     /// The quota policy `service` should use, if the source says

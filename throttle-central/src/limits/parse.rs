@@ -6,6 +6,7 @@ use serde::Deserialize;
 use throttle_proto::MAX_NAME_LEN;
 
 use super::amount::amount;
+use super::block::{Block, unix_ms};
 use super::period::{Allowance, Period};
 use super::{
     DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS, MAX_RATE,
@@ -20,6 +21,19 @@ struct File {
     limit: Vec<toml::Spanned<Entry>>,
     #[serde(default)]
     service: BTreeMap<String, toml::Spanned<Settings>>,
+    #[serde(default)]
+    block: Vec<toml::Spanned<BlockEntry>>,
+}
+
+/// One `[[block]]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BlockEntry {
+    service: String,
+    user: Option<String>,
+    users: Option<Vec<String>>,
+    until: Option<toml::Value>,
+    reason: Option<String>,
 }
 
 /// A `[service.NAME]` table.
@@ -116,40 +130,80 @@ impl LimitSet {
                 set.insert(e.service.clone(), limit);
             }
         }
+        for spanned in file.block {
+            let line = line_of(text, spanned.span().start);
+            let e = spanned.into_inner();
+            let bad = |user: &str, message: String| LimitsError::Entry {
+                line,
+                service: e.service.clone(),
+                user: user.to_owned(),
+                message,
+            };
+            let who = who(&e.user, &e.users);
+            let users = users(&e.service, &e.user, &e.users).map_err(|m| bad(&who, m))?;
+            if users.iter().any(|u| u == EVERY_USER) {
+                return Err(bad(&who, "a block names users, not \"*\"".into()));
+            }
+            let until_ms = e
+                .until
+                .as_ref()
+                .map(unix_ms)
+                .transpose()
+                .map_err(|m| bad(&who, m))?;
+            let block = Block {
+                until_ms,
+                reason: e.reason.clone().unwrap_or_default(),
+            };
+            for user in users {
+                set.block(e.service.clone(), user, block.clone());
+            }
+        }
         Ok(set)
     }
 }
 
+/// Who an entry is for, for an error message.
+fn who(user: &Option<String>, users: &Option<Vec<String>>) -> String {
+    match (user, users) {
+        (Some(u), _) => u.chars().take(80).collect(),
+        (None, Some(list)) => list
+            .first()
+            .map_or_else(String::new, |u| format!("{u}, ...")),
+        (None, None) => String::new(),
+    }
+}
+
+/// The users an entry of `service` names, checked.
+fn users(
+    service: &str,
+    user: &Option<String>,
+    users: &Option<Vec<String>>,
+) -> Result<Vec<String>, String> {
+    if !valid_name(service) {
+        return Err(format!("service names must be 1 to {MAX_NAME_LEN} bytes"));
+    }
+    let users = match (user, users) {
+        (Some(user), None) => vec![user.clone()],
+        (None, Some(users)) if !users.is_empty() => users.clone(),
+        (None, Some(_)) => return Err("users lists nobody".into()),
+        _ => return Err("an entry names either user or users".into()),
+    };
+    if let Some(u) = users.iter().find(|u| !valid_name(u)) {
+        return Err(format!("user {u:?} must be 1 to {MAX_NAME_LEN} bytes"));
+    }
+    if users.len() > 1 && users.iter().any(|u| u == EVERY_USER) {
+        return Err(format!("{EVERY_USER:?} is a rule of its own: user = \"*\""));
+    }
+    Ok(users)
+}
+
 impl Entry {
-    /// Who the entry is for, for an error message.
     fn who(&self) -> String {
-        match (&self.user, &self.users) {
-            (Some(u), _) => u.chars().take(80).collect(),
-            (None, Some(list)) => list
-                .first()
-                .map_or_else(String::new, |u| format!("{u}, ...")),
-            (None, None) => String::new(),
-        }
+        who(&self.user, &self.users)
     }
 
-    /// The users the rule is for.
     fn users(&self) -> Result<Vec<String>, String> {
-        if !valid_name(&self.service) {
-            return Err(format!("service names must be 1 to {MAX_NAME_LEN} bytes"));
-        }
-        let users = match (&self.user, &self.users) {
-            (Some(user), None) => vec![user.clone()],
-            (None, Some(users)) if !users.is_empty() => users.clone(),
-            (None, Some(_)) => return Err("users lists nobody".into()),
-            _ => return Err("a rule names either user or users".into()),
-        };
-        if let Some(u) = users.iter().find(|u| !valid_name(u)) {
-            return Err(format!("user {u:?} must be 1 to {MAX_NAME_LEN} bytes"));
-        }
-        if users.len() > 1 && users.iter().any(|u| u == EVERY_USER) {
-            return Err(format!("{EVERY_USER:?} is a rule of its own: user = \"*\""));
-        }
-        Ok(users)
+        users(&self.service, &self.user, &self.users)
     }
 
     /// The rule, for no user yet.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use super::{Limit, LimitSource, LimitsError};
+use super::{Block, Blocks, Limit, LimitSource, LimitsError};
 
 /// A snapshot of limits: service -> user (or `*`) -> rule.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -17,6 +17,8 @@ pub struct LimitSet {
     services: BTreeMap<String, BTreeMap<String, Limit>>,
     /// Service -> the quota policy it uses.
     policies: BTreeMap<String, String>,
+    /// Service -> user -> block.
+    blocks: Blocks,
 }
 
 impl LimitSet {
@@ -52,6 +54,14 @@ impl LimitSet {
         self.policies.insert(service.into(), name.into());
     }
 
+    /// Blocks `user` of `service`, replacing an earlier block of theirs.
+    pub fn block(&mut self, service: impl Into<String>, user: impl Into<String>, block: Block) {
+        self.blocks
+            .entry(service.into())
+            .or_default()
+            .insert(user.into(), block);
+    }
+
     /// The rule of one user (or of `*`), if any.
     pub fn get(&self, service: &str, user: &str) -> Option<&Limit> {
         self.services.get(service)?.get(user)
@@ -62,9 +72,9 @@ impl LimitSet {
         self.services.values().map(BTreeMap::len).sum()
     }
 
-    /// True when nobody is limited.
+    /// True when nobody is limited nor blocked.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len() == 0 && self.blocks.values().all(BTreeMap::is_empty)
     }
 }
 
@@ -86,6 +96,10 @@ impl LimitSource for LimitSet {
 
     fn policy(&self, service: &str) -> Option<String> {
         self.policies.get(service).cloned()
+    }
+
+    fn blocks(&self) -> Blocks {
+        self.blocks.clone()
     }
 
     /// A set shared as a source cannot change.
@@ -130,6 +144,10 @@ impl LimitSource for StaticLimits {
 
     fn policy(&self, service: &str) -> Option<String> {
         self.set.load().policy(service)
+    }
+
+    fn blocks(&self) -> Blocks {
+        self.set.load().blocks()
     }
 
     fn version(&self) -> Option<u64> {

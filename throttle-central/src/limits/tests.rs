@@ -342,3 +342,44 @@ fn a_service_may_name_its_policy() {
         "{e}"
     );
 }
+
+#[test]
+fn blocks_name_users_and_may_end() {
+    let text = r#"
+[[block]]
+service = "front"
+users = ["mallory", "trudy"]
+until = 2026-12-01T00:00:00Z
+reason = "scraping"
+
+[[block]]
+service = "front"
+user = "eve"
+"#;
+    let set = LimitSet::from_toml(text).unwrap();
+    assert!(!set.is_empty(), "blocks only is not an empty file");
+    let blocks = set.blocks();
+    let front = &blocks["front"];
+    assert_eq!(front["mallory"].until_ms, Some(1_796_083_200_000));
+    assert_eq!(front["trudy"].reason, "scraping");
+    assert_eq!(front["eve"].until_ms, None);
+    let now = blocked_at(&blocks, 1_796_083_200_000);
+    assert_eq!(now["front"], ["eve"], "the others' blocks ended");
+    for (body, says) in [
+        ("user = \"*\"", "not \"*\""),
+        (
+            "user = \"a\"\nuntil = 2026-12-01",
+            "needs a date, a time and an offset",
+        ),
+        ("user = \"a\"\nuntil = 5", "date and time"),
+        ("users = []", "nobody"),
+    ] {
+        let text = format!("# x\n[[block]]\nservice = \"front\"\n{body}\n");
+        match LimitSet::from_toml(&text) {
+            Err(e @ LimitsError::Entry { line: 2, .. }) => {
+                assert!(e.to_string().contains(says), "{body}: {e}");
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+}

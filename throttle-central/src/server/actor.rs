@@ -14,11 +14,13 @@ use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use super::ahead::{AnswerAhead, Ready};
+use super::blocks::SentBlocks;
 use super::command::{Command, Outgoing, Snapshot};
 use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
 use crate::ledger::{FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange};
+use crate::limits::blocked_at;
 use crate::log::{Throttled, peer, truncate};
 
 /// One open node stream, as the ledger's task knows it.
@@ -38,6 +40,8 @@ struct Conn {
     /// Lets the stream's lines about dropped entries and refused reports
     /// out once a second.
     drop_log: Throttled,
+    /// The block lists this stream was last sent.
+    blocks: SentBlocks,
 }
 
 /// Counts and logs what the ledger did with a report of `node_id`: one
@@ -257,8 +261,10 @@ impl Actor {
             tx,
             ahead,
             drop_log: Throttled::new(),
+            blocks: SentBlocks::default(),
         };
         self.conns.insert(conn, c);
+        self.sync_blocks(Some(conn));
         gauge!("throttle_central_connections").set(self.conns.len() as f64);
         if !pushes.is_empty() || self.assigner.is_packed(node) != was_packed {
             // A service was re-assigned, or the node's quotas
@@ -483,6 +489,25 @@ impl Actor {
         // ahead.
         for c in streams.into_values().flatten() {
             *c.ahead.ready.lock() = None;
+        }
+        self.sync_blocks(None);
+    }
+
+    /// Sends stream `only` (every stream, if `None`) the block lists of
+    /// its node's services that changed since it was last sent them.
+    fn sync_blocks(&mut self, only: Option<u64>) {
+        let blocks = self.assigner.limits().blocks();
+        if blocks.is_empty() && self.conns.values().all(|c| c.blocks.is_empty()) {
+            return;
+        }
+        let now = blocked_at(&blocks, self.clock.now_ms());
+        for (id, c) in &mut self.conns {
+            if only.is_some_and(|o| o != *id) {
+                continue;
+            }
+            if let Some(services) = self.assigner.services_of(c.node) {
+                c.blocks.sync(&c.tx, services.iter(), &now);
+            }
         }
     }
 

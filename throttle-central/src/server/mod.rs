@@ -10,6 +10,7 @@
 //! - `actor`: the ledger's task;
 //! - `stream`: a node stream's task, and the gRPC service;
 //! - `auth`: a stream's credentials, checked before it is read;
+//! - `blocks`: block lists carried to the nodes;
 //! - `ahead`: answers rendered ahead of filing;
 //! - `received`: a report as it reaches the ledger's task;
 //! - `command`: what the ledger's task is asked;
@@ -22,6 +23,7 @@
 mod actor;
 mod ahead;
 mod auth;
+mod blocks;
 mod command;
 mod monitor;
 mod received;

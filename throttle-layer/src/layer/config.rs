@@ -37,6 +37,8 @@ pub(crate) struct Config {
     pub(crate) fallback: Fallback,
     pub(crate) shadow: bool,
     pub(crate) reject_status: StatusCode,
+    /// Status of a request of a blocked user.
+    pub(crate) blocked_status: StatusCode,
     pub(crate) rate_limit_headers: bool,
     /// The last refusal's headers, for the next with the same figures.
     pub(crate) refusals: RefusalCache,
@@ -45,4 +47,6 @@ pub(crate) struct Config {
     pub(crate) skipped: metrics::Counter,
     /// Requests refused for a user key longer than a name may be.
     pub(crate) long_users: metrics::Counter,
+    /// Requests of users the central has blocked.
+    pub(crate) blocked: metrics::Counter,
 }

@@ -64,6 +64,7 @@ struct Settings {
     fallback: Fallback,
     shadow: bool,
     reject_status: StatusCode,
+    blocked_status: StatusCode,
     rate_limit_headers: bool,
 }
 
@@ -86,6 +87,7 @@ impl ThrottleLayer {
             fallback: Fallback::Allow,
             shadow: false,
             reject_status: StatusCode::TOO_MANY_REQUESTS,
+            blocked_status: StatusCode::FORBIDDEN,
             rate_limit_headers: true,
         })
     }
@@ -172,6 +174,14 @@ impl<M> ThrottleLayerBuilder<M> {
         self
     }
 
+    /// Status of a request of a user the central has blocked (default 403,
+    /// with a body that says blocked, not throttled; gRPC:
+    /// `PERMISSION_DENIED`). Shadow mode lets them through, counted.
+    pub fn blocked_status(mut self, status: StatusCode) -> Self {
+        self.settings.blocked_status = status;
+        self
+    }
+
     /// Whether refusals carry `RateLimit-Policy`/`RateLimit` and
     /// `X-RateLimit-*` headers (default: true). `Retry-After` is always sent.
     pub fn rate_limit_headers(mut self, on: bool) -> Self {
@@ -235,6 +245,7 @@ impl<M> ThrottleLayerBuilder<M> {
                 fallback: settings.fallback,
                 shadow: settings.shadow,
                 reject_status: settings.reject_status,
+                blocked_status: settings.blocked_status,
                 rate_limit_headers: settings.rate_limit_headers,
                 refusals: RefusalCache::default(),
                 // Handles registered once: the request path never builds a
@@ -242,7 +253,8 @@ impl<M> ThrottleLayerBuilder<M> {
                 shadow_rejected: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "shadow_rejected"),
                 fallback_decisions: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "fallback"),
                 skipped: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "no_user"),
-                long_users: metrics::counter!("throttle_decisions_total", "service" => label, "decision" => "user_too_long"),
+                long_users: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "user_too_long"),
+                blocked: metrics::counter!("throttle_decisions_total", "service" => label, "decision" => "blocked"),
             }),
         })
     }

@@ -231,6 +231,28 @@ pub(crate) fn refuse_long_user(req: RequestHead<'_>) -> (Parts, &'static [u8]) {
     }
 }
 
+/// The refusal of a user the central has blocked: `status` (403 by
+/// default) and a body that says blocked, or gRPC `PERMISSION_DENIED`. No
+/// rate-limit headers: waiting does not help.
+#[cold]
+pub(crate) fn refuse_blocked(status: StatusCode, req: RequestHead<'_>) -> (Parts, &'static [u8]) {
+    let mut head = http::Response::new(()).into_parts().0;
+    if is_grpc(req) {
+        head.headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        head.headers
+            .insert(GRPC_STATUS, HeaderValue::from_static("7"));
+        head.headers
+            .insert(GRPC_MESSAGE, HeaderValue::from_static("blocked"));
+        (head, b"")
+    } else {
+        head.status = status;
+        head.headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        (head, b"Blocked\n")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use tower_service::Service;
 use super::body::{Meter, RefusalBody, RequestBody, ResponseBody};
 use super::config::{Config, Metered, Plain};
 use super::future::{PlainFuture, ResponseFuture};
-use super::refusal::{refuse_long_user, reject};
+use super::refusal::{refuse_blocked, refuse_long_user, reject};
 use crate::store::{Basis, UserHandle};
 use crate::usage::Usage;
 use crate::user::{MissingUser, RequestHead};
@@ -68,6 +68,13 @@ fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
                 return Outcome::Skip;
             }
         };
+        if cfg.service.is_blocked(user) {
+            cfg.blocked.increment(1);
+            if !cfg.shadow {
+                let (response, body) = refuse_blocked(cfg.blocked_status, head);
+                return Outcome::Refuse(response, body);
+            }
+        }
         admit(cfg, head, user)
     })
 }

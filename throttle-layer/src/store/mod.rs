@@ -73,6 +73,7 @@
 //! rows), `users` (the map of users), `service` ([`ServiceStore`]), `quota`
 //! (installing quotas), `collect` (reports), `slot_store` ([`SlotStore`]).
 
+mod blocked;
 mod collect;
 mod decision;
 mod quota;

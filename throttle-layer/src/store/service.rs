@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use throttle_clock::{Clock, SlotLength};
 use throttle_proto::MAX_NAME_LEN;
 
+use super::blocked::Blocked;
 use super::resource::MAX_RESOURCES;
 use super::resource::ResourceId;
 use super::user::Overflow;
@@ -49,6 +50,30 @@ pub struct ServiceStore {
     /// Registered once: a flood of new users at the cap must not build a
     /// labelled metric key per request.
     pub(super) at_cap: metrics::Counter,
+    /// The users the central has blocked.
+    pub(super) blocked: Blocked,
+}
+
+impl ServiceStore {
+    /// Whether the central has blocked `user`: every request of theirs is
+    /// refused, whatever their quota.
+    #[inline]
+    pub fn is_blocked(&self, user: &str) -> bool {
+        self.blocked.contains(user)
+    }
+
+    /// Makes `users` the blocked users (the central's `Blocks`).
+    pub fn set_blocked(&self, users: Vec<String>) {
+        let count = users.len();
+        self.blocked.set(users);
+        metrics::gauge!("throttle_blocked_users", "service" => self.name.to_string())
+            .set(count as f64);
+    }
+
+    /// How many users are blocked.
+    pub fn blocked_count(&self) -> usize {
+        self.blocked.len()
+    }
 }
 
 impl fmt::Debug for ServiceStore {

@@ -9,6 +9,7 @@ use metrics::counter;
 use parking_lot::Mutex;
 use throttle_clock::{Clock, CoarseClock, SlotLength};
 
+use super::blocked::Blocked;
 use super::service::ServiceStore;
 use super::user::Overflow;
 
@@ -99,6 +100,7 @@ impl SlotStore {
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
             overflow: Mutex::new(Overflow::default()),
             at_cap: counter!("throttle_keys_at_cap_total", "service" => name.to_string()),
+            blocked: Blocked::default(),
         });
         services.push(s.clone());
         self.shared.registered.send_replace(services.len());
@@ -124,6 +126,16 @@ impl SlotStore {
             .iter()
             .map(|s| s.name.to_string())
             .collect()
+    }
+
+    /// Blocks `users` of `service`, if the store serves it (a list the
+    /// central sends for a service this process does not serve is
+    /// dropped).
+    pub fn set_blocked(&self, service: &str, users: Vec<String>) {
+        let services = self.shared.services.lock();
+        if let Some(s) = named(&services, service) {
+            s.set_blocked(users);
+        }
     }
 
     /// Users tracked over all services.
