@@ -97,6 +97,11 @@ pub(crate) fn router(state: HttpState) -> Router {
                 .put(admin::put_rule)
                 .delete(admin::delete_rule),
         )
+        .route("/v1/blocks", get(admin::get_blocks))
+        .route(
+            "/v1/blocks/{service}/{user}",
+            axum::routing::put(admin::put_block).delete(admin::delete_block),
+        )
         .route("/metrics", get(metrics));
     if let Some(token) = state.token.clone() {
         guarded = guarded.route_layer(axum::middleware::from_fn_with_state(token, token::require));

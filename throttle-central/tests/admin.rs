@@ -132,3 +132,43 @@ async fn a_rule_put_is_enforced_written_and_kept_across_a_restart() {
     again.shutdown().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn users_are_blocked_and_unblocked_through_the_api() {
+    let dir = std::env::temp_dir().join(format!("throttle-admin-block-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, "# no limits yet\n").unwrap();
+    let central = start(&path).await;
+    let http = central.http_addr().unwrap();
+    let body = r#"{"until": "2030-01-01T00:00:00Z", "reason": "scraping"}"#;
+    let (status, _) = call(http, "PUT", "/v1/blocks/front/mallory", body, false).await;
+    assert_eq!(status, 401);
+    let (status, block) = call(http, "PUT", "/v1/blocks/front/mallory", body, true).await;
+    assert_eq!(status, 200, "{block}");
+    let (status, all) = call(http, "GET", "/v1/blocks", "", true).await;
+    assert_eq!(status, 200);
+    let all: Value = serde_json::from_str(&all).unwrap();
+    assert_eq!(all["blocks"]["front"]["mallory"]["active"], true, "{all}");
+    assert_eq!(all["blocks"]["front"]["mallory"]["reason"], "scraping");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("[[block]]") && text.starts_with("# no limits yet"),
+        "{text}"
+    );
+    let (status, why) = call(
+        http,
+        "PUT",
+        "/v1/blocks/front/eve",
+        r#"{"until": "soon"}"#,
+        true,
+    )
+    .await;
+    assert_eq!(status, 400, "{why}");
+    let (status, _) = call(http, "DELETE", "/v1/blocks/front/mallory", "", true).await;
+    assert_eq!(status, 204);
+    let (status, _) = call(http, "DELETE", "/v1/blocks/front/mallory", "", true).await;
+    assert_eq!(status, 404);
+    central.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,11 +1,33 @@
-//! Editing one user's rule in the text of a limits file, keeping every
-//! other line (comments included) as it was: what the admin API writes.
+//! Editing one user's rule or block in the text of a limits file, keeping
+//! every other line (comments included) as it was: what the admin API
+//! writes.
 //! Sans-IO: text in, text out; [`FileLimits`](super::FileLimits) writes it.
 
 use serde_json::Value;
 use toml_edit::{DocumentMut, Item};
 
 use super::{LimitSet, LimitsError};
+
+/// The keys a block's body may set.
+const BLOCK_KEYS: [&str; 2] = ["until", "reason"];
+
+/// What an edit is about: the entries of a table of the file, and the
+/// keys its body may set.
+#[derive(Clone, Copy)]
+struct Kind {
+    table: &'static str,
+    keys: &'static [&'static str],
+}
+
+const RULE: Kind = Kind {
+    table: "limit",
+    keys: &RULE_KEYS,
+};
+
+const BLOCK: Kind = Kind {
+    table: "block",
+    keys: &BLOCK_KEYS,
+};
 
 /// The keys a rule's body may set (its service and user come from the
 /// path).
@@ -52,14 +74,40 @@ pub fn edit_rule(
     user: &str,
     rule: Option<&Value>,
 ) -> Result<String, EditError> {
+    edit(RULE, text, service, user, rule)
+}
+
+/// `text` with `user`'s block in `service` replaced by `block` (a JSON
+/// object with an optional `until`, RFC 3339, and `reason`), or lifted
+/// when `block` is `None`; as [`edit_rule`] does for rules.
+///
+/// # Errors
+///
+/// [`EditError`]; the text is then unchanged.
+pub fn edit_block(
+    text: &str,
+    service: &str,
+    user: &str,
+    block: Option<&Value>,
+) -> Result<String, EditError> {
+    edit(BLOCK, text, service, user, block)
+}
+
+fn edit(
+    kind: Kind,
+    text: &str,
+    service: &str,
+    user: &str,
+    body: Option<&Value>,
+) -> Result<String, EditError> {
     let mut doc: DocumentMut = text.parse().map_err(|e| EditError::File(format!("{e}")))?;
-    remove_user(&mut doc, service, user);
+    remove_user(&mut doc, kind.table, service, user);
     let mut out = doc.to_string();
-    if let Some(rule) = rule {
+    if let Some(body) = body {
         if !out.is_empty() && !out.ends_with("\n\n") {
             out.push_str(if out.ends_with('\n') { "\n" } else { "\n\n" });
         }
-        out.push_str(&entry(service, user, rule)?);
+        out.push_str(&entry(kind, service, user, body)?);
     }
     if out.is_empty() {
         // An empty file is a broken edit; no rules at all is a comment.
@@ -69,10 +117,11 @@ pub fn edit_rule(
     Ok(out)
 }
 
-/// Takes `user` out of every rule of `service`: a rule of theirs alone
-/// goes, a list of users loses their name (and goes once empty).
-fn remove_user(doc: &mut DocumentMut, service: &str, user: &str) {
-    let Some(Item::ArrayOfTables(rules)) = doc.get_mut("limit") else {
+/// Takes `user` out of every entry of `table` of `service`: an entry of
+/// theirs alone goes, a list of users loses their name (and goes once
+/// empty).
+fn remove_user(doc: &mut DocumentMut, table: &str, service: &str, user: &str) {
+    let Some(Item::ArrayOfTables(rules)) = doc.get_mut(table) else {
         return;
     };
     let mut gone = Vec::new();
@@ -116,7 +165,7 @@ fn remove_user(doc: &mut DocumentMut, service: &str, user: &str) {
     }
     let emptied = rules.is_empty();
     if emptied {
-        doc.remove("limit");
+        doc.remove(table);
     }
     if !orphaned.trim().is_empty() {
         let trailing = doc.trailing().as_str().unwrap_or_default().to_owned();
@@ -124,19 +173,20 @@ fn remove_user(doc: &mut DocumentMut, service: &str, user: &str) {
     }
 }
 
-/// The `[[limit]]` entry of `user` in `service` with the keys of `rule`.
-fn entry(service: &str, user: &str, rule: &Value) -> Result<String, EditError> {
-    let Value::Object(fields) = rule else {
-        return Err(EditError::Body("a rule is a JSON object".into()));
+/// The entry of `user` in `service` with the keys of `body`.
+fn entry(kind: Kind, service: &str, user: &str, body: &Value) -> Result<String, EditError> {
+    let Value::Object(fields) = body else {
+        return Err(EditError::Body("the body is a JSON object".into()));
     };
     let mut out = format!(
-        "[[limit]]\nservice = {}\nuser = {}\n",
+        "[[{}]]\nservice = {}\nuser = {}\n",
+        kind.table,
         quoted(service),
         quoted(user)
     );
     for (key, value) in fields {
-        if !RULE_KEYS.contains(&key.as_str()) {
-            let known = RULE_KEYS.join(", ");
+        if !kind.keys.contains(&key.as_str()) {
+            let known = kind.keys.join(", ");
             return Err(EditError::Body(format!(
                 "unknown key {key:?}: one of {known}"
             )));
@@ -243,6 +293,23 @@ per_minute = { requests = 6000 }
             Some(&json!({"per_second": {"bytes": "5MiB"}})),
         );
         assert!(units.is_ok());
+    }
+
+    #[test]
+    fn a_block_is_set_and_lifted() {
+        let block = json!({"until": "2030-01-01T00:00:00Z", "reason": "scraping"});
+        let out = edit_block(FILE, "front", "mallory", Some(&block)).unwrap();
+        let set = LimitSet::from_toml(&out).unwrap();
+        let blocks = crate::limits::LimitSource::blocks(&set);
+        assert_eq!(blocks["front"]["mallory"].reason, "scraping");
+        assert_eq!(set.len(), 3, "the rules stay");
+        let lifted = edit_block(&out, "front", "mallory", None).unwrap();
+        let set = LimitSet::from_toml(&lifted).unwrap();
+        assert!(crate::limits::LimitSource::blocks(&set).is_empty());
+        let bad = edit_block(FILE, "front", "m", Some(&json!({"until": "soon"})));
+        assert!(bad.unwrap_err().to_string().contains("until"));
+        let unknown = edit_block(FILE, "front", "m", Some(&json!({"per_second": {}})));
+        assert!(matches!(unknown, Err(EditError::Body(_))));
     }
 
     proptest! {

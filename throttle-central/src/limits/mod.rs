@@ -80,7 +80,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 pub use block::{Block, Blocks, blocked_at};
-pub use edit::{EditError, edit_rule};
+pub use edit::{EditError, edit_block, edit_rule};
 pub use file::FileLimits;
 pub use period::{Allowance, Period, Resolved, resolve};
 pub use set::{LimitSet, StaticLimits};
