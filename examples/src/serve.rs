@@ -1,29 +1,26 @@
-//! Serving an example app as a hardened server would: a request's head must
-//! arrive within [`HEADER_READ_TIMEOUT`], so connections that never finish
-//! a request (slowloris) are closed instead of held; HTTP/2 connections
-//! are pinged; the peer's address reaches the app as axum's `ConnectInfo`,
-//! for `UserKey::peer_ip`.
-//!
-//! `axum::serve` has no header timeout, hence this small accept loop over
-//! hyper-util's server, which has.
+//! Serving an example app as a hardened server would, with the central's
+//! own accept loop ([`serve_http`]): a request's head must arrive within
+//! [`HEADER_READ_TIMEOUT`], so connections that never finish a request
+//! (slowloris) are closed instead of held; HTTP/2 connections are pinged;
+//! the peer's address reaches the app as axum's `ConnectInfo`, for
+//! `UserKey::peer_ip`.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::connect_info::ConnectInfo;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
+use throttle_central::net::{ConnectionLimits, serve_http};
 use tokio::net::TcpListener;
-use tower_layer::Layer;
 
 /// How long a client may take to send a request's head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often an idle HTTP/2 connection is pinged.
 const KEEP_ALIVE: Duration = Duration::from_secs(20);
+
+/// Connections an app serves at once (the central's HTTP API, for
+/// operators, holds far fewer).
+const MAX_CONNECTIONS: usize = 10_000;
 
 /// Serves `app` on `listener` until `shutdown` completes.
 ///
@@ -36,39 +33,14 @@ pub async fn serve(
     app: Router,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(KEEP_ALIVE);
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, say: wait instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => return Ok(()),
-        };
-        let service = axum::Extension(ConnectInfo::<SocketAddr>(peer)).layer(app.clone());
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let io = TokioIo::new(stream);
-            let service = TowerToHyperService::new(service);
-            if let Err(e) = builder.serve_connection_with_upgrades(io, service).await {
-                tracing::debug!(%peer, error = %e, "connection ended");
-            }
-        });
-    }
+    let limits = ConnectionLimits {
+        max_http_connections: MAX_CONNECTIONS,
+        keepalive: KEEP_ALIVE,
+        header_read: HEADER_READ_TIMEOUT,
+        ..ConnectionLimits::default()
+    };
+    serve_http(listener, app, None, limits, shutdown).await;
+    Ok(())
 }
 
 #[cfg(test)]

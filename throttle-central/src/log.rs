@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use throttle_clock::{Clock, SystemClock};
+
 /// At most the first 80 bytes of `s`, for a log line about a name from
 /// outside.
 pub(crate) fn truncate(s: &str) -> &str {
@@ -37,10 +39,7 @@ impl Throttled {
 
     /// [`Throttled::allow`] at the system clock's now.
     pub(crate) fn allow_now(&self) -> Option<u64> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        self.allow(now)
+        self.allow(SystemClock.now_ms())
     }
 
     /// `Some(lines left out since the last one)` when a line may go out at

@@ -692,3 +692,48 @@ async fn an_overlong_user_key_is_refused_not_unlimited() {
         "the long key was never counted"
     );
 }
+
+/// A user the central has blocked is refused whatever their quota: 403 (or
+/// the status chosen) saying blocked, gRPC `PERMISSION_DENIED`; shadow mode
+/// lets them through.
+#[tokio::test]
+async fn a_blocked_user_is_refused_whatever_their_quota() {
+    let (_clock, store) = store();
+    let app = hello().layer(builder(&store).build().unwrap());
+    let res = app.clone().oneshot(get_as("mallory", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    store.set_blocked("front", vec!["mallory".into()]);
+    let res = app.clone().oneshot(get_as("mallory", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"Blocked\n");
+    let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "nobody else");
+    let grpc = Request::builder()
+        .method(Method::POST)
+        .uri("/pkg.Svc/Call")
+        .header("x-user", "mallory")
+        .header("content-type", "application/grpc")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "7");
+    let teapot = hello().layer(
+        builder(&store)
+            .blocked_status(StatusCode::IM_A_TEAPOT)
+            .build()
+            .unwrap(),
+    );
+    let res = teapot.oneshot(get_as("mallory", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::IM_A_TEAPOT);
+    let shadow = hello().layer(builder(&store).shadow(true).build().unwrap());
+    let res = shadow.oneshot(get_as("mallory", "/")).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "shadow mode lets them through"
+    );
+    store.set_blocked("front", Vec::new());
+    let res = app.oneshot(get_as("mallory", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "unblocked");
+}

@@ -57,13 +57,7 @@ impl Message for Answer {
         // A oneof: the last kind given wins, and a message kind given twice
         // in a row is merged, as prost does.
         match tag {
-            CENTRAL_MESSAGE_WELCOME => {
-                let held = match std::mem::take(self) {
-                    Self::Welcome(w) => Some(w),
-                    _ => None,
-                };
-                *self = Self::Welcome(merge_kind(held, wire_type, buf, ctx)?);
-            }
+            CENTRAL_MESSAGE_WELCOME => merge_oneof!(self, Self::Welcome, wire_type, buf, ctx),
             CENTRAL_MESSAGE_QUOTA => {
                 let mut quota = Bytes::new();
                 // Shares the received buffer: no copy.
@@ -77,20 +71,8 @@ impl Message for Answer {
                     _ => Self::Quota(quota),
                 };
             }
-            CENTRAL_MESSAGE_NOT_LEADER => {
-                let held = match std::mem::take(self) {
-                    Self::NotLeader(n) => Some(n),
-                    _ => None,
-                };
-                *self = Self::NotLeader(merge_kind(held, wire_type, buf, ctx)?);
-            }
-            CENTRAL_MESSAGE_BLOCKS => {
-                let held = match std::mem::take(self) {
-                    Self::Blocks(b) => Some(b),
-                    _ => None,
-                };
-                *self = Self::Blocks(merge_kind(held, wire_type, buf, ctx)?);
-            }
+            CENTRAL_MESSAGE_NOT_LEADER => merge_oneof!(self, Self::NotLeader, wire_type, buf, ctx),
+            CENTRAL_MESSAGE_BLOCKS => merge_oneof!(self, Self::Blocks, wire_type, buf, ctx),
             _ => skip_field(wire_type, tag, buf, ctx)?,
         }
         Ok(())

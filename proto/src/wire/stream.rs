@@ -100,11 +100,7 @@ impl Message for Inbound {
     ) -> Result<(), prost::DecodeError> {
         match (tag, wire_type) {
             (NODE_MESSAGE_HELLO, _) => {
-                let held = match std::mem::take(self) {
-                    Self::Hello(h) => Some(h),
-                    _ => None,
-                };
-                *self = Self::Hello(merge_kind(held, wire_type, buf, ctx)?);
+                merge_oneof!(self, Self::Hello, wire_type, buf, ctx);
                 Ok(())
             }
             (NODE_MESSAGE_REPORT, _) => {
@@ -130,6 +126,20 @@ impl Message for Inbound {
         *self = Self::Empty;
     }
 }
+
+/// Reads a oneof's message kind `$kind` from the wire into `$oneof` (an
+/// enum of the kinds): merged into the kind it held if the same
+/// ([`merge_kind`]), else read fresh. Returns early with a decode error.
+macro_rules! merge_oneof {
+    ($oneof:expr, $kind:path, $wire_type:expr, $buf:expr, $ctx:expr) => {{
+        let held = match std::mem::take($oneof) {
+            $kind(m) => Some(m),
+            _ => None,
+        };
+        *$oneof = $kind(merge_kind(held, $wire_type, $buf, $ctx)?);
+    }};
+}
+pub(super) use merge_oneof;
 
 /// A oneof's message kind read from the wire: merged into the same kind
 /// the oneof `held`, as prost merges a message given twice, or else read

@@ -13,6 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
+use throttle_clock::{Clock, SystemClock};
 
 use super::{HttpState, error};
 use crate::limits::{EditError, FileLimits, LimitSource, edit_block, edit_rule};
@@ -23,8 +24,9 @@ type Editor = fn(&str, &str, &str, Option<&Value>) -> Result<String, EditError>;
 /// Why a request was refused: its status and message.
 type Refusal = (StatusCode, String);
 
-fn refused((status, why): Refusal) -> Response {
-    error(status, why)
+/// A handler's response, or its refusal as JSON.
+fn answer(result: Result<Response, Refusal>) -> Response {
+    result.unwrap_or_else(|(status, why)| error(status, why))
 }
 
 /// The file to edit, or why there is none.
@@ -35,6 +37,19 @@ fn file(state: &HttpState) -> Result<Arc<FileLimits>, Refusal> {
     })
 }
 
+/// The JSON of a request body; `empty` for no body at all, if allowed.
+fn json_body(body: &Bytes, empty: Option<Value>) -> Result<Value, Refusal> {
+    match empty {
+        Some(v) if body.is_empty() => Ok(v),
+        _ => serde_json::from_slice(body).map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("the body is not JSON: {e}"),
+            )
+        }),
+    }
+}
+
 /// `user`'s own rule of `service` in force, as JSON.
 fn rule_of(source: &dyn LimitSource, service: &str, user: &str) -> Option<Value> {
     let rules = source.list_limits(service);
@@ -42,17 +57,34 @@ fn rule_of(source: &dyn LimitSource, service: &str, user: &str) -> Option<Value>
     Some(json!(rule))
 }
 
+/// `user`'s block in `service`, as JSON.
+fn block_of(source: &dyn LimitSource, service: &str, user: &str) -> Option<Value> {
+    let blocks = source.blocks();
+    let block = blocks.get(service)?.get(user)?;
+    Some(json!(block))
+}
+
+fn no_rule(service: &str, user: &str) -> Refusal {
+    let why = format!("{user:?} has no rule of their own in {service:?}");
+    (StatusCode::NOT_FOUND, why)
+}
+
+fn not_blocked(service: &str, user: &str) -> Refusal {
+    (
+        StatusCode::NOT_FOUND,
+        format!("{user:?} is not blocked in {service:?}"),
+    )
+}
+
 pub(super) async fn get_rule(
     State(state): State<HttpState>,
     Path((service, user)): Path<(String, String)>,
 ) -> Response {
-    match rule_of(&*state.limits, &service, &user) {
-        Some(rule) => axum::Json(rule).into_response(),
-        None => error(
-            StatusCode::NOT_FOUND,
-            format!("{user:?} has no rule of their own in {service:?}"),
-        ),
-    }
+    let rule = rule_of(&*state.limits, &service, &user);
+    answer(
+        rule.map(|r| axum::Json(r).into_response())
+            .ok_or_else(|| no_rule(&service, &user)),
+    )
 }
 
 pub(super) async fn put_rule(
@@ -60,27 +92,14 @@ pub(super) async fn put_rule(
     Path((service, user)): Path<(String, String)>,
     body: Bytes,
 ) -> Response {
-    let file = match file(&state) {
-        Ok(f) => f,
-        Err(r) => return refused(r),
-    };
-    let rule: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("the body is not JSON: {e}"),
-            );
-        }
-    };
-    let (s, u) = (service.clone(), user.clone());
-    let edited = edit(file, move |text| edit_rule(text, &s, &u, Some(&rule))).await;
-    if let Err(r) = edited {
-        return refused(r);
-    }
-    let rule = rule_of(&*state.limits, &service, &user).unwrap_or(Value::Null);
-    tracing::info!(%service, %user, "rule set through the admin API");
-    axum::Json(rule).into_response()
+    answer(
+        put(&state, edit_rule, &service, &user, json_body(&body, None))
+            .await
+            .map(|()| {
+                let rule = rule_of(&*state.limits, &service, &user).unwrap_or(Value::Null);
+                axum::Json(rule).into_response()
+            }),
+    )
 }
 
 pub(super) async fn delete_rule(
@@ -88,42 +107,21 @@ pub(super) async fn delete_rule(
     Path((service, user)): Path<(String, String)>,
 ) -> Response {
     let present = rule_of(&*state.limits, &service, &user).is_some();
-    let missing = format!("{user:?} has no rule of their own in {service:?}");
-    remove(
-        &state,
-        (service, user),
-        present.then_some(edit_rule as Editor).ok_or(missing),
+    let missing = no_rule(&service, &user);
+    answer(
+        delete(
+            &state,
+            edit_rule,
+            &service,
+            &user,
+            present.then_some(()).ok_or(missing),
+        )
+        .await,
     )
-    .await
-}
-
-/// Edits `user`'s entry of `service` out of the file with `editor`, or
-/// answers 404 with the message in `editor`'s place.
-async fn remove(
-    state: &HttpState,
-    (service, user): (String, String),
-    editor: Result<Editor, String>,
-) -> Response {
-    let file = match file(state) {
-        Ok(f) => f,
-        Err(r) => return refused(r),
-    };
-    let editor = match editor {
-        Ok(e) => e,
-        Err(missing) => return error(StatusCode::NOT_FOUND, missing),
-    };
-    let (s, u) = (service.clone(), user.clone());
-    if let Err(r) = edit(file, move |text| editor(text, &s, &u, None)).await {
-        return refused(r);
-    }
-    tracing::info!(%service, %user, "entry removed through the admin API");
-    StatusCode::NO_CONTENT.into_response()
 }
 
 pub(super) async fn get_blocks(State(state): State<HttpState>) -> Response {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let now = SystemClock.now_ms();
     let blocks: serde_json::Map<String, Value> = state
         .limits
         .blocks()
@@ -147,54 +145,77 @@ pub(super) async fn put_block(
     Path((service, user)): Path<(String, String)>,
     body: Bytes,
 ) -> Response {
-    let file = match file(&state) {
-        Ok(f) => f,
-        Err(r) => return refused(r),
-    };
-    let block: Value = if body.is_empty() {
-        json!({})
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("the body is not JSON: {e}"),
-                );
-            }
-        }
-    };
-    let (s, u) = (service.clone(), user.clone());
-    if let Err(r) = edit(file, move |text| edit_block(text, &s, &u, Some(&block))).await {
-        return refused(r);
-    }
-    tracing::info!(%service, %user, "user blocked through the admin API");
-    let blocks = state.limits.blocks();
-    let block = blocks.get(&service).and_then(|users| users.get(&user));
-    axum::Json(json!(block)).into_response()
+    let block = json_body(&body, Some(json!({})));
+    answer(
+        put(&state, edit_block, &service, &user, block)
+            .await
+            .map(|()| {
+                let block = block_of(&*state.limits, &service, &user).unwrap_or(Value::Null);
+                axum::Json(block).into_response()
+            }),
+    )
 }
 
 pub(super) async fn delete_block(
     State(state): State<HttpState>,
     Path((service, user)): Path<(String, String)>,
 ) -> Response {
-    let blocks = state.limits.blocks();
-    let present = blocks.get(&service).is_some_and(|u| u.contains_key(&user));
-    let missing = format!("{user:?} is not blocked in {service:?}");
-    remove(
-        &state,
-        (service, user),
-        present.then_some(edit_block as Editor).ok_or(missing),
+    let present = block_of(&*state.limits, &service, &user).is_some();
+    let missing = not_blocked(&service, &user);
+    answer(
+        delete(
+            &state,
+            edit_block,
+            &service,
+            &user,
+            present.then_some(()).ok_or(missing),
+        )
+        .await,
     )
-    .await
 }
 
-/// Runs an edit of `file` off the runtime's workers (it reads, writes and
+/// Writes `body` as `user`'s entry of `service` with `editor`.
+async fn put(
+    state: &HttpState,
+    editor: Editor,
+    service: &str,
+    user: &str,
+    body: Result<Value, Refusal>,
+) -> Result<(), Refusal> {
+    let file = file(state)?;
+    let body = body?;
+    edit(file, editor, service, user, Some(body)).await?;
+    tracing::info!(%service, %user, "entry set through the admin API");
+    Ok(())
+}
+
+/// Removes `user`'s entry of `service` with `editor`, if `present` (else
+/// its refusal).
+async fn delete(
+    state: &HttpState,
+    editor: Editor,
+    service: &str,
+    user: &str,
+    present: Result<(), Refusal>,
+) -> Result<Response, Refusal> {
+    let file = file(state)?;
+    present?;
+    edit(file, editor, service, user, None).await?;
+    tracing::info!(%service, %user, "entry removed through the admin API");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Runs `editor` on `file` off the runtime's workers (it reads, writes and
 /// syncs files).
 async fn edit(
     file: Arc<FileLimits>,
-    change: impl FnOnce(&str) -> Result<String, EditError> + Send + 'static,
+    editor: Editor,
+    service: &str,
+    user: &str,
+    body: Option<Value>,
 ) -> Result<(), Refusal> {
+    let (service, user) = (service.to_owned(), user.to_owned());
+    let change = move |text: &str| editor(text, &service, &user, body.as_ref());
     let done = tokio::task::spawn_blocking(move || file.edit(change)).await;
     match done {
         Ok(Ok(())) => Ok(()),

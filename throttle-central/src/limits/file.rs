@@ -4,13 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{EditError, Limit, LimitSet, LimitSource, LimitsError};
+use super::{EditError, LimitSet, LimitsError, Snapshots};
 use crate::watched::{FileFormat, Watched};
 
 /// Limits read from a TOML file, reloaded by [`FileLimits::reload`].
 ///
 /// A file that fails to load keeps the previous limits in force and records
-/// the error, which [`LimitSource::last_error`] reports.
+/// the error, which [`LimitSource::last_error`](super::LimitSource::last_error) reports.
 #[derive(Debug)]
 pub struct FileLimits {
     file: Watched<LimitSet>,
@@ -133,28 +133,16 @@ impl FileLimits {
     }
 }
 
-impl LimitSource for FileLimits {
-    fn services(&self) -> Vec<String> {
-        self.file.current().services()
+impl Snapshots for FileLimits {
+    fn snapshot(&self) -> Arc<LimitSet> {
+        self.file.current()
     }
 
-    fn list_limits(&self, service: &str) -> Vec<Limit> {
-        self.file.current().list_limits(service)
+    fn snapshot_version(&self) -> u64 {
+        self.file.version()
     }
 
-    fn policy(&self, service: &str) -> Option<String> {
-        self.file.current().policy(service)
-    }
-
-    fn blocks(&self) -> super::Blocks {
-        self.file.current().blocks()
-    }
-
-    fn last_error(&self) -> Option<String> {
+    fn snapshot_error(&self) -> Option<String> {
         self.file.last_error()
-    }
-
-    fn version(&self) -> Option<u64> {
-        Some(self.file.version())
     }
 }

@@ -83,7 +83,7 @@ pub use block::{Block, Blocks, blocked_at};
 pub use edit::{EditError, edit_block, edit_rule};
 pub use file::FileLimits;
 pub use period::{Allowance, Period, Resolved, resolve};
-pub use set::{LimitSet, StaticLimits};
+pub use set::{LimitSet, Snapshots, StaticLimits};
 
 /// Seconds' worth of rate a bucket holds when a limit does not say.
 pub const DEFAULT_BURST_SECONDS: f64 = 10.0;

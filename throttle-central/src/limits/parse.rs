@@ -107,14 +107,9 @@ impl LimitSet {
         for spanned in file.limit {
             let line = line_of(text, spanned.span().start);
             let e = spanned.into_inner();
-            let bad = |user: &str, message: String| LimitsError::Entry {
-                line,
-                service: e.service.clone(),
-                user: user.to_owned(),
-                message,
-            };
-            let who = e.who();
-            let users = e.users().map_err(|m| bad(&who, m))?;
+            let bad = entry_error(line, &e.service);
+            let who = who(&e.user, &e.users);
+            let users = users(&e.service, &e.user, &e.users).map_err(|m| bad(&who, m))?;
             let rule = e.rule().map_err(|m| bad(&who, m))?;
             for user in users {
                 if set.get(&e.service, &user).is_some() {
@@ -133,12 +128,7 @@ impl LimitSet {
         for spanned in file.block {
             let line = line_of(text, spanned.span().start);
             let e = spanned.into_inner();
-            let bad = |user: &str, message: String| LimitsError::Entry {
-                line,
-                service: e.service.clone(),
-                user: user.to_owned(),
-                message,
-            };
+            let bad = entry_error(line, &e.service);
             let who = who(&e.user, &e.users);
             let users = users(&e.service, &e.user, &e.users).map_err(|m| bad(&who, m))?;
             if users.iter().any(|u| u == EVERY_USER) {
@@ -159,6 +149,16 @@ impl LimitSet {
             }
         }
         Ok(set)
+    }
+}
+
+/// The error of the entry of `service` at `line`, for a user and a message.
+fn entry_error(line: usize, service: &str) -> impl Fn(&str, String) -> LimitsError + '_ {
+    move |user, message| LimitsError::Entry {
+        line,
+        service: service.to_owned(),
+        user: user.to_owned(),
+        message,
     }
 }
 
@@ -198,14 +198,6 @@ fn users(
 }
 
 impl Entry {
-    fn who(&self) -> String {
-        who(&self.user, &self.users)
-    }
-
-    fn users(&self) -> Result<Vec<String>, String> {
-        users(&self.service, &self.user, &self.users)
-    }
-
     /// The rule, for no user yet.
     fn rule(&self) -> Result<Limit, String> {
         let burst = self.burst_seconds()?;

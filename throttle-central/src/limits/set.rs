@@ -133,24 +133,52 @@ impl StaticLimits {
     }
 }
 
-impl LimitSource for StaticLimits {
+impl Snapshots for StaticLimits {
+    fn snapshot(&self) -> Arc<LimitSet> {
+        self.set.load_full()
+    }
+
+    fn snapshot_version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+}
+
+/// A source that holds a [`LimitSet`] and replaces it whole: it answers
+/// every [`LimitSource`] question from the set in force
+/// ([`StaticLimits`], [`FileLimits`](super::FileLimits)).
+pub trait Snapshots: Send + Sync + std::fmt::Debug + 'static {
+    /// The limits in force.
+    fn snapshot(&self) -> Arc<LimitSet>;
+    /// Changes whenever the set in force does ([`LimitSource::version`]).
+    fn snapshot_version(&self) -> u64;
+    /// Why the last load failed, if it did ([`LimitSource::last_error`]).
+    fn snapshot_error(&self) -> Option<String> {
+        None
+    }
+}
+
+impl<T: Snapshots> LimitSource for T {
     fn services(&self) -> Vec<String> {
-        self.set.load().services()
+        self.snapshot().services()
     }
 
     fn list_limits(&self, service: &str) -> Vec<Limit> {
-        self.set.load().list_limits(service)
+        self.snapshot().list_limits(service)
+    }
+
+    fn last_error(&self) -> Option<String> {
+        self.snapshot_error()
     }
 
     fn policy(&self, service: &str) -> Option<String> {
-        self.set.load().policy(service)
+        self.snapshot().policy(service)
     }
 
     fn blocks(&self) -> Blocks {
-        self.set.load().blocks()
+        self.snapshot().blocks()
     }
 
     fn version(&self) -> Option<u64> {
-        Some(self.version.load(Ordering::Acquire))
+        Some(self.snapshot_version())
     }
 }

@@ -1,15 +1,18 @@
-//! The HTTP server's accept loop: TLS when configured, a request head
-//! within [`ConnectionLimits::header_read`] (slow clients are closed, not
-//! held), HTTP/2 pings, and at most
-//! [`ConnectionLimits::max_http_connections`] open at once. `axum::serve`
-//! has neither TLS nor a header timeout, hence this loop over hyper-util's
-//! server, which has both.
+//! An HTTP server's accept loop, the central's and the example apps': TLS
+//! when configured, a request head within
+//! [`ConnectionLimits::header_read`] (slow clients are closed, not held),
+//! HTTP/2 pings, and at most [`ConnectionLimits::max_http_connections`]
+//! open at once; the peer's address reaches the app as axum's
+//! `ConnectInfo`. `axum::serve` has neither TLS nor a header timeout, hence
+//! this loop over hyper-util's server, which has both.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::connect_info::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -27,7 +30,7 @@ static AT_CAP: Throttled = Throttled::new();
 
 /// Serves `router` on `listener` until `stop` completes, then lets open
 /// requests finish.
-pub(crate) async fn serve_http(
+pub async fn serve_http(
     listener: TcpListener,
     router: Router,
     tls: Option<TlsAcceptor>,
@@ -48,13 +51,13 @@ pub(crate) async fn serve_http(
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);
     loop {
-        let (stream, place) = tokio::select! {
+        let (stream, peer, place) = tokio::select! {
             accepted = accept(&listener, &places, limits) => accepted,
             () = &mut stop => break,
         };
         let connection = Connection {
             builder: builder.clone(),
-            router: router.clone(),
+            router: router.clone().layer(axum::Extension(ConnectInfo(peer))),
             watcher: graceful.watcher(),
             _place: place,
         };
@@ -80,7 +83,7 @@ async fn accept(
     listener: &TcpListener,
     places: &Arc<Semaphore>,
     limits: ConnectionLimits,
-) -> (TcpStream, OwnedSemaphorePermit) {
+) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
     loop {
         let place = match places.clone().try_acquire_owned() {
             Ok(place) => place,
@@ -98,7 +101,7 @@ async fn accept(
             }
         };
         match listener.accept().await {
-            Ok((stream, _)) => return (stream, place),
+            Ok((stream, peer)) => return (stream, peer, place),
             Err(e) => {
                 tracing::warn!(error = %e, "accepting an HTTP connection failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;

@@ -5,14 +5,15 @@
 //! - `node_io`: node connections, each holding a place under the cap and
 //!   closed if no stream opens on it in time;
 //! - `tls`: certificates and keys read from PEM files, for both servers;
-//! - `http`: the HTTP server's accept loop (TLS, header timeout, the cap).
+//! - `http`: an HTTP server's accept loop (TLS, header timeout, the cap),
+//!   which the example apps serve with too.
 
 mod http;
 mod limits;
 mod node_io;
 mod tls;
 
-pub(crate) use http::serve_http;
+pub use http::serve_http;
 pub use limits::ConnectionLimits;
 pub(crate) use node_io::{NodeConnInfo, node_incoming};
 pub use tls::{ServerTls, TlsError};

@@ -214,43 +214,47 @@ fn percent_encode(s: &str) -> String {
 #[cold]
 #[inline(never)]
 pub(crate) fn refuse_long_user(req: RequestHead<'_>) -> (Parts, &'static [u8]) {
-    let mut head = http::Response::new(()).into_parts().0;
-    if is_grpc(req) {
-        head.headers
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        head.headers
-            .insert(GRPC_STATUS, HeaderValue::from_static("3"));
-        head.headers
-            .insert(GRPC_MESSAGE, HeaderValue::from_static("user key too long"));
-        (head, b"")
-    } else {
-        head.status = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
-        head.headers
-            .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        (head, b"User key too long\n")
-    }
+    let http = (
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        &b"User key too long\n"[..],
+    );
+    plain_refusal(req, http, ("3", "user key too long"))
 }
 
 /// The refusal of a user the central has blocked: `status` (403 by
 /// default) and a body that says blocked, or gRPC `PERMISSION_DENIED`. No
 /// rate-limit headers: waiting does not help.
 #[cold]
+#[inline(never)]
 pub(crate) fn refuse_blocked(status: StatusCode, req: RequestHead<'_>) -> (Parts, &'static [u8]) {
+    plain_refusal(req, (status, b"Blocked\n"), ("7", "blocked"))
+}
+
+/// A refusal with no rate-limit figures: over HTTP, `status` and a text
+/// body; over gRPC, a grpc-status code and message.
+fn plain_refusal(
+    req: RequestHead<'_>,
+    (status, body): (StatusCode, &'static [u8]),
+    (code, message): (&'static str, &'static str),
+) -> (Parts, &'static [u8]) {
     let mut head = http::Response::new(()).into_parts().0;
-    if is_grpc(req) {
-        head.headers
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        head.headers
-            .insert(GRPC_STATUS, HeaderValue::from_static("7"));
-        head.headers
-            .insert(GRPC_MESSAGE, HeaderValue::from_static("blocked"));
-        (head, b"")
+    let grpc = is_grpc(req);
+    let content_type = if grpc {
+        "application/grpc"
     } else {
+        "text/plain"
+    };
+    head.headers
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if !grpc {
         head.status = status;
-        head.headers
-            .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        (head, b"Blocked\n")
+        return (head, body);
     }
+    head.headers
+        .insert(GRPC_STATUS, HeaderValue::from_static(code));
+    head.headers
+        .insert(GRPC_MESSAGE, HeaderValue::from_static(message));
+    (head, b"")
 }
 
 #[cfg(test)]
