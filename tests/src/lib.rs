@@ -3,6 +3,7 @@
 //! point, as the binary runs it) and app nodes running the example app, each
 //! with its own store and reporter, all on 127.0.0.1 with ephemeral ports.
 
+pub mod hierarchy;
 pub mod sim;
 
 use std::net::SocketAddr;
@@ -62,7 +63,8 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
-/// Starts a central node from `builder` on `addr` (port 0 for any).
+/// Starts a central node from `builder` on `addr` (port 0 for any), its
+/// HTTP API on any port of 127.0.0.1.
 ///
 /// # Errors
 ///
@@ -73,7 +75,29 @@ pub async fn start_central(
     builder: CentralBuilder,
 ) -> anyhow::Result<RunningCentral> {
     let grpc = tokio::net::TcpListener::bind(addr).await?;
-    Ok(builder.slot(slot).spawn(grpc, None)?)
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    Ok(builder.slot(slot).spawn(grpc, Some(http))?)
+}
+
+/// `GET path` of the HTTP server at `addr`: the status and the body read
+/// as JSON (`Null` if it is not).
+///
+/// # Errors
+///
+/// When the server cannot be reached or answers no HTTP.
+pub async fn get_json(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, Value)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let status = out
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("not HTTP: {out:?}"))?;
+    let body = out.split_once("\r\n\r\n").map_or("", |x| x.1);
+    Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
 }
 
 impl Cluster {

@@ -86,6 +86,19 @@ pub struct Scenario {
     /// Every user is limited by one `*` rule of this rate instead of a
     /// rule of their own (each user's `limit` must be this rate).
     pub every_user: Option<f64>,
+    /// The limits, instead of a rule per user (or `every_user`): for
+    /// scenarios that measure more than one user's limit.
+    pub limits: Option<fn() -> LimitSet>,
+}
+
+/// What a run admitted, per user and slot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Trace {
+    /// The measures of the first user.
+    pub outcome: Outcome,
+    /// Per user (in the scenario's order), per slot: requests admitted
+    /// (in the resource's units).
+    pub admitted: Vec<Vec<i64>>,
 }
 
 /// What a run measured.
@@ -151,9 +164,15 @@ struct SimNode {
 
 /// Runs `scenario` under the policy `policy`.
 pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
-    let slot = SlotLength::SECOND;
-    let clock = Arc::new(ManualClock::new(T0));
-    let (resource, cost) = scenario.resource;
+    run_traced(scenario, policy).outcome
+}
+
+/// The limits of `scenario`.
+fn limits_of(scenario: &Scenario) -> LimitSet {
+    if let Some(limits) = scenario.limits {
+        return limits();
+    }
+    let resource = scenario.resource.0;
     let mut limits = LimitSet::new();
     if let Some(rate) = scenario.every_user {
         limits.insert(
@@ -182,6 +201,16 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
             },
         );
     }
+    limits
+}
+
+/// Runs `scenario` under the policy `policy`, keeping what each user was
+/// admitted in each slot.
+pub fn run_traced(scenario: &Scenario, policy: PolicyFactory) -> Trace {
+    let slot = SlotLength::SECOND;
+    let clock = Arc::new(ManualClock::new(T0));
+    let (resource, cost) = scenario.resource;
+    let limits = limits_of(scenario);
     let ledger = Ledger::with_policies(
         LedgerConfig {
             slot,
@@ -244,6 +273,7 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
     let mut under = vec![true; scenario.users.len()];
     let slots = scenario.seconds as usize;
     let mut admitted = vec![0i64; slots + 1];
+    let mut by_user = vec![vec![0i64; slots + 1]; scenario.users.len()];
     let mut offered = vec![0i64; slots + 1];
     let mut others_refused = 0u64;
     let mut deepest = f64::INFINITY;
@@ -372,6 +402,9 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
                     true,
                 );
                 let ok = a.decision.is_allowed();
+                if ok {
+                    by_user[u][index] += cost;
+                }
                 if u == 0 {
                     offered[index] += cost;
                     if ok {
@@ -390,13 +423,20 @@ pub fn run(scenario: &Scenario, policy: PolicyFactory) -> Outcome {
         }
         t += STEP_MS;
     }
-    measure(
+    let outcome = measure(
         scenario,
         &admitted[..slots],
         &offered[..slots],
         others_refused,
         deepest,
-    )
+    );
+    for user in &mut by_user {
+        user.truncate(slots);
+    }
+    Trace {
+        outcome,
+        admitted: by_user,
+    }
 }
 
 fn measure(
@@ -448,7 +488,7 @@ fn always(_: i64, _: usize) -> bool {
 }
 
 /// A user offering `total` requests per second split by `shares`.
-fn spread(name: &str, limit: f64, total: f64, shares: Vec<f64>) -> User {
+pub(crate) fn spread(name: &str, limit: f64, total: f64, shares: Vec<f64>) -> User {
     User {
         name: name.into(),
         limit,
@@ -456,7 +496,7 @@ fn spread(name: &str, limit: f64, total: f64, shares: Vec<f64>) -> User {
     }
 }
 
-fn base(name: &'static str, seed: u64, users: Vec<User>, nodes: usize) -> Scenario {
+pub(crate) fn base(name: &'static str, seed: u64, users: Vec<User>, nodes: usize) -> Scenario {
     Scenario {
         name,
         seed,
@@ -472,6 +512,7 @@ fn base(name: &'static str, seed: u64, users: Vec<User>, nodes: usize) -> Scenar
         warm_up: 10,
         shifts: Vec::new(),
         every_user: None,
+        limits: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! policy. Deterministic: the scenarios are seeded and run in virtual time.
 
 use throttle_central::policy::{Classic, Projected};
+use throttle_tests::hierarchy;
 use throttle_tests::sim::{self, Outcome};
 
 fn projected(prefix: &str) -> Outcome {
@@ -98,4 +99,44 @@ fn every_user_under_one_rule_holds_the_heavy_ones() {
     let o = sim::run(&s, Box::new(|_| Box::new(Projected::new())));
     within_2_percent(&o);
     assert_eq!(o.others_refused, 0, "light users are never refused: {o:?}");
+}
+
+fn within(o: &hierarchy::AppsOutcome, low: f64, high: f64) {
+    assert!(
+        o.total_min >= low && o.total_max <= high,
+        "every 10 s window of the total within {low}..{high} of the capacity: {o:?}"
+    );
+}
+
+#[test]
+fn applications_get_their_guarantees_and_the_lowest_priority_is_cut_first() {
+    // Guarantees of 3 x 300 in a capacity of 1,000, each wanting 600:
+    // gold (priority 0) gets the 100 left, the others their guarantee.
+    let o = hierarchy::run(&hierarchy::named("A1"));
+    within(&o, 0.98, 1.02);
+    assert!(o.app_min[0] >= 1.3 && o.app_min[1] >= 0.98, "{o:?}");
+    assert!((0.98..1.02).contains(&o.app_min[2]), "{o:?}");
+    // Guarantees past a capacity of 800: bronze (priority 2) is cut.
+    let o = hierarchy::run(&hierarchy::named("A2"));
+    within(&o, 0.98, 1.02);
+    assert!(o.app_min[0] >= 0.98 && o.app_min[1] >= 0.98, "{o:?}");
+    assert!(o.app_mean[2] <= 0.7 * 300.0, "{o:?}");
+}
+
+#[test]
+fn an_idle_application_lends_its_share_within_three_slots() {
+    let o = hierarchy::run(&hierarchy::named("A3"));
+    assert!(o.lend_slots.is_some_and(|n| n <= 3), "{o:?}");
+    assert!(o.lent_utilization.is_some_and(|u| u >= 0.98), "{o:?}");
+    assert!(o.total_max <= 1.02, "{o:?}");
+}
+
+#[test]
+fn a_burst_above_the_guarantee_ends_after_its_seconds() {
+    let o = hierarchy::run(&hierarchy::named("A4"));
+    assert!((19..=21).contains(&o.burst_slots), "20 s of burst: {o:?}");
+    assert!(
+        o.app_min.iter().all(|m| (0.98..=1.02).contains(m)),
+        "then the guarantee: {o:?}"
+    );
 }

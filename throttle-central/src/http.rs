@@ -122,7 +122,7 @@ async fn monitor_subject(
         return error(
             StatusCode::NOT_FOUND,
             format!(
-                "unknown subject {subject:?}; one of connections, reported, consumption_sum, rejection_sum, distribution, quota"
+                "unknown subject {subject:?}; one of connections, reported, consumption_sum, rejection_sum, distribution, quota, apps"
             ),
         );
     };

@@ -305,6 +305,8 @@ impl<F: QuotaFormat> Assigner<F> {
         for service in services {
             let limits = self.limits.list_limits(&service);
             self.ledger.apply_limits(&service, &limits, now_ms);
+            let hierarchy = self.limits.hierarchy(&service);
+            self.ledger.apply_hierarchy(&service, hierarchy);
             let policy = self.limits.policy(&service);
             if self.ledger.use_policy(&service, policy.as_deref()) {
                 let name = self.ledger.policy_name(&service).unwrap_or_default();

@@ -1,5 +1,6 @@
 //! `GET /v1/limits`: the rules in force, the services' policies named by
-//! the limits, and the last reload's error; with
+//! the limits, their capacities and applications, and the last reload's
+//! error; with
 //! `?user=U` (and optionally `?service=S`), what limits that user instead:
 //! per service, which rule (their own, `*`, or none) and the buckets that
 //! result, resource by resource.
@@ -29,9 +30,13 @@ pub(super) async fn limits(
     };
     let mut out = Map::new();
     let mut policies = Map::new();
+    let mut capacities = Map::new();
     for service in services {
         if let Some(policy) = source.policy(&service) {
             policies.insert(service.clone(), policy.into());
+        }
+        if let Some(hierarchy) = source.hierarchy(&service) {
+            capacities.insert(service.clone(), json!(*hierarchy));
         }
         let rules = source.list_limits(&service);
         let value = match &query.user {
@@ -40,7 +45,12 @@ pub(super) async fn limits(
         };
         out.insert(service, value);
     }
-    let body = json!({"limits": out, "policies": policies, "last_error": source.last_error()});
+    let body = json!({
+        "limits": out,
+        "policies": policies,
+        "capacities": capacities,
+        "last_error": source.last_error(),
+    });
     axum::Json(body).into_response()
 }
 

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 
 use crate::ledger::{BucketView, KeyView, QuotaSlot, ServiceRows, SumRow};
+use crate::policy::AppsStatus;
 use crate::server::{Connections, MonitorView};
 
 /// `view` as the JSON the monitor API answers.
@@ -17,6 +18,7 @@ pub(crate) fn to_json(view: &MonitorView) -> Value {
         MonitorView::Sums(page) => sums(&page.rows),
         MonitorView::Distribution(page) => distribution(&page.rows),
         MonitorView::Quota(page) => quota(&page.rows),
+        MonitorView::Apps(services) => apps(services),
     }
 }
 
@@ -120,4 +122,13 @@ fn quota(rows: &ServiceRows<QuotaSlot>) -> Value {
         out.insert(service.clone(), Value::Object(by_slot));
     }
     Value::Object(out)
+}
+
+/// Service -> its capacity's split ([`AppsStatus`]).
+fn apps(services: &[(String, AppsStatus)]) -> Value {
+    let map: Map<String, Value> = services
+        .iter()
+        .map(|(service, status)| (service.clone(), json!(status)))
+        .collect();
+    Value::Object(map)
 }

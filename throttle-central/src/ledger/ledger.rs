@@ -2,13 +2,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use super::config::LedgerConfig;
 use super::ids::{Map, NodeId, valid_name};
 use super::rules::ServiceRules;
 use super::service::Service;
 use super::state::ServiceState;
-use crate::limits::Limit;
+use crate::limits::{Hierarchy, Limit};
 use crate::policy::{NodeGrants, Policy, Projected, QuotaHistory};
 
 /// Builds the policy of a service when it first appears.
@@ -158,6 +159,15 @@ impl Ledger {
         }
         svc.state.limit_all(now_ms);
         self.key_total = self.key_count();
+    }
+
+    /// Makes `hierarchy` the capacity and applications of `service` (none:
+    /// its users share no capacity).
+    pub fn apply_hierarchy(&mut self, service: &str, hierarchy: Option<Arc<Hierarchy>>) {
+        let svc = self.service_mut(service);
+        if svc.state.hierarchy.as_deref() != hierarchy.as_deref() {
+            svc.state.hierarchy = hierarchy;
+        }
     }
 
     /// Records that `node` opened a stream for `services` at `now_ms`: it

@@ -13,6 +13,7 @@ use super::recent::NodeUsers;
 use super::rules::ServiceRules;
 use super::sums::{Column, SlotSums};
 use crate::bucket::Bucket;
+use crate::limits::Hierarchy;
 
 /// One node's latest report for one (service, user, resource).
 ///
@@ -190,9 +191,24 @@ pub struct ServiceState {
     /// Keys limited over several periods, whose binding bucket is chosen
     /// again before each assign (some may no longer be).
     pub(super) several: Vec<KeyId>,
+    /// The capacity all users share and its applications, if the
+    /// limits declare one.
+    pub(super) hierarchy: Option<Arc<Hierarchy>>,
 }
 
 impl ServiceState {
+    /// The capacity all users share and its applications, if any.
+    pub fn hierarchy(&self) -> Option<&Arc<Hierarchy>> {
+        self.hierarchy.as_ref()
+    }
+
+    /// What each key consumed in data slot `slot`, as far as reports of
+    /// it have come in: a reader by key id (0 for a slot no longer kept).
+    pub fn consumption_in(&self, slot: i64) -> impl Fn(KeyId) -> i64 + '_ {
+        let column = self.sums.iter().find(|c| c.slot == slot);
+        move |id| column.map_or(0, |c| c.get(id, 0))
+    }
+
     /// Every key, with its id.
     pub fn keys(&self) -> impl Iterator<Item = (KeyId, &Key)> {
         self.keys

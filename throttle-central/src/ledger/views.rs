@@ -7,7 +7,7 @@ use super::page::{Filler, Page, Paged};
 use super::state::{NodeUsage, ServiceState};
 use crate::bucket::Bucket;
 use crate::limits::Period;
-use crate::policy::NodeGrants;
+use crate::policy::{AppsStatus, NodeGrants};
 
 /// An inclusive slot range for monitor queries; open ends are unbounded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -122,6 +122,16 @@ impl Ledger {
                 let names = nodes.iter().map(|n| self.node_name(*n).to_owned());
                 (*slot, names.collect())
             })
+            .collect()
+    }
+
+    /// Per service that shares a capacity, how its policy split it in its
+    /// latest assign (`service` only, if given).
+    pub fn apps_view(&self, service: Option<&str>) -> Vec<(String, AppsStatus)> {
+        self.services
+            .iter()
+            .filter(|(name, _)| service.is_none_or(|s| s == &***name))
+            .filter_map(|(name, svc)| Some((name.to_string(), svc.policy.apps()?.clone())))
             .collect()
     }
 

@@ -41,7 +41,9 @@
 //!   (`[service.front] policy = "classic"`);
 //! - `set`: [`LimitSet`], [`StaticLimits`]; `file`: [`FileLimits`];
 //! - `edit`: one user's rule edited in a file's text ([`edit_rule`]);
-//! - `block`: block lists (`[[block]]`), [`Block`].
+//! - `block`: block lists (`[[block]]`), [`Block`];
+//! - `hierarchy`: a capacity shared by applications ([`Hierarchy`]);
+//!   `parse_hierarchy`: its TOML form.
 //!
 //! # Examples
 //!
@@ -67,7 +69,9 @@ mod amount;
 mod block;
 mod edit;
 mod file;
+mod hierarchy;
 mod parse;
+mod parse_hierarchy;
 mod period;
 mod set;
 #[cfg(test)]
@@ -82,6 +86,9 @@ use serde::Serialize;
 pub use block::{Block, Blocks, blocked_at};
 pub use edit::{EditError, edit_block, edit_rule};
 pub use file::FileLimits;
+pub use hierarchy::{
+    App, DEFAULT_APP_BURST_SECONDS, HIERARCHICAL, Hierarchy, MAX_PRIORITY, NO_APP_PRIORITY,
+};
 pub use period::{Allowance, Period, Resolved, resolve};
 pub use set::{LimitSet, Snapshots, StaticLimits};
 
@@ -192,6 +199,13 @@ pub trait LimitSource: Send + Sync + fmt::Debug + 'static {
     /// Every block of every service, whether it holds now or not.
     fn blocks(&self) -> Blocks {
         Blocks::new()
+    }
+
+    /// The capacity and applications of `service`, if it shares a
+    /// capacity ([`Hierarchy`]).
+    fn hierarchy(&self, service: &str) -> Option<std::sync::Arc<Hierarchy>> {
+        let _ = service;
+        None
     }
 
     /// The quota policy `service` should use, if the source says

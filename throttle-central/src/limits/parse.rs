@@ -7,6 +7,8 @@ use throttle_proto::MAX_NAME_LEN;
 
 use super::amount::amount;
 use super::block::{Block, unix_ms};
+use super::hierarchy::{HIERARCHICAL, Hierarchy};
+use super::parse_hierarchy::{AppEntry, add_app, app_error, capacity};
 use super::period::{Allowance, Period};
 use super::{
     DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS, MAX_RATE,
@@ -23,6 +25,8 @@ struct File {
     service: BTreeMap<String, toml::Spanned<Settings>>,
     #[serde(default)]
     block: Vec<toml::Spanned<BlockEntry>>,
+    #[serde(default)]
+    app: Vec<toml::Spanned<AppEntry>>,
 }
 
 /// One `[[block]]` as written.
@@ -41,9 +45,10 @@ struct BlockEntry {
 #[serde(deny_unknown_fields)]
 struct Settings {
     policy: Option<String>,
+    capacity: Option<Amounts>,
 }
 
-type Amounts = BTreeMap<String, toml::Value>;
+pub(super) type Amounts = BTreeMap<String, toml::Value>;
 
 /// One `[[limit]]` as written.
 #[derive(Deserialize)]
@@ -60,11 +65,11 @@ struct Entry {
     max_debt_seconds: Option<toml::Value>,
 }
 
-fn valid_name(name: &str) -> bool {
+pub(super) fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME_LEN
 }
 
-fn number(v: &toml::Value) -> Option<f64> {
+pub(super) fn number(v: &toml::Value) -> Option<f64> {
     match v {
         toml::Value::Integer(i) => Some(*i as f64),
         toml::Value::Float(f) => Some(*f),
@@ -88,21 +93,21 @@ impl LimitSet {
         let mut set = Self::new();
         for (service, spanned) in file.service {
             let line = line_of(text, spanned.span().start);
-            let bad = |message: String| LimitsError::Syntax { line, message };
-            if !valid_name(&service) {
+            settings(&mut set, service, spanned.into_inner())
+                .map_err(|message| LimitsError::Syntax { line, message })?;
+        }
+        for spanned in file.app {
+            let line = line_of(text, spanned.span().start);
+            let e = spanned.into_inner();
+            let (service, name) = (e.service().to_owned(), e.name());
+            let bad = |m| app_error(line, &service, &name, m);
+            let Some(hierarchy) = set.hierarchies.get_mut(&service) else {
                 return Err(bad(format!(
-                    "service names must be 1 to {MAX_NAME_LEN} bytes"
+                    "[service.{service}] sets no capacity for its applications to share"
                 )));
-            }
-            if let Some(policy) = spanned.into_inner().policy {
-                if !POLICY_NAMES.contains(&policy.as_str()) {
-                    let known = POLICY_NAMES.join(", ");
-                    return Err(bad(format!(
-                        "[service.{service}] policy {policy:?} is not one of {known}"
-                    )));
-                }
-                set.set_policy(service, policy);
-            }
+            };
+            let app = e.app(&hierarchy.capacity).map_err(bad)?;
+            add_app(hierarchy, app).map_err(bad)?;
         }
         for spanned in file.limit {
             let line = line_of(text, spanned.span().start);
@@ -150,6 +155,42 @@ impl LimitSet {
         }
         Ok(set)
     }
+}
+
+/// Applies the `[service.NAME]` table `settings` of `service` to `set`.
+fn settings(set: &mut LimitSet, service: String, settings: Settings) -> Result<(), String> {
+    if !valid_name(&service) {
+        return Err(format!("service names must be 1 to {MAX_NAME_LEN} bytes"));
+    }
+    if let Some(policy) = &settings.policy
+        && !POLICY_NAMES.contains(&policy.as_str())
+    {
+        let known = POLICY_NAMES.join(", ");
+        return Err(format!(
+            "[service.{service}] policy {policy:?} is not one of {known}"
+        ));
+    }
+    if let Some(amounts) = &settings.capacity {
+        if settings
+            .policy
+            .as_deref()
+            .is_some_and(|p| p != HIERARCHICAL)
+        {
+            return Err(format!(
+                "[service.{service}] a capacity is shared by the {HIERARCHICAL:?} policy only"
+            ));
+        }
+        let capacity = capacity(amounts).map_err(|m| format!("[service.{service}] {m}"))?;
+        let hierarchy = Hierarchy {
+            capacity,
+            apps: Vec::new(),
+        };
+        set.set_hierarchy(service.clone(), hierarchy);
+    }
+    if let Some(policy) = settings.policy {
+        set.set_policy(service, policy);
+    }
+    Ok(())
 }
 
 /// The error of the entry of `service` at `line`, for a user and a message.
@@ -266,7 +307,7 @@ impl Entry {
 }
 
 /// The rate per second of `v`, an amount of `resource` per `period`.
-fn rate(resource: &str, v: &toml::Value, period: Period) -> Result<f64, String> {
+pub(super) fn rate(resource: &str, v: &toml::Value, period: Period) -> Result<f64, String> {
     if !valid_name(resource) {
         return Err(format!("resource names must be 1 to {MAX_NAME_LEN} bytes"));
     }

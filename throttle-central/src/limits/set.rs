@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
+use super::hierarchy::{HIERARCHICAL, Hierarchy};
 use super::{Block, Blocks, Limit, LimitSource, LimitsError};
 
 /// A snapshot of limits: service -> user (or `*`) -> rule.
@@ -19,6 +20,8 @@ pub struct LimitSet {
     policies: BTreeMap<String, String>,
     /// Service -> user -> block.
     blocks: Blocks,
+    /// Service -> its capacity and applications.
+    pub(super) hierarchies: BTreeMap<String, Hierarchy>,
 }
 
 impl LimitSet {
@@ -52,6 +55,19 @@ impl LimitSet {
     /// [`crate::policy::by_name`]).
     pub fn set_policy(&mut self, service: impl Into<String>, name: impl Into<String>) {
         self.policies.insert(service.into(), name.into());
+    }
+
+    /// Gives `service` a capacity shared by applications, and the
+    /// [`Hierarchical`](crate::policy::Hierarchical) policy that shares it.
+    pub fn set_hierarchy(&mut self, service: impl Into<String>, hierarchy: Hierarchy) {
+        let service = service.into();
+        self.set_policy(service.clone(), HIERARCHICAL);
+        self.hierarchies.insert(service, hierarchy);
+    }
+
+    /// The capacity and applications of `service`, if it has any.
+    pub fn hierarchy(&self, service: &str) -> Option<&Hierarchy> {
+        self.hierarchies.get(service)
     }
 
     /// Blocks `user` of `service`, replacing an earlier block of theirs.
@@ -100,6 +116,10 @@ impl LimitSource for LimitSet {
 
     fn blocks(&self) -> Blocks {
         self.blocks.clone()
+    }
+
+    fn hierarchy(&self, service: &str) -> Option<Arc<Hierarchy>> {
+        self.hierarchies.get(service).cloned().map(Arc::new)
     }
 
     /// A set shared as a source cannot change.
@@ -176,6 +196,10 @@ impl<T: Snapshots> LimitSource for T {
 
     fn blocks(&self) -> Blocks {
         self.snapshot().blocks()
+    }
+
+    fn hierarchy(&self, service: &str) -> Option<Arc<Hierarchy>> {
+        LimitSource::hierarchy(&*self.snapshot(), service)
     }
 
     fn version(&self) -> Option<u64> {

@@ -321,6 +321,9 @@ fn the_example_file_parses() {
         bob.allowance("requests", Period::Minute).unwrap().amount(),
         6000.0
     );
+    let media = set.hierarchy("media").unwrap();
+    assert_eq!(media.apps.len(), 2);
+    assert_eq!(media.app_of("reindex"), Some(1));
 }
 
 #[test]
@@ -382,4 +385,76 @@ user = "eve"
             other => panic!("{body}: {other:?}"),
         }
     }
+}
+
+const APPS: &str = r#"
+[service.front]
+capacity = { requests = 10000, traffic_down = "1GiB" }
+
+[[app]]
+service = "front"
+name = "video"
+users = ["video-*", "vlc"]
+priority = 0
+guaranteed = { requests = 2000 }
+burst = { requests = 8000 }
+burst_seconds = 60
+
+[[app]]
+service = "front"
+name = "video-live"
+users = ["video-live-*"]
+priority = 1
+guaranteed = { requests = 1000 }
+"#;
+
+#[test]
+fn applications_share_a_capacity_and_take_the_hierarchical_policy() {
+    let set = LimitSet::from_toml(APPS).unwrap();
+    let h = set.hierarchy("front").unwrap();
+    assert_eq!(h.capacity["traffic_down"], 1_073_741_824.0);
+    assert_eq!(set.policy("front").as_deref(), Some(HIERARCHICAL));
+    assert_eq!(set.services(), vec!["front".to_string()]);
+    let video = &h.apps[0];
+    assert_eq!(
+        (video.guaranteed("requests"), video.ceiling("requests")),
+        (2000.0, 8000.0)
+    );
+    let live = &h.apps[1];
+    assert_eq!(live.ceiling("requests"), 1000.0, "no burst: the guarantee");
+    assert_eq!(live.burst_seconds, DEFAULT_APP_BURST_SECONDS);
+    assert_eq!(h.app_of("vlc"), Some(0));
+    assert_eq!(h.app_of("video-1"), Some(0));
+    assert_eq!(h.app_of("video-live-9"), Some(1), "the longest prefix");
+    assert_eq!(h.app_of("carol"), None);
+}
+
+#[test]
+fn bad_applications_are_refused_with_their_line() {
+    let app = |body: &str| format!("{APPS}\n[[app]]\nservice = \"front\"\nname = \"x\"\n{body}\n");
+    for (body, says) in [
+        (
+            "users = [\"a\"]\nguaranteed = { bytes = 1 }",
+            "does not name",
+        ),
+        (
+            "users = [\"a\"]\nguaranteed = { requests = 5 }\nburst = { requests = 4 }",
+            "below",
+        ),
+        ("users = [\"vlc\"]", "another application"),
+        ("users = []", "nobody"),
+        ("users = [\"a*b\"]", "may only end"),
+        ("users = [\"a\"]\npriority = -1", "priority"),
+        ("users = [\"a\"]\nburst_seconds = 0", "burst_seconds"),
+    ] {
+        let e = LimitSet::from_toml(&app(body)).unwrap_err();
+        assert!(e.to_string().contains(says), "{body}: {e}");
+        assert!(e.to_string().contains("line 21"), "{body}: {e}");
+    }
+    let orphan = "[[app]]\nservice = \"back\"\nname = \"x\"\nusers = [\"a\"]\n";
+    let e = LimitSet::from_toml(orphan).unwrap_err();
+    assert!(e.to_string().contains("no capacity"), "{e}");
+    let classic = "[service.front]\npolicy = \"classic\"\ncapacity = { requests = 1 }\n";
+    let e = LimitSet::from_toml(classic).unwrap_err();
+    assert!(e.to_string().contains("hierarchical"), "{e}");
 }

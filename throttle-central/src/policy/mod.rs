@@ -9,6 +9,8 @@
 //! - [`Classic`]: the original algorithm, kept exactly.
 //! - [`StaticSplit`]: each node gets the rate divided by the number of
 //!   active nodes; a baseline for comparisons.
+//! - [`Hierarchical`]: a service's capacity shared by applications
+//!   ([`hierarchy`]), then users as [`Projected`] shares them.
 
 //!
 //! - `assignment`: [`Assignment`], the grants of one slot per node;
@@ -19,6 +21,7 @@
 mod assignment;
 mod classic;
 mod granted;
+pub mod hierarchy;
 mod history;
 #[allow(clippy::module_inception)]
 mod policy;
@@ -31,13 +34,14 @@ mod tests;
 pub use assignment::{Assignment, Grant, NodeGrants, same_keys};
 pub use classic::Classic;
 pub use granted::{Granted, SlotGrants};
+pub use hierarchy::{AppsStatus, Hierarchical};
 pub use history::{QuotaHistory, SlotQuotas};
 pub use policy::Policy;
 pub use projected::Projected;
 pub use split::StaticSplit;
 
 /// The names [`by_name`] knows.
-pub const POLICY_NAMES: [&str; 3] = ["projected", "classic", "static-split"];
+pub const POLICY_NAMES: [&str; 4] = ["projected", "classic", "static-split", "hierarchical"];
 
 /// A new policy of the name a limits file or a flag gives it.
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
@@ -45,6 +49,7 @@ pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
         "projected" => Box::new(Projected::new()),
         "classic" => Box::new(Classic::new()),
         "static-split" => Box::new(StaticSplit::new()),
+        "hierarchical" => Box::new(Hierarchical::new()),
         _ => return None,
     })
 }

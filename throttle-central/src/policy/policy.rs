@@ -5,6 +5,7 @@ use std::fmt;
 
 use super::assignment::{Assignment, NodeGrants};
 use super::granted::Granted;
+use super::hierarchy::AppsStatus;
 use crate::ledger::{NodeId, ServiceState};
 
 /// A quota strategy for one service; see the [module docs](crate::policy).
@@ -68,6 +69,12 @@ pub trait Policy: Send + fmt::Debug {
             None if self.lead() <= 1 => book.get(&(slot - 1))?.get(node),
             None => None,
         }
+    }
+
+    /// How the policy split the service's capacity between applications
+    /// in its latest assign, if it shares one ([`Hierarchical`](super::Hierarchical)).
+    fn apps(&self) -> Option<&AppsStatus> {
+        None
     }
 
     /// Drops whatever the policy keeps about slots before `slot`.

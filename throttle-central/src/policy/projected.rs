@@ -7,7 +7,7 @@ use super::policy::Policy;
 use crate::ledger::{Key, NodeId, NodeUsage, ServiceState};
 
 /// Data slots a node's latest report stays relevant.
-const WINDOW: i64 = 5;
+pub(super) const WINDOW: i64 = 5;
 /// Slots before the one assigned whose grants are weighed.
 const GRANTS: i64 = 4;
 /// A node with rejections wants at least this much more than it consumed.
@@ -69,7 +69,7 @@ impl Projected {
 
 /// What a node would have used, from its latest entry of `key`: consumption
 /// plus rejections times the cost of one request.
-fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
+pub(super) fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
     let c = entry.consumption as f64;
     if entry.rejection == 0 {
         return c;
@@ -92,6 +92,18 @@ fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
             .map_or(1.0, |n| c / n.consumption as f64)
     };
     (c + entry.rejection as f64 * unit).max(c * HUNGRY_GROWTH)
+}
+
+/// Each node's newest reported data slot, by node index.
+pub(super) fn newest_reports(state: &ServiceState) -> Vec<Option<i64>> {
+    let mut newest = Vec::new();
+    for (n, s) in &state.last_report {
+        if n.index() >= newest.len() {
+            newest.resize(n.index() + 1, None);
+        }
+        newest[n.index()] = Some(*s);
+    }
+    newest
 }
 
 impl Policy for Projected {
@@ -126,13 +138,7 @@ impl Policy for Projected {
             .collect();
         active.sort_unstable();
         // Each node's newest report, by node index: read for every entry.
-        let mut newest: Vec<Option<i64>> = Vec::new();
-        for (n, s) in &state.last_report {
-            if n.index() >= newest.len() {
-                newest.resize(n.index() + 1, None);
-            }
-            newest[n.index()] = Some(*s);
-        }
+        let newest = newest_reports(state);
         let newest_of = |n: NodeId| newest.get(n.index()).copied().flatten();
         // Only "more than MAX_IDLE_KEYS or not" matters: stop counting
         // there rather than touch every key an extra time.

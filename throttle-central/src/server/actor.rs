@@ -524,6 +524,7 @@ impl Actor {
                 MonitorView::Distribution(ledger.distribution_view(range, now, page))
             }
             Subject::Quota => MonitorView::Quota(ledger.quota_view(range, page)),
+            Subject::Apps => MonitorView::Apps(ledger.apps_view(page.service.as_deref())),
         }
     }
 

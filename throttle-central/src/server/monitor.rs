@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use crate::ledger::{Cursor, KeyView, Paged, QuotaSlot, SumRow};
+use crate::policy::AppsStatus;
 
 /// What the monitor API can be asked about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +20,8 @@ pub enum Subject {
     Distribution,
     /// Assigned quotas per slot and node.
     Quota,
+    /// How each shared capacity was split between applications.
+    Apps,
 }
 
 impl Subject {
@@ -31,6 +34,7 @@ impl Subject {
             Self::RejectionSum => "rejection_sum",
             Self::Distribution => "distribution",
             Self::Quota => "quota",
+            Self::Apps => "apps",
         }
     }
 }
@@ -46,6 +50,7 @@ impl std::str::FromStr for Subject {
             "rejection_sum" => Self::RejectionSum,
             "distribution" => Self::Distribution,
             "quota" => Self::Quota,
+            "apps" => Self::Apps,
             _ => return Err(()),
         })
     }
@@ -65,6 +70,8 @@ pub enum MonitorView {
     Distribution(Paged<KeyView>),
     /// [`Subject::Quota`].
     Quota(Paged<QuotaSlot>),
+    /// [`Subject::Apps`]: per service, its capacity's split.
+    Apps(Vec<(String, AppsStatus)>),
 }
 
 impl MonitorView {
@@ -72,7 +79,7 @@ impl MonitorView {
     /// more.
     pub fn next(&self) -> Option<&Cursor> {
         match self {
-            Self::Connections(_) | Self::Reported(_) => None,
+            Self::Connections(_) | Self::Reported(_) | Self::Apps(_) => None,
             Self::Sums(p) => p.next.as_ref(),
             Self::Distribution(p) => p.next.as_ref(),
             Self::Quota(p) => p.next.as_ref(),

@@ -15,6 +15,7 @@ use crate::limits::Limit;
 use crate::policy::{Grant, Granted, Projected};
 use crate::server::MonitorView;
 
+mod apps;
 mod assign;
 mod filing;
 mod pages;
