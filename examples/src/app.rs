@@ -18,6 +18,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use throttle_layer::layer::LayerError;
+use throttle_layer::local::LocalLimit;
 use throttle_layer::{Fallback, SlotStore, ThrottleLayer, ThrottleLayerBuilder, Usage, UserKey};
 
 /// The service name the demo counts under.
@@ -29,10 +30,14 @@ const MAX_DOWNLOAD: u64 = 1 << 30;
 pub const MAX_UPLOAD: u64 = 1 << 30;
 const CHUNK: usize = 16 * 1024;
 
-fn layer(store: &SlotStore, fallback: Fallback) -> ThrottleLayerBuilder {
-    ThrottleLayer::builder(store, SERVICE)
+fn layer(store: &SlotStore, fallback: Fallback, local: &[LocalLimit]) -> ThrottleLayerBuilder {
+    let mut layer = ThrottleLayer::builder(store, SERVICE)
         .user(UserKey::header("x-user"))
-        .fallback(fallback)
+        .fallback(fallback);
+    for limit in local {
+        layer = layer.local_limit(limit.clone());
+    }
+    layer
 }
 
 /// The demo router over `store`.
@@ -41,24 +46,38 @@ fn layer(store: &SlotStore, fallback: Fallback) -> ThrottleLayerBuilder {
 ///
 /// When a layer cannot be built (it always can, with these resources).
 pub fn router(store: &SlotStore, fallback: Fallback) -> Result<Router, LayerError> {
+    router_with(store, fallback, &[])
+}
+
+/// The demo router, every route also under the local limits `local`
+/// (one zone each, shared by the routes), keyed by the user.
+///
+/// # Errors
+///
+/// As [`router`].
+pub fn router_with(
+    store: &SlotStore,
+    fallback: Fallback,
+    local: &[LocalLimit],
+) -> Result<Router, LayerError> {
     // One layer per route, all over the same store: each route decides once
     // and counts what it costs.
     Ok(Router::new()
         .route(
             "/",
-            get(|| async { "hello\n" }).layer(layer(store, fallback).build()?),
+            get(|| async { "hello\n" }).layer(layer(store, fallback, local).build()?),
         )
         .route(
             "/upload",
-            post(upload).layer(layer(store, fallback).traffic_up().build()?),
+            post(upload).layer(layer(store, fallback, local).traffic_up().build()?),
         )
         .route(
             "/download",
-            get(download).layer(layer(store, fallback).traffic_down().build()?),
+            get(download).layer(layer(store, fallback, local).traffic_down().build()?),
         )
         .route(
             "/db",
-            get(db).layer(layer(store, fallback).handler_usage().build()?),
+            get(db).layer(layer(store, fallback, local).handler_usage().build()?),
         ))
 }
 

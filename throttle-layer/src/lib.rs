@@ -35,6 +35,7 @@
 //! ```
 
 pub mod layer;
+pub mod local;
 pub mod reporter;
 pub mod store;
 pub mod usage;

@@ -5,6 +5,9 @@
 //!
 //! Then: `curl -H 'x-user: alice' http://127.0.0.1:8080/`, `/download?bytes=N`,
 //! `/db?reads=N`, or `curl -H 'x-user: bob' --data-binary @file http://127.0.0.1:8080/upload`.
+//!
+//! `--local-limit "10r/s burst=20 nodelay"` (repeatable) adds an nginx-style
+//! limit decided on this node alone, on every route.
 
 use std::net::SocketAddr;
 
@@ -13,6 +16,7 @@ use clap::Parser;
 use throttle_examples::app;
 use throttle_examples::node::ReporterArgs;
 use throttle_examples::serve::serve;
+use throttle_layer::local::LocalLimit;
 use throttle_layer::{Fallback, SlotStore};
 
 /// A demo app node throttled by throttle.
@@ -24,6 +28,15 @@ struct Args {
     listen: SocketAddr,
     #[command(flatten)]
     reporter: ReporterArgs,
+    /// A limit decided on this node alone, in nginx's `limit_req` syntax
+    /// (`"10r/s burst=20 nodelay"`, `"30r/m burst=5 delay=2"`), on every
+    /// route, keyed by the user. Repeatable: all must pass.
+    #[arg(
+        long = "local-limit",
+        env = "THROTTLE_LOCAL_LIMIT",
+        value_delimiter = ';'
+    )]
+    local_limits: Vec<LocalLimit>,
     /// Log filter, e.g. `info` or `throttle_layer=debug`.
     #[arg(long, default_value = "info")]
     log: String,
@@ -39,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let node_id = args.reporter.node_id(addr.port());
     let store = SlotStore::default();
-    let router = app::router(&store, Fallback::Allow)?;
+    let router = app::router_with(&store, Fallback::Allow, &args.local_limits)?;
     let _reporter = args.reporter.builder(&store, &node_id)?.spawn()?;
     println!(
         "axum-node {node_id} listening on http://{addr} (central: {})",

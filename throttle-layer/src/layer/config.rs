@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
+use super::local::LocalZones;
 use super::refusal_cache::RefusalCache;
 use crate::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use crate::user::{MissingUser, UserKey};
@@ -40,6 +41,8 @@ pub(crate) struct Config {
     /// Status of a request of a blocked user.
     pub(crate) blocked_status: StatusCode,
     pub(crate) rate_limit_headers: bool,
+    /// Limits decided on this node alone, if any.
+    pub(crate) local: Option<LocalZones>,
     /// The last refusal's headers, for the next with the same figures.
     pub(crate) refusals: RefusalCache,
     pub(crate) shadow_rejected: metrics::Counter,

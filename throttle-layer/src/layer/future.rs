@@ -22,15 +22,47 @@ pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<F> {
-        Passed { #[pin] future: F, meter: Option<Meter> },
+        Passed { #[pin] future: F, meter: Option<Meter>, hold: Option<Hold> },
         Rejected { response: Option<(http::response::Parts, &'static [u8])> },
     }
 }
 
-impl<F> ResponseFuture<F> {
-    pub(crate) fn passed(future: F, meter: Option<Meter>) -> Self {
+/// How long a local limit holds a request before the inner service's
+/// future is first polled (where an axum handler or a tonic method starts
+/// its work). Boxed: a held request is rare, and a timer in place would
+/// grow every request's future by its size.
+#[derive(Debug)]
+pub struct Hold {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Hold {
+    /// Out of line: the timer's code stays off the path of the requests
+    /// that are not held.
+    #[cold]
+    #[inline(never)]
+    fn ms(ms: u64) -> Self {
         Self {
-            kind: Kind::Passed { future, meter },
+            sleep: Box::pin(tokio::time::sleep(std::time::Duration::from_millis(ms))),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.sleep.as_mut().poll(cx)
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn passed(future: F, meter: Option<Meter>, delay_ms: u64) -> Self {
+        let hold = (delay_ms > 0).then(|| Hold::ms(delay_ms));
+        Self {
+            kind: Kind::Passed {
+                future,
+                meter,
+                hold,
+            },
         }
     }
 
@@ -51,7 +83,15 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Passed { future, meter } => {
+            KindProj::Passed {
+                future,
+                meter,
+                hold,
+            } => {
+                if let Some(h) = hold {
+                    ready!(h.poll(cx));
+                    *hold = None;
+                }
                 let response = ready!(future.poll(cx))?;
                 let meter = meter.take();
                 Poll::Ready(Ok(response.map(|b| ResponseBody::inner(b, meter))))
@@ -87,15 +127,16 @@ pin_project! {
     #[project = PlainProj]
     #[derive(Debug)]
     enum PlainKind<F, B> {
-        Passed { #[pin] future: F },
+        Passed { #[pin] future: F, hold: Option<Hold> },
         Rejected { response: Option<http::Response<B>> },
     }
 }
 
 impl<F, B> PlainFuture<F, B> {
-    pub(crate) fn passed(future: F) -> Self {
+    pub(crate) fn passed(future: F, delay_ms: u64) -> Self {
+        let hold = (delay_ms > 0).then(|| Hold::ms(delay_ms));
         Self {
-            kind: PlainKind::Passed { future },
+            kind: PlainKind::Passed { future, hold },
         }
     }
 
@@ -117,7 +158,13 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            PlainProj::Passed { future } => future.poll(cx),
+            PlainProj::Passed { future, hold } => {
+                if let Some(h) = hold {
+                    ready!(h.poll(cx));
+                    *hold = None;
+                }
+                future.poll(cx)
+            }
             PlainProj::Rejected { response } => {
                 // Polled again after completion: as above, an empty 500.
                 Poll::Ready(Ok(response.take().unwrap_or_else(|| {

@@ -5,8 +5,10 @@ use http::StatusCode;
 use tower_layer::Layer;
 
 use super::config::{Config, Metered, Plain};
+use super::local::LocalZones;
 use super::refusal_cache::RefusalCache;
 use super::service::Throttle;
+use crate::local::LocalLimit;
 use crate::store::{Fallback, SlotStore};
 use crate::user::{MissingUser, UserKey};
 
@@ -58,6 +60,7 @@ struct Settings {
     requests: bool,
     traffic_up: bool,
     traffic_down: bool,
+    local: Vec<LocalLimit>,
     costs: Vec<(String, i64)>,
     resources: Vec<String>,
     handler_usage: bool,
@@ -89,6 +92,7 @@ impl ThrottleLayer {
             reject_status: StatusCode::TOO_MANY_REQUESTS,
             blocked_status: StatusCode::FORBIDDEN,
             rate_limit_headers: true,
+            local: Vec::new(),
         })
     }
 }
@@ -189,6 +193,16 @@ impl<M> ThrottleLayerBuilder<M> {
         self
     }
 
+    /// Adds a limit decided on this node alone, as nginx's `limit_req`
+    /// ([`LocalLimit`]): keyed by the user key (or the limit's own), with
+    /// its own zone. Repeatable: every limit must pass and the longest
+    /// hold wins; the central quota is asked only once they pass, and a
+    /// request it refuses is taken back from them.
+    pub fn local_limit(mut self, limit: LocalLimit) -> Self {
+        self.settings.local.push(limit);
+        self
+    }
+
     /// The layer.
     ///
     /// # Errors
@@ -231,6 +245,7 @@ impl<M> ThrottleLayerBuilder<M> {
             .then(|| resource("traffic_down"))
             .transpose()?;
         let label = settings.service.clone();
+        let local = LocalZones::new(settings.local, &label);
         Ok(ThrottleLayer {
             mode: PhantomData,
             config: Arc::new(Config {
@@ -247,6 +262,7 @@ impl<M> ThrottleLayerBuilder<M> {
                 reject_status: settings.reject_status,
                 blocked_status: settings.blocked_status,
                 rate_limit_headers: settings.rate_limit_headers,
+                local,
                 refusals: RefusalCache::default(),
                 // Handles registered once: the request path never builds a
                 // metric key.

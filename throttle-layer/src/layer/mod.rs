@@ -88,6 +88,7 @@ mod config;
 pub mod future;
 #[allow(clippy::module_inception)]
 mod layer;
+mod local;
 mod refusal;
 mod refusal_cache;
 mod service;

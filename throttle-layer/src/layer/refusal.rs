@@ -31,6 +31,9 @@ const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+/// On a local limit's refusal, which: a refusal of the central quota names
+/// its resource in the `RateLimit` headers instead.
+const REFUSED_BY: HeaderName = HeaderName::from_static("throttle-refused-by");
 
 /// The body of an HTTP refusal (a gRPC one has none).
 const HTTP_BODY: &[u8] = b"Too Many Requests\n";
@@ -228,6 +231,35 @@ pub(crate) fn refuse_long_user(req: RequestHead<'_>) -> (Parts, &'static [u8]) {
 #[inline(never)]
 pub(crate) fn refuse_blocked(status: StatusCode, req: RequestHead<'_>) -> (Parts, &'static [u8]) {
     plain_refusal(req, (status, b"Blocked\n"), ("7", "blocked"))
+}
+
+/// The refusal of a local limit (nginx's form in `limit`): `status`, a
+/// `Retry-After` of `retry_secs`, `throttle-refused-by: local` and the
+/// limit; or gRPC `RESOURCE_EXHAUSTED` with the pushback.
+#[cold]
+#[inline(never)]
+pub(crate) fn refuse_local(
+    status: StatusCode,
+    req: RequestHead<'_>,
+    retry_secs: u64,
+    limit: &str,
+) -> (Parts, &'static [u8]) {
+    let (mut head, body) = plain_refusal(
+        req,
+        (status, HTTP_BODY),
+        ("8", "rate limit exceeded: local limit"),
+    );
+    let h = &mut head.headers;
+    if is_grpc(req) {
+        h.insert(GRPC_PUSHBACK, HeaderValue::from(retry_secs * 1000));
+    } else {
+        h.insert(RETRY_AFTER, number(retry_secs));
+    }
+    let by = format!("local; limit={}", sf_string(limit));
+    if let Ok(v) = HeaderValue::from_str(&by) {
+        h.insert(REFUSED_BY, v);
+    }
+    (head, body)
 }
 
 /// A refusal with no rate-limit figures: over HTTP, `status` and a text

@@ -8,6 +8,7 @@ use tower_service::Service;
 use super::body::{Meter, RefusalBody, RequestBody, ResponseBody};
 use super::config::{Config, Metered, Plain};
 use super::future::{PlainFuture, ResponseFuture};
+use super::local::{Local, LocalZones};
 use super::refusal::{refuse_blocked, refuse_long_user, reject};
 use crate::store::{Basis, UserHandle};
 use crate::usage::Usage;
@@ -47,8 +48,9 @@ enum Outcome {
     Skip,
     /// Refused: the response head and its short body.
     Refuse(http::response::Parts, &'static [u8]),
-    /// Allowed (or shadow-refused); the handle when amounts follow.
-    Pass(Option<UserHandle>),
+    /// Allowed (or shadow-refused); the handle when amounts follow, and
+    /// how many ms a local limit holds it first.
+    Pass(Option<UserHandle>, u64),
 }
 
 /// The decision, shared by both modes: find the user, ask the store, count
@@ -65,7 +67,10 @@ fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
             (None, MissingUser::As(name)) => name.as_str(),
             (None, MissingUser::Skip) => {
                 cfg.skipped.increment(1);
-                return Outcome::Skip;
+                if cfg.local.is_none() {
+                    return Outcome::Skip;
+                }
+                return local_only(cfg, head);
             }
         };
         if cfg.service.is_blocked(user) {
@@ -75,13 +80,46 @@ fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
                 return Outcome::Refuse(response, body);
             }
         }
-        admit(cfg, head, user)
+        match &cfg.local {
+            None => admit(cfg, head, user, 0),
+            Some(local) => admit_local(cfg, local, head, user),
+        }
     })
 }
 
-/// Asks the store for `user`, counts the metrics, builds the refusal.
+/// [`admit`] behind the local limits: refused by one, the central is not
+/// asked; refused by the central, the request is taken back from them.
+/// Out of line, so a layer without local limits keeps its request path
+/// as it was.
+#[inline(never)]
+fn admit_local(cfg: &Config, local: &LocalZones, head: RequestHead<'_>, user: &str) -> Outcome {
+    match local.check(head, Some(user), cfg.shadow) {
+        Local::Refuse(response, body) => Outcome::Refuse(response, body),
+        Local::Pass(delay) => {
+            let outcome = admit(cfg, head, user, delay);
+            if matches!(outcome, Outcome::Refuse(..)) {
+                local.refund(head, Some(user));
+            }
+            outcome
+        }
+    }
+}
+
+/// A request with no user: only local limits keyed on their own (the
+/// peer's address, say) apply.
+#[inline(never)]
+fn local_only(cfg: &Config, head: RequestHead<'_>) -> Outcome {
+    match cfg.local.as_ref().map(|l| l.check(head, None, cfg.shadow)) {
+        Some(Local::Refuse(response, body)) => Outcome::Refuse(response, body),
+        Some(Local::Pass(delay)) if delay > 0 => Outcome::Pass(None, delay),
+        _ => Outcome::Skip,
+    }
+}
+
+/// Asks the store for `user`, counts the metrics, builds the refusal; an
+/// allowed request is held `delay` ms first.
 #[inline]
-fn admit(cfg: &Config, head: RequestHead<'_>, user: &str) -> Outcome {
+fn admit(cfg: &Config, head: RequestHead<'_>, user: &str, delay: u64) -> Outcome {
     let wants_handle = cfg.traffic_up.is_some() || cfg.traffic_down.is_some() || cfg.handler_usage;
     let admission = if wants_handle || cfg.shadow {
         cfg.service
@@ -101,7 +139,7 @@ fn admit(cfg: &Config, head: RequestHead<'_>, user: &str) -> Outcome {
             return Outcome::Refuse(response, body);
         }
     }
-    Outcome::Pass(admission.handle)
+    Outcome::Pass(admission.handle, delay)
 }
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for Throttle<S, Plain>
@@ -119,18 +157,18 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let cfg = &*self.config;
-        let handle = match decide(cfg, RequestHead::of(&req)) {
-            Outcome::Skip => None,
+        let (handle, delay) = match decide(cfg, RequestHead::of(&req)) {
+            Outcome::Skip => (None, 0),
             Outcome::Refuse(parts, body) => {
                 return PlainFuture::rejected(Response::from_parts(parts, ResB::refusal(body)));
             }
-            Outcome::Pass(handle) => handle,
+            Outcome::Pass(handle, delay) => (handle, delay),
         };
         if cfg.handler_usage {
             // Also without a user, so the handler's extractor never fails.
             req.extensions_mut().insert(Usage::new(handle));
         }
-        PlainFuture::passed(self.inner.call(req))
+        PlainFuture::passed(self.inner.call(req), delay)
     }
 }
 
@@ -148,10 +186,10 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let cfg = &*self.config;
-        let handle = match decide(cfg, RequestHead::of(&req)) {
-            Outcome::Skip => None,
+        let (handle, delay) = match decide(cfg, RequestHead::of(&req)) {
+            Outcome::Skip => (None, 0),
             Outcome::Refuse(parts, body) => return ResponseFuture::rejected(parts, body),
-            Outcome::Pass(handle) => handle,
+            Outcome::Pass(handle, delay) => (handle, delay),
         };
         let meter = |r| {
             handle.clone().map(|handle| Meter {
@@ -166,6 +204,6 @@ where
             parts.extensions.insert(Usage::new(handle));
         }
         let req = Request::from_parts(parts, RequestBody::new(body, up));
-        ResponseFuture::passed(self.inner.call(req), down)
+        ResponseFuture::passed(self.inner.call(req), down, delay)
     }
 }

@@ -1,0 +1,168 @@
+//! The layer's local limits ([`LocalLimit`]): every zone asked for one
+//! request, the longest hold kept, a refusal built.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use http::response::Parts;
+
+use super::refusal::refuse_local;
+use crate::local::{LocalLimit, Verdict, Zone};
+use crate::user::RequestHead;
+use throttle_proto::MAX_NAME_LEN;
+
+/// One limit and its zone.
+#[derive(Debug)]
+struct LocalZone {
+    limit: LocalLimit,
+    /// Shared with the layers built with clones of `limit`.
+    zone: Arc<Zone>,
+    /// nginx's form of the limit, for refusals and logs.
+    text: String,
+    refused: metrics::Counter,
+    delayed: metrics::Counter,
+    /// The second a refusal was last logged in.
+    logged: AtomicU64,
+}
+
+/// What the local limits decided for a request.
+pub(crate) enum Local {
+    /// Pass, after this many ms.
+    Pass(u64),
+    /// Refused by a limit: the response.
+    Refuse(Parts, &'static [u8]),
+}
+
+/// Every local limit of a layer.
+#[derive(Debug)]
+pub(crate) struct LocalZones {
+    zones: Box<[LocalZone]>,
+    /// Where the zones' milliseconds count from: tokio's clock, so a test
+    /// that pauses time moves the limits too.
+    start: tokio::time::Instant,
+}
+
+impl LocalZones {
+    /// The zones of `limits`, for service `service`'s metrics.
+    pub(crate) fn new(limits: Vec<LocalLimit>, service: &str) -> Option<Self> {
+        if limits.is_empty() {
+            return None;
+        }
+        let zones = limits
+            .into_iter()
+            .map(|limit| {
+                let text = limit.to_string();
+                let counter = |decision: &'static str| {
+                    metrics::counter!("throttle_local_decisions_total", "service" => service.to_owned(), "limit" => text.clone(), "decision" => decision)
+                };
+                let zone = limit.zone(|| {
+                    let evicted = metrics::counter!("throttle_local_evicted_busy_total", "limit" => text.clone());
+                    Zone::new(limit.shape(), limit.zone_size, evicted)
+                });
+                LocalZone {
+                    zone,
+                    refused: counter("refused"),
+                    delayed: counter("delayed"),
+                    logged: AtomicU64::new(u64::MAX),
+                    text,
+                    limit,
+                }
+            })
+            .collect();
+        Some(Self {
+            zones,
+            start: tokio::time::Instant::now(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Accounts the request of `user` (none: only limits with keys of
+    /// their own apply) in every zone. Refused by one, it is taken back
+    /// from those before; in `shadow` mode nothing is refused nor held.
+    pub(crate) fn check(&self, head: RequestHead<'_>, user: Option<&str>, shadow: bool) -> Local {
+        let now = self.now_ms();
+        let mut delay = 0;
+        for (i, z) in self.zones.iter().enumerate() {
+            match with_key(z, head, user, |key| z.zone.account(key, now)) {
+                Some(Verdict::Pass) | None => {}
+                Some(Verdict::Delay(ms)) => {
+                    z.delayed.increment(1);
+                    delay = delay.max(ms);
+                }
+                Some(Verdict::Reject) => {
+                    z.refused.increment(1);
+                    z.log_refusal(now);
+                    if shadow {
+                        continue;
+                    }
+                    self.refund_first(i, head, user);
+                    let (parts, body) = refuse_local(z.limit.status, head, z.retry_secs(), &z.text);
+                    return Local::Refuse(parts, body);
+                }
+            }
+        }
+        Local::Pass(if shadow { 0 } else { delay })
+    }
+
+    /// Takes the request back from every zone (the central quota refused
+    /// it).
+    pub(crate) fn refund(&self, head: RequestHead<'_>, user: Option<&str>) {
+        self.refund_first(self.zones.len(), head, user);
+    }
+
+    fn refund_first(&self, n: usize, head: RequestHead<'_>, user: Option<&str>) {
+        for z in &self.zones[..n] {
+            with_key(z, head, user, |key| z.zone.refund(key));
+        }
+    }
+}
+
+/// Runs `f` on the key zone `z` limits the request by: its own key's, else
+/// the user's; `None` when the request has none. Keys are cut at
+/// [`MAX_NAME_LEN`] bytes, so a huge header costs a zone no more than a
+/// name.
+fn with_key<R>(
+    z: &LocalZone,
+    head: RequestHead<'_>,
+    user: Option<&str>,
+    f: impl FnOnce(&str) -> R,
+) -> Option<R> {
+    let cut = |key: &str| {
+        let mut end = key.len().min(MAX_NAME_LEN);
+        while !key.is_char_boundary(end) {
+            end -= 1;
+        }
+        f(&key[..end])
+    };
+    match &z.limit.key {
+        Some(own) => own.with_user(head, |key| key.map(cut)),
+        None => user.map(cut),
+    }
+}
+
+impl LocalZone {
+    /// Seconds until one more request fits the rate.
+    fn retry_secs(&self) -> u64 {
+        let rate = self.zone.shape.rate.max(1);
+        (1_000_000u64).div_ceil(rate).div_ceil(1000).max(1)
+    }
+
+    /// Logs a refusal at the limit's level, at most once a second.
+    fn log_refusal(&self, now_ms: u64) {
+        let second = now_ms / 1000;
+        if self.logged.swap(second, Ordering::Relaxed) == second {
+            return;
+        }
+        let limit = self.text.as_str();
+        match self.limit.log_level {
+            tracing::Level::ERROR => tracing::error!(limit, "local limit refused a request"),
+            tracing::Level::WARN => tracing::warn!(limit, "local limit refused a request"),
+            tracing::Level::INFO => tracing::info!(limit, "local limit refused a request"),
+            tracing::Level::DEBUG => tracing::debug!(limit, "local limit refused a request"),
+            tracing::Level::TRACE => tracing::trace!(limit, "local limit refused a request"),
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! [`Limiter`]: a [`LocalLimit`]'s decision on its own, for code that
+//! wants nginx's arithmetic without the layer (and for benchmarks).
+
+use std::sync::Arc;
+
+use super::excess::Verdict;
+use super::limit::LocalLimit;
+use super::zone::Zone;
+
+/// Decides requests by key under one [`LocalLimit`], as the layer does:
+/// `check` is governor's `check_key` with nginx's answer (pass, hold so
+/// many ms, or refuse). Shares its zone with the layers built with clones
+/// of the same limit.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    zone: Arc<Zone>,
+    start: tokio::time::Instant,
+}
+
+impl Limiter {
+    /// The limiter of `limit`.
+    pub fn new(limit: &LocalLimit) -> Self {
+        let zone = limit.zone(|| {
+            let evicted = metrics::counter!("throttle_local_evicted_busy_total", "limit" => limit.to_string());
+            Zone::new(limit.shape(), limit.zone_size, evicted)
+        });
+        Self {
+            zone,
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Accounts one request of `key` now.
+    #[inline]
+    pub fn check(&self, key: &str) -> Verdict {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.zone.account(key, now)
+    }
+}
