@@ -58,12 +58,20 @@ pub struct AppsOutcome {
     pub burst_slots: i64,
 }
 
-/// Three applications at priorities 0, 1, 2, each guaranteed 300/s with
-/// a burst ceiling of 600/s and `burst_seconds` of burst, and users
-/// `gold-*`, `silver-*`, `bronze-*`.
-fn three_apps(capacity: f64, burst_seconds: f64) -> LimitSet {
+/// The applications of every scenario here, by priority.
+pub const APP_NAMES: [&str; 3] = ["gold", "silver", "bronze"];
+
+/// Three applications of service `front` sharing `capacity` requests/s:
+/// [`APP_NAMES`] at priorities 0, 1, 2, each guaranteed 300/s with a burst
+/// ceiling of 600/s and `burst_seconds` of burst, with users `gold-*`,
+/// `silver-*`, `bronze-*`.
+///
+/// # Panics
+///
+/// Never for a positive capacity and burst (the text is fixed).
+pub fn three_apps(capacity: f64, burst_seconds: f64) -> LimitSet {
     let mut text = format!("[service.front]\ncapacity = {{ requests = {capacity} }}\n");
-    for (p, name) in ["gold", "silver", "bronze"].iter().enumerate() {
+    for (p, name) in APP_NAMES.iter().enumerate() {
         text += &format!(
             "[[app]]\nservice = \"front\"\nname = \"{name}\"\nusers = [\"{name}-*\"]\npriority = {p}\nguaranteed = {{ requests = 300 }}\nburst = {{ requests = 600 }}\nburst_seconds = {burst_seconds}\n"
         );
@@ -77,7 +85,7 @@ fn three_apps(capacity: f64, burst_seconds: f64) -> LimitSet {
 fn users(demand: fn(usize, i64) -> f64) -> (Vec<User>, Vec<AppSpec>) {
     let mut users = Vec::new();
     let mut apps = Vec::new();
-    for (a, name) in ["gold", "silver", "bronze"].into_iter().enumerate() {
+    for (a, name) in APP_NAMES.into_iter().enumerate() {
         let start = users.len();
         for (u, part) in [0.5, 0.3, 0.2].into_iter().enumerate() {
             users.push(User {

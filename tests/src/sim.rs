@@ -272,8 +272,8 @@ pub fn run_traced(scenario: &Scenario, policy: PolicyFactory) -> Trace {
     // count against the policy.
     let mut under = vec![true; scenario.users.len()];
     let slots = scenario.seconds as usize;
-    let mut admitted = vec![0i64; slots + 1];
-    let mut by_user = vec![vec![0i64; slots + 1]; scenario.users.len()];
+    // Per user, per slot (the measured user's is the first).
+    let mut admitted = vec![vec![0i64; slots + 1]; scenario.users.len()];
     let mut offered = vec![0i64; slots + 1];
     let mut others_refused = 0u64;
     let mut deepest = f64::INFINITY;
@@ -403,13 +403,10 @@ pub fn run_traced(scenario: &Scenario, policy: PolicyFactory) -> Trace {
                 );
                 let ok = a.decision.is_allowed();
                 if ok {
-                    by_user[u][index] += cost;
+                    admitted[u][index] += cost;
                 }
                 if u == 0 {
                     offered[index] += cost;
-                    if ok {
-                        admitted[index] += cost;
-                    }
                 } else if !ok && under[u] {
                     others_refused += 1;
                 }
@@ -423,20 +420,17 @@ pub fn run_traced(scenario: &Scenario, policy: PolicyFactory) -> Trace {
         }
         t += STEP_MS;
     }
+    for user in &mut admitted {
+        user.truncate(slots);
+    }
     let outcome = measure(
         scenario,
-        &admitted[..slots],
+        &admitted[0],
         &offered[..slots],
         others_refused,
         deepest,
     );
-    for user in &mut by_user {
-        user.truncate(slots);
-    }
-    Trace {
-        outcome,
-        admitted: by_user,
-    }
+    Trace { outcome, admitted }
 }
 
 fn measure(

@@ -6,45 +6,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 use throttle_central::Subject;
-use throttle_central::limits::{LimitSet, StaticLimits};
+use throttle_central::limits::StaticLimits;
 use throttle_examples::load::Load;
 use throttle_layer::Fallback;
+use throttle_tests::hierarchy::{APP_NAMES, three_apps};
 use throttle_tests::{CentralFactory, Cluster, get_json, sum};
 
 const SLOT_MS: u32 = 100;
-
-/// gold, silver and bronze at priorities 0, 1 and 2, each guaranteed
-/// 300/s of a capacity of 1,000/s, each with users `NAME-1` and `NAME-2`.
-const APPS: &str = r#"
-[service.front]
-capacity = { requests = 1000 }
-
-[[app]]
-service = "front"
-name = "gold"
-users = ["gold-*"]
-priority = 0
-guaranteed = { requests = 300 }
-burst = { requests = 600 }
-
-[[app]]
-service = "front"
-name = "silver"
-users = ["silver-*"]
-priority = 1
-guaranteed = { requests = 300 }
-burst = { requests = 600 }
-
-[[app]]
-service = "front"
-name = "bronze"
-users = ["bronze-*"]
-priority = 2
-guaranteed = { requests = 300 }
-burst = { requests = 600 }
-"#;
-
-const APPS_NAMES: [&str; 3] = ["gold", "silver", "bronze"];
 
 /// What `app`'s two users were admitted in data slots `from..=to`.
 fn app_sum(sums: &Value, app: &str, from: i64, to: i64) -> i64 {
@@ -60,7 +28,9 @@ fn app_sum(sums: &Value, app: &str, from: i64, to: i64) -> i64 {
 /// monitor shows who was cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_applications_share_a_capacity_at_100_ms_slots() {
-    let limits = Arc::new(StaticLimits::new(LimitSet::from_toml(APPS).unwrap()));
+    // gold, silver and bronze (priorities 0, 1, 2), each guaranteed 300/s
+    // of 1,000/s with a ceiling of 600/s, bursting longer than the test.
+    let limits = Arc::new(StaticLimits::new(three_apps(1000.0, 60.0)));
     // 10 s of 100 ms slots and the warm-up: keep 150 slots of sums.
     let central: CentralFactory = Arc::new(move || {
         throttle_central::Central::builder()
@@ -72,7 +42,7 @@ async fn three_applications_share_a_capacity_at_100_ms_slots() {
         .unwrap();
     cluster.connected().await;
     let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
-    for app in APPS_NAMES {
+    for app in APP_NAMES {
         for (node, share) in [(0, 0.5), (1, 0.3), (2, 0.2)] {
             load.flow(&format!("{app}-1"), node, 400.0 * share);
             load.flow(&format!("{app}-2"), 2 - node, 200.0 * share);
@@ -101,7 +71,7 @@ async fn three_applications_share_a_capacity_at_100_ms_slots() {
         "{limits}"
     );
     let (from, to) = (start + 10, start + 109);
-    let totals: Vec<i64> = APPS_NAMES
+    let totals: Vec<i64> = APP_NAMES
         .iter()
         .map(|a| app_sum(&sums, a, from, to))
         .collect();
@@ -127,7 +97,7 @@ async fn three_applications_share_a_capacity_at_100_ms_slots() {
         .iter()
         .filter_map(|a| a["name"].as_str())
         .collect();
-    assert_eq!(names, APPS_NAMES, "{apps}");
+    assert_eq!(names, APP_NAMES, "{apps}");
     let bronze = &shown["apps"][2];
     assert!(
         bronze["demand"].as_f64() > bronze["granted"].as_f64(),

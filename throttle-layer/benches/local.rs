@@ -7,27 +7,24 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use axum::body::Body;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use throttle_layer::local::{Limiter, LocalLimit, Verdict};
 use throttle_layer::{SlotStore, ThrottleLayer, UserKey};
 use tower::{Service, ServiceExt};
 
-use axum::body::Body;
+#[path = "shared/common.rs"]
+mod common;
+use common::{Governor, HeaderKey, request, two_threads};
 
 const KEYS: usize = 10_000;
 
 fn keys() -> Vec<String> {
     (0..KEYS).map(|i| format!("user-{i:05}")).collect()
 }
-
-type Governor = RateLimiter<
-    String,
-    governor::state::keyed::DefaultKeyedStateStore<String>,
-    governor::clock::DefaultClock,
->;
 
 /// A limit that passes everything (a huge rate) or, after each key's
 /// first request, refuses everything (1 a minute, no burst).
@@ -92,41 +89,6 @@ fn decision(c: &mut Criterion) {
         });
     }
     g.finish();
-}
-
-/// Runs `f(thread, i)` `iters` times on each of two threads; the wall time.
-fn two_threads(iters: u64, f: impl Fn(usize, u64) + Sync) -> Duration {
-    let start = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..2 {
-            let f = &f;
-            s.spawn(move || (0..iters).for_each(|i| f(t, i)));
-        }
-    });
-    start.elapsed()
-}
-
-/// tower_governor's key: the `x-user` header.
-#[derive(Debug, Clone, Copy)]
-struct HeaderKey;
-
-impl tower_governor::key_extractor::KeyExtractor for HeaderKey {
-    type Key = String;
-
-    fn extract<T>(&self, req: &http::Request<T>) -> Result<String, tower_governor::GovernorError> {
-        req.headers()
-            .get("x-user")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
-    }
-}
-
-fn request(user: &str) -> http::Request<Body> {
-    http::Request::builder()
-        .header("x-user", user)
-        .body(Body::empty())
-        .expect("valid request")
 }
 
 /// The layer with only a local limit (no central quota counted) against

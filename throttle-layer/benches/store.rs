@@ -47,7 +47,7 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -59,8 +59,11 @@ use throttle_proto::v1;
 use throttle_proto::wire::RawQuota;
 use tower::{Service, ServiceExt};
 
+#[path = "shared/common.rs"]
+mod common;
 #[path = "shared/floor.rs"]
 mod floor;
+use common::{Governor, HeaderKey, request, two_threads};
 use floor::{Count, Floored, Shared, SlotCount, SlotCounts, per_user, shared, user_of};
 
 const USERS: usize = 10_000;
@@ -161,13 +164,6 @@ fn store(quota: f64) -> (SlotStore, Arc<ServiceStore>, ResourceId, Refresher) {
     (store, front, requests, refresher)
 }
 
-/// governor's keyed limiter on `String` keys.
-type Governor = RateLimiter<
-    String,
-    governor::state::keyed::DefaultKeyedStateStore<String>,
-    governor::clock::DefaultClock,
->;
-
 fn governor(burst: u32) -> Governor {
     let quota = Quota::per_second(NonZeroU32::new(burst.max(1)).unwrap())
         .allow_burst(NonZeroU32::new(burst.max(1)).unwrap());
@@ -244,26 +240,6 @@ fn admit(c: &mut Criterion) {
     g.finish();
 }
 
-/// Runs `f(thread, i)` `iters` times on each of two threads; returns the wall
-/// time divided so that the result is per decision per thread.
-fn two_threads<F>(iters: u64, f: F) -> Duration
-where
-    F: Fn(usize, u64) + Sync,
-{
-    let start = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..2 {
-            let f = &f;
-            s.spawn(move || {
-                for i in 0..iters {
-                    f(t, i);
-                }
-            });
-        }
-    });
-    start.elapsed()
-}
-
 fn threads2(c: &mut Criterion) {
     let names = users();
     let mut g = c.benchmark_group("threads2");
@@ -330,22 +306,6 @@ fn both_two_threads<'n>(
     });
 }
 
-/// tower_governor's key: the same `x-user` header.
-#[derive(Clone, Debug)]
-struct HeaderKey;
-
-impl tower_governor::key_extractor::KeyExtractor for HeaderKey {
-    type Key = String;
-
-    fn extract<T>(&self, req: &http::Request<T>) -> Result<String, tower_governor::GovernorError> {
-        req.headers()
-            .get("x-user")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
-    }
-}
-
 /// The floors under `Throttle`: layers that do part of its work and
 /// nothing more, each passing the request on to the bare service.
 #[derive(Clone)]
@@ -401,13 +361,6 @@ fn shared_counts(names: &[String]) -> Shared<AtomicU64> {
 #[inline]
 fn bump(counts: &Shared<AtomicU64>, user: &str) -> Option<u64> {
     Some(counts.pin().get(user)?.fetch_add(1, Ordering::Relaxed))
-}
-
-fn request(user: &str) -> http::Request<Body> {
-    http::Request::builder()
-        .header("x-user", user)
-        .body(Body::empty())
-        .expect("valid request")
 }
 
 /// A request as an HTTP client sends it: the headers hyper parses ahead

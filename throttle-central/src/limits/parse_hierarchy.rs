@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use serde::Deserialize;
+use throttle_proto::MAX_NAME_LEN;
 
 use super::hierarchy::{App, DEFAULT_APP_BURST_SECONDS, Hierarchy, MAX_PRIORITY};
 use super::parse::{Amounts, number, rate, valid_name};
@@ -66,13 +67,15 @@ impl AppEntry {
     /// The application, checked against its service's `capacity`.
     pub(super) fn app(self, capacity: &BTreeMap<String, f64>) -> Result<App, String> {
         if !valid_name(&self.name) {
-            return Err("an application's name must be 1 to 256 bytes".into());
+            return Err(format!(
+                "an application's name must be 1 to {MAX_NAME_LEN} bytes"
+            ));
         }
         if self.users.is_empty() {
             return Err("users lists nobody".into());
         }
         if let Some(u) = self.users.iter().find(|u| !valid_name(u)) {
-            return Err(format!("user {u:?} must be 1 to 256 bytes"));
+            return Err(format!("user {u:?} must be 1 to {MAX_NAME_LEN} bytes"));
         }
         if let Some(u) = self
             .users

@@ -69,7 +69,7 @@ impl Projected {
 
 /// What a node would have used, from its latest entry of `key`: consumption
 /// plus rejections times the cost of one request.
-pub(super) fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
+fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
     let c = entry.consumption as f64;
     if entry.rejection == 0 {
         return c;
@@ -94,16 +94,40 @@ pub(super) fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 
     (c + entry.rejection as f64 * unit).max(c * HUNGRY_GROWTH)
 }
 
-/// Each node's newest reported data slot, by node index.
-pub(super) fn newest_reports(state: &ServiceState) -> Vec<Option<i64>> {
-    let mut newest = Vec::new();
-    for (n, s) in &state.last_report {
-        if n.index() >= newest.len() {
-            newest.resize(n.index() + 1, None);
+/// Each node's newest reported data slot, by node index: read for every
+/// entry of every key.
+pub(super) struct Newest(Vec<Option<i64>>);
+
+impl Newest {
+    /// The newest data slot each node of `state` reported.
+    pub(super) fn of(state: &ServiceState) -> Self {
+        let mut newest = Vec::new();
+        for (n, s) in &state.last_report {
+            if n.index() >= newest.len() {
+                newest.resize(n.index() + 1, None);
+            }
+            newest[n.index()] = Some(*s);
         }
-        newest[n.index()] = Some(*s);
+        Self(newest)
     }
-    newest
+
+    /// `node`'s newest data slot, if it reported any.
+    #[inline]
+    pub(super) fn get(&self, node: NodeId) -> Option<i64> {
+        self.0.get(node.index()).copied().flatten()
+    }
+
+    /// What `entry`, of `key`, wants now: its [`demand`], or nothing
+    /// when its node has reported newer slots without this key (it has
+    /// moved on).
+    #[inline]
+    pub(super) fn demand(&self, state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
+        if entry.slot < self.get(entry.node).unwrap_or(entry.slot) {
+            0.0
+        } else {
+            demand(state, key, entry)
+        }
+    }
 }
 
 impl Policy for Projected {
@@ -137,9 +161,7 @@ impl Policy for Projected {
             .map(|(n, _)| *n)
             .collect();
         active.sort_unstable();
-        // Each node's newest report, by node index: read for every entry.
-        let newest = newest_reports(state);
-        let newest_of = |n: NodeId| newest.get(n.index()).copied().flatten();
+        let newest = Newest::of(state);
         // Only "more than MAX_IDLE_KEYS or not" matters: stop counting
         // there rather than touch every key an extra time.
         let few_keys = state
@@ -157,14 +179,7 @@ impl Policy for Projected {
             let Some(bucket) = key.bucket() else { continue };
             nodes.clear();
             for e in key.nodes().iter().filter(|e| e.slot > recent) {
-                // A node that reported newer slots without this key has
-                // moved on: its demand is zero now.
-                let d = if e.slot < newest_of(e.node).unwrap_or(e.slot) {
-                    0.0
-                } else {
-                    demand(state, key, e)
-                };
-                nodes.push((e.node, d));
+                nodes.push((e.node, newest.demand(state, key, e)));
             }
             if nodes.is_empty() && (active.is_empty() || !few_keys) {
                 // Nobody used it lately and there are too many such keys
@@ -185,7 +200,7 @@ impl Policy for Projected {
             let rate = bucket.rate();
             let mut outstanding = 0.0;
             for &(node, d) in &nodes {
-                let last = newest_of(node).unwrap_or(slot - 2);
+                let last = newest.get(node).unwrap_or(slot - 2);
                 let first = (last + 1).max(slot - GRANTS);
                 for y in first..slot {
                     let grant = earlier[(y - (slot - GRANTS)) as usize].get(node, id);

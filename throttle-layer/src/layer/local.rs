@@ -55,10 +55,7 @@ impl LocalZones {
                 let counter = |decision: &'static str| {
                     metrics::counter!("throttle_local_decisions_total", "service" => service.to_owned(), "limit" => text.clone(), "decision" => decision)
                 };
-                let zone = limit.zone(|| {
-                    let evicted = metrics::counter!("throttle_local_evicted_busy_total", "limit" => text.clone());
-                    Zone::new(limit.shape(), limit.zone_size, evicted)
-                });
+                let zone = limit.zone();
                 LocalZone {
                     zone,
                     refused: counter("refused"),

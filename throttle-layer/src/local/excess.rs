@@ -48,9 +48,10 @@ impl Excess {
     /// request is refused (and the state left as it was), past `delay` it
     /// waits until the excess above `delay` has drained.
     pub fn account(&mut self, shape: Shape, now_ms: u64) -> Verdict {
-        let elapsed = now_ms.saturating_sub(self.last_ms);
-        let drained = shape.rate.saturating_mul(elapsed) / 1000;
-        let excess = self.milli.saturating_sub(drained).saturating_add(1000);
+        let excess = self
+            .milli
+            .saturating_sub(self.drained(shape, now_ms))
+            .saturating_add(1000);
         if excess > shape.burst {
             return Verdict::Reject;
         }
@@ -70,8 +71,13 @@ impl Excess {
     /// Whether the excess has drained by `now_ms`: the key holds nothing
     /// a new one would not.
     pub fn is_idle(&self, shape: Shape, now_ms: u64) -> bool {
+        self.drained(shape, now_ms) >= self.milli
+    }
+
+    /// Thousandths of a request the rate has drained since the last one.
+    fn drained(&self, shape: Shape, now_ms: u64) -> u64 {
         let elapsed = now_ms.saturating_sub(self.last_ms);
-        shape.rate.saturating_mul(elapsed) / 1000 >= self.milli
+        shape.rate.saturating_mul(elapsed) / 1000
     }
 }
 

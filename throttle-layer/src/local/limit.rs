@@ -72,9 +72,14 @@ impl LocalLimit {
         }
     }
 
-    /// This limit's zone, made on first use with `make`.
-    pub(crate) fn zone(&self, make: impl FnOnce() -> Zone) -> Arc<Zone> {
-        self.zone.get_or_init(|| Arc::new(make())).clone()
+    /// This limit's zone, shared with its clones; made on first use.
+    pub(crate) fn zone(&self) -> Arc<Zone> {
+        let make = || {
+            let evicted =
+                metrics::counter!("throttle_local_evicted_busy_total", "limit" => self.to_string());
+            Arc::new(Zone::new(self.shape(), self.zone_size, evicted))
+        };
+        self.zone.get_or_init(make).clone()
     }
 
     /// The limit, no longer sharing a zone with its clones.

@@ -20,12 +20,8 @@ pub struct Limiter {
 impl Limiter {
     /// The limiter of `limit`.
     pub fn new(limit: &LocalLimit) -> Self {
-        let zone = limit.zone(|| {
-            let evicted = metrics::counter!("throttle_local_evicted_busy_total", "limit" => limit.to_string());
-            Zone::new(limit.shape(), limit.zone_size, evicted)
-        });
         Self {
-            zone,
+            zone: limit.zone(),
             start: tokio::time::Instant::now(),
         }
     }

@@ -15,7 +15,7 @@ use crate::limits::Hierarchy;
 use crate::policy::assignment::{Assignment, Grant};
 use crate::policy::granted::Granted;
 use crate::policy::policy::Policy;
-use crate::policy::projected::{Projected, WINDOW, demand, newest_reports};
+use crate::policy::projected::{Newest, Projected, WINDOW};
 
 /// Splits a service's capacity ([`Hierarchy`]) between its applications
 /// each slot (guarantees first, by priority; then bursts; what is left
@@ -71,8 +71,8 @@ struct Slot<'a> {
     hierarchy: &'a Hierarchy,
     slot: i64,
     slot_secs: f64,
-    /// Each node's newest data slot, by node index.
-    newest: Vec<Option<i64>>,
+    /// Each node's newest data slot.
+    newest: Newest,
     /// Per key id, the sum of Projected's grants, if it granted any.
     projected: Vec<Option<f64>>,
     /// (node, demand) of every key's recent entries.
@@ -80,10 +80,6 @@ struct Slot<'a> {
 }
 
 impl Slot<'_> {
-    fn newest_of(&self, node: NodeId) -> Option<i64> {
-        self.newest.get(node.index()).copied().flatten()
-    }
-
     /// The keys of `resource`, their demands read into `self.demands`;
     /// and per group, what its users consumed in the nodes' latest
     /// reports.
@@ -98,15 +94,8 @@ impl Slot<'_> {
             let start = self.demands.len();
             let mut total = 0.0;
             for e in key.nodes().iter().filter(|e| e.slot > recent) {
-                let newest = self.newest_of(e.node);
-                // A node that reported newer slots without this key has
-                // moved on: its demand is zero now.
-                let d = if e.slot < newest.unwrap_or(e.slot) {
-                    0.0
-                } else {
-                    demand(state, key, e)
-                };
-                if newest == Some(e.slot) {
+                let d = self.newest.demand(state, key, e);
+                if self.newest.get(e.node) == Some(e.slot) {
                     consumed[group] += e.consumption as f64;
                 }
                 self.demands.push((e.node, d));
@@ -158,7 +147,7 @@ impl Policy for Hierarchical {
             hierarchy: &hierarchy,
             slot,
             slot_secs: f64::from(state.slot.as_ms()) / 1000.0,
-            newest: newest_reports(state),
+            newest: Newest::of(state),
             projected: vec![None; state.id_bound()],
             demands: Vec::new(),
         };
