@@ -3,7 +3,9 @@
 //! point, as the binary runs it) and app nodes running the example app, each
 //! with its own store and reporter, all on 127.0.0.1 with ephemeral ports.
 
+pub mod buckets;
 pub mod hierarchy;
+pub mod servers;
 pub mod sim;
 
 use std::net::SocketAddr;

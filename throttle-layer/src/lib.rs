@@ -34,6 +34,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bucket;
 pub mod layer;
 pub mod local;
 pub mod reporter;

@@ -1,0 +1,135 @@
+//! Real servers the tests start from the binaries on `PATH` (Redis), each
+//! on a 127.0.0.1 ephemeral port with a temporary directory, stopped when
+//! dropped. Without the binary a test skips, saying why, unless
+//! `THROTTLE_REQUIRE_SERVERS=1` (as CI sets), where it fails.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Whether `binary` is on `PATH`; if not, panics under
+/// `THROTTLE_REQUIRE_SERVERS=1`, else prints that `test` is skipped.
+pub fn available(binary: &str, test: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(binary).is_file()));
+    if found {
+        return true;
+    }
+    let required = std::env::var("THROTTLE_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "{test}: `{binary}` is not on PATH and THROTTLE_REQUIRE_SERVERS=1"
+    );
+    eprintln!(
+        "SKIPPED {test}: `{binary}` is not on PATH (install it, e.g. `apt-get install {binary}`, to run this test)"
+    );
+    false
+}
+
+/// A free port on 127.0.0.1, as the kernel chose it.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port on 127.0.0.1")
+}
+
+/// A fresh directory under the system's temporary one, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Makes one named after `what`.
+    pub fn new(what: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "throttle-{what}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&dir).expect("temporary directory");
+        Self(dir)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits until `addr` accepts connections, up to 10 s.
+pub fn wait_listening(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+        assert!(Instant::now() < deadline, "{addr} never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A `redis-server`, no persistence.
+#[derive(Debug)]
+pub struct Redis {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+}
+
+impl Redis {
+    /// Starts one, or `None` (skipped) if the binary is missing.
+    pub fn start(test: &str) -> Option<Self> {
+        if !available("redis-server", test) {
+            return None;
+        }
+        let mut redis = Self {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new("redis"),
+        };
+        redis.restart();
+        Some(redis)
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it (SIGKILL): connections drop, the port refuses.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        wait_listening(SocketAddr::from(([127, 0, 0, 1], self.port)));
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

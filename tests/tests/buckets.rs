@@ -1,0 +1,142 @@
+//! The bucket stores against one suite: memory, and a real `redis-server`
+//! started for the test (skipped, saying so, where it is not installed).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use throttle_clock::ManualClock;
+use throttle_layer::bucket::{MemoryStore, RedisStore, Shape, Store, Unavailable, Wait};
+use throttle_tests::buckets;
+use throttle_tests::servers::Redis;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn the_memory_store_passes_the_suite() {
+    let clock = Arc::new(ManualClock::new(0));
+    let store = MemoryStore::with_clock(clock.clone());
+    buckets::run(&runtime(), &store, &clock, 256);
+}
+
+#[test]
+fn the_redis_store_passes_the_suite() {
+    let Some(redis) = Redis::start("the_redis_store_passes_the_suite") else {
+        return;
+    };
+    let rt = runtime();
+    let clock = Arc::new(ManualClock::new(0));
+    let store = rt.block_on(async {
+        RedisStore::builder(redis.url())
+            .clock(clock.clone())
+            // Deciding, not falling back: a loaded machine may be slow.
+            .timeout(Duration::from_secs(5))
+            .unavailable(Unavailable::Deny)
+            .build()
+            .expect("store")
+    });
+    buckets::run(&rt, &store, &clock, 128);
+}
+
+#[test]
+fn idle_redis_buckets_expire_when_full_again() {
+    let Some(redis) = Redis::start("idle_redis_buckets_expire_when_full_again") else {
+        return;
+    };
+    runtime().block_on(async {
+        let store = RedisStore::builder(redis.url())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("store");
+        // 10 a second, capacity 10: 4 taken, full again within 400 ms.
+        let shape = Shape::per_second(10);
+        store
+            .try_acquire("api", "alice", &shape, 4)
+            .await
+            .expect("taken");
+        let client = redis::Client::open(redis.url()).expect("client");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connection");
+        let ttl: i64 = conn
+            .pttl("throttle:bucket:3:api:alice")
+            .await
+            .expect("pttl");
+        assert!((1..=401).contains(&ttl), "ttl {ttl} ms");
+        // Blocked, it stays; unblocked, it expires again.
+        store.block("api", "alice").await.expect("blocked");
+        let ttl: i64 = conn
+            .pttl("throttle:bucket:3:api:alice")
+            .await
+            .expect("pttl");
+        assert_eq!(ttl, -1, "a blocked key never expires");
+        store.unblock("api", "alice").await.expect("unblocked");
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        let exists: bool = conn
+            .exists("throttle:bucket:3:api:alice")
+            .await
+            .expect("exists");
+        assert!(!exists, "full again, the key is gone");
+    });
+}
+
+#[test]
+fn full_memory_buckets_are_forgotten() {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = MemoryStore::with_clock(clock.clone());
+    let shape = Shape::per_second(10);
+    for i in 0..100_000 {
+        store
+            .take("api", &format!("user-{i}"), &shape, 1)
+            .expect("taken");
+    }
+    store.set_blocked("api", "mallory", true);
+    clock.advance(Duration::from_millis(99));
+    store.take("api", "late-0", &shape, 1).expect("taken");
+    assert_eq!(store.len(), 100_002, "not full yet: kept");
+    clock.advance(Duration::from_millis(1));
+    // A shard that doubles sweeps on its own: new keys push the old out.
+    for i in 0..100_000 {
+        store
+            .take("api", &format!("late-{i}"), &shape, 1)
+            .expect("taken");
+    }
+    assert!(store.len() < 150_000, "{} keys", store.len());
+    store.purge();
+    assert_eq!(store.len(), 100_001, "the late ones and the blocked one");
+    clock.advance(Duration::from_millis(100));
+    store.purge();
+    assert_eq!(store.len(), 1, "only the blocked key");
+    assert_eq!(store.take("api", "mallory", &shape, 1), Err(Wait::Blocked));
+}
+
+#[test]
+fn an_unreachable_redis_falls_back_within_the_timeout() {
+    runtime().block_on(async {
+        // Nothing listens on this port.
+        let port = throttle_tests::servers::free_port();
+        let shape = Shape::per_second(10);
+        for (unavailable, expected) in [
+            (Unavailable::Allow, Ok(())),
+            (Unavailable::Deny, Err(Wait::Unavailable)),
+        ] {
+            let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+                .timeout(Duration::from_millis(20))
+                .unavailable(unavailable)
+                .build()
+                .expect("store");
+            for _ in 0..3 {
+                let start = std::time::Instant::now();
+                assert_eq!(store.try_acquire("api", "alice", &shape, 1).await, expected);
+                assert!(start.elapsed() < Duration::from_millis(500));
+            }
+            assert!(store.is_blocked("api", "alice").await.is_err());
+        }
+    });
+}
