@@ -17,6 +17,7 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde::Deserialize;
+use throttle_layer::bucket::RedisStore;
 use throttle_layer::layer::LayerError;
 use throttle_layer::local::LocalLimit;
 use throttle_layer::{Fallback, SlotStore, ThrottleLayer, ThrottleLayerBuilder, Usage, UserKey};
@@ -30,12 +31,29 @@ const MAX_DOWNLOAD: u64 = 1 << 30;
 pub const MAX_UPLOAD: u64 = 1 << 30;
 const CHUNK: usize = 16 * 1024;
 
-fn layer(store: &SlotStore, fallback: Fallback, local: &[LocalLimit]) -> ThrottleLayerBuilder {
+/// The limits a node adds to the central quota on every route, keyed by
+/// the user.
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    /// Decided on this node alone (one zone each, shared by the routes).
+    pub local: Vec<LocalLimit>,
+    /// Shared by every node on the same Redis.
+    pub shared: Vec<LocalLimit>,
+    /// The store of the shared limits.
+    pub redis: Option<RedisStore>,
+}
+
+fn layer(store: &SlotStore, fallback: Fallback, limits: &Limits) -> ThrottleLayerBuilder {
     let mut layer = ThrottleLayer::builder(store, SERVICE)
         .user(UserKey::header("x-user"))
         .fallback(fallback);
-    for limit in local {
+    for limit in &limits.local {
         layer = layer.local_limit(limit.clone());
+    }
+    if let Some(redis) = &limits.redis {
+        for limit in &limits.shared {
+            layer = layer.shared_limit(redis.clone(), limit.clone());
+        }
     }
     layer
 }
@@ -46,11 +64,10 @@ fn layer(store: &SlotStore, fallback: Fallback, local: &[LocalLimit]) -> Throttl
 ///
 /// When a layer cannot be built (it always can, with these resources).
 pub fn router(store: &SlotStore, fallback: Fallback) -> Result<Router, LayerError> {
-    router_with(store, fallback, &[])
+    router_with(store, fallback, &Limits::default())
 }
 
-/// The demo router, every route also under the local limits `local`
-/// (one zone each, shared by the routes), keyed by the user.
+/// The demo router, every route also under `limits`.
 ///
 /// # Errors
 ///
@@ -58,7 +75,7 @@ pub fn router(store: &SlotStore, fallback: Fallback) -> Result<Router, LayerErro
 pub fn router_with(
     store: &SlotStore,
     fallback: Fallback,
-    local: &[LocalLimit],
+    local: &Limits,
 ) -> Result<Router, LayerError> {
     // One layer per route, all over the same store: each route decides once
     // and counts what it costs.

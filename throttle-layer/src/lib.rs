@@ -12,6 +12,9 @@
 //!   `route_layer`, `MethodRouter::layer`) and tonic (`Server::builder().layer`).
 //! - [`SlotStore`]: the counters and quotas, synchronous and clock-injected.
 //! - [`Reporter`]: the task that talks to the central node.
+//! - [`local`]: nginx-style limits decided on this node alone.
+//! - [`bucket`]: token buckets in memory or Redis (feature `redis`), the
+//!   store of the layer's shared limits.
 //!
 //! # Examples
 //!

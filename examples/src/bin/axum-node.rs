@@ -7,15 +7,19 @@
 //! `/db?reads=N`, or `curl -H 'x-user: bob' --data-binary @file http://127.0.0.1:8080/upload`.
 //!
 //! `--local-limit "10r/s burst=20 nodelay"` (repeatable) adds an nginx-style
-//! limit decided on this node alone, on every route.
+//! limit decided on this node alone, on every route; `--redis
+//! redis://127.0.0.1:6379 --shared-limit "100r/s burst=100"` one shared by
+//! every node on that Redis (with `--no-central` for a fleet without one).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use throttle_examples::app;
 use throttle_examples::node::ReporterArgs;
 use throttle_examples::serve::serve;
+use throttle_layer::bucket::RedisStore;
 use throttle_layer::local::LocalLimit;
 use throttle_layer::{Fallback, SlotStore};
 
@@ -37,6 +41,26 @@ struct Args {
         value_delimiter = ';'
     )]
     local_limits: Vec<LocalLimit>,
+    /// The Redis that holds the shared limits' buckets.
+    #[arg(long, env = "THROTTLE_REDIS", requires = "shared_limits")]
+    redis: Option<String>,
+    /// A limit shared by every node on the same `--redis`, in the syntax of
+    /// `--local-limit` (its burst passes at once), on every route, keyed by
+    /// the user. Repeatable: all must pass.
+    #[arg(
+        long = "shared-limit",
+        env = "THROTTLE_SHARED_LIMIT",
+        value_delimiter = ';',
+        requires = "redis"
+    )]
+    shared_limits: Vec<LocalLimit>,
+    /// How long a decision waits for Redis before letting the request pass.
+    #[arg(long, default_value_t = 5)]
+    redis_timeout_ms: u64,
+    /// Report to no central node: the layer decides by its local and
+    /// shared limits alone.
+    #[arg(long)]
+    no_central: bool,
     /// Log filter, e.g. `info` or `throttle_layer=debug`.
     #[arg(long, default_value = "info")]
     log: String,
@@ -52,12 +76,30 @@ async fn main() -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let node_id = args.reporter.node_id(addr.port());
     let store = SlotStore::default();
-    let router = app::router_with(&store, Fallback::Allow, &args.local_limits)?;
-    let _reporter = args.reporter.builder(&store, &node_id)?.spawn()?;
-    println!(
-        "axum-node {node_id} listening on http://{addr} (central: {})",
-        args.reporter.centrals.join(", ")
-    );
+    let redis = args
+        .redis
+        .as_deref()
+        .map(|url| {
+            RedisStore::builder(url)
+                .timeout(Duration::from_millis(args.redis_timeout_ms))
+                .build()
+        })
+        .transpose()?;
+    let limits = app::Limits {
+        local: args.local_limits,
+        shared: args.shared_limits,
+        redis,
+    };
+    let router = app::router_with(&store, Fallback::Allow, &limits)?;
+    let _reporter = match args.no_central {
+        true => None,
+        false => Some(args.reporter.builder(&store, &node_id)?.spawn()?),
+    };
+    let central = match args.no_central {
+        true => "none".to_owned(),
+        false => args.reporter.centrals.join(", "),
+    };
+    println!("axum-node {node_id} listening on http://{addr} (central: {central})");
     serve(listener, router, async {
         let _ = tokio::signal::ctrl_c().await;
     })

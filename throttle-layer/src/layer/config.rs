@@ -6,6 +6,7 @@ use http::StatusCode;
 
 use super::local::LocalZones;
 use super::refusal_cache::RefusalCache;
+use super::shared::SharedLimits;
 use crate::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use crate::user::{MissingUser, UserKey};
 
@@ -43,6 +44,8 @@ pub(crate) struct Config {
     pub(crate) rate_limit_headers: bool,
     /// Limits decided on this node alone, if any.
     pub(crate) local: Option<LocalZones>,
+    /// Limits shared through a bucket store, if any.
+    pub(crate) shared: Option<SharedLimits>,
     /// The last refusal's headers, for the next with the same figures.
     pub(crate) refusals: RefusalCache,
     pub(crate) shadow_rejected: metrics::Counter,

@@ -1,5 +1,6 @@
 //! The response future of [`Throttle`](super::Throttle).
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -27,13 +28,22 @@ pin_project! {
     }
 }
 
-/// How long a local limit holds a request before the inner service's
-/// future is first polled (where an axum handler or a tonic method starts
-/// its work). Boxed: a held request is rare, and a timer in place would
-/// grow every request's future by its size.
-#[derive(Debug)]
+/// What a request waits for before the inner service's future is first
+/// polled (where an axum handler or a tonic method starts its work): a
+/// local limit's hold, or a shared limit's answer, which may refuse it.
+/// Boxed: a held request is rare, and a timer in place would grow every
+/// request's future by its size.
 pub struct Hold {
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    gate: Pin<Box<dyn Future<Output = Option<Refusal>> + Send>>,
+}
+
+/// A refusal's head and short body.
+pub(crate) type Refusal = (http::response::Parts, &'static [u8]);
+
+impl fmt::Debug for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hold").finish_non_exhaustive()
+    }
 }
 
 impl Hold {
@@ -41,22 +51,29 @@ impl Hold {
     /// that are not held.
     #[cold]
     #[inline(never)]
-    fn ms(ms: u64) -> Self {
+    pub(crate) fn ms(ms: u64) -> Self {
+        Self::gate(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            None
+        })
+    }
+
+    /// Waits for `gate`: `Some` refuses the request.
+    pub(crate) fn gate(gate: impl Future<Output = Option<Refusal>> + Send + 'static) -> Self {
         Self {
-            sleep: Box::pin(tokio::time::sleep(std::time::Duration::from_millis(ms))),
+            gate: Box::pin(gate),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        self.sleep.as_mut().poll(cx)
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Refusal>> {
+        self.gate.as_mut().poll(cx)
     }
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn passed(future: F, meter: Option<Meter>, delay_ms: u64) -> Self {
-        let hold = (delay_ms > 0).then(|| Hold::ms(delay_ms));
+    pub(crate) fn passed(future: F, meter: Option<Meter>, hold: Option<Hold>) -> Self {
         Self {
             kind: Kind::Passed {
                 future,
@@ -81,16 +98,23 @@ where
 {
     type Output = Result<http::Response<ResponseBody<B>>, E>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.as_mut().project().kind.project() {
             KindProj::Passed {
                 future,
                 meter,
                 hold,
             } => {
                 if let Some(h) = hold {
-                    ready!(h.poll(cx));
+                    let refused = ready!(h.poll(cx));
                     *hold = None;
+                    if let Some(refusal) = refused {
+                        let done = Kind::Rejected { response: None };
+                        self.project().kind.set(done);
+                        let (parts, body) = refusal;
+                        let body = ResponseBody::fixed(body);
+                        return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
+                    }
                 }
                 let response = ready!(future.poll(cx))?;
                 let meter = meter.take();
@@ -133,8 +157,7 @@ pin_project! {
 }
 
 impl<F, B> PlainFuture<F, B> {
-    pub(crate) fn passed(future: F, delay_ms: u64) -> Self {
-        let hold = (delay_ms > 0).then(|| Hold::ms(delay_ms));
+    pub(crate) fn passed(future: F, hold: Option<Hold>) -> Self {
         Self {
             kind: PlainKind::Passed { future, hold },
         }
@@ -156,12 +179,19 @@ where
 {
     type Output = Result<http::Response<B>, E>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.as_mut().project().kind.project() {
             PlainProj::Passed { future, hold } => {
                 if let Some(h) = hold {
-                    ready!(h.poll(cx));
+                    let refused = ready!(h.poll(cx));
                     *hold = None;
+                    if let Some((parts, body)) = refused {
+                        self.project()
+                            .kind
+                            .set(PlainKind::Rejected { response: None });
+                        let refusal = http::Response::from_parts(parts, B::refusal(body));
+                        return Poll::Ready(Ok(refusal));
+                    }
                 }
                 future.poll(cx)
             }

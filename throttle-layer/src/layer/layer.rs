@@ -8,6 +8,8 @@ use super::config::{Config, Metered, Plain};
 use super::local::LocalZones;
 use super::refusal_cache::RefusalCache;
 use super::service::Throttle;
+use super::shared::{SharedLimits, SharedSpec};
+use crate::bucket::Store;
 use crate::local::LocalLimit;
 use crate::store::{Fallback, SlotStore};
 use crate::user::{MissingUser, UserKey};
@@ -61,6 +63,7 @@ struct Settings {
     traffic_up: bool,
     traffic_down: bool,
     local: Vec<LocalLimit>,
+    shared: Vec<SharedSpec>,
     costs: Vec<(String, i64)>,
     resources: Vec<String>,
     handler_usage: bool,
@@ -93,6 +96,7 @@ impl ThrottleLayer {
             blocked_status: StatusCode::FORBIDDEN,
             rate_limit_headers: true,
             local: Vec::new(),
+            shared: Vec::new(),
         })
     }
 }
@@ -203,6 +207,28 @@ impl<M> ThrottleLayerBuilder<M> {
         self
     }
 
+    /// Adds a limit shared by every process whose layer has it over the
+    /// same `store`: one token bucket per key (the user key, or the
+    /// limit's own) in the store, holding the burst and one (`"50r/s
+    /// burst=50"` passes 51 at once, then 50 a second, as nginx's
+    /// `nodelay`; a shared limit holds no request). With a
+    /// [`RedisStore`](crate::bucket) this is a global limit for a fleet
+    /// with no central node.
+    ///
+    /// The store is asked after the local limits and the central quota
+    /// passed the request, before the inner service's future is first
+    /// polled; a request it refuses is given back to them, and carries
+    /// `throttle-refused-by: shared; limit="..."`. A store that cannot
+    /// answer decides by its own fallback (Redis: allow, within its
+    /// timeout). Repeatable: every limit must pass.
+    pub fn shared_limit<S>(mut self, store: S, limit: LocalLimit) -> Self
+    where
+        S: Store + Clone + std::fmt::Debug,
+    {
+        self.settings.shared.push(SharedSpec::new(store, limit));
+        self
+    }
+
     /// The layer.
     ///
     /// # Errors
@@ -246,6 +272,7 @@ impl<M> ThrottleLayerBuilder<M> {
             .transpose()?;
         let label = settings.service.clone();
         let local = LocalZones::new(settings.local, &label);
+        let shared = SharedLimits::new(settings.shared, &label);
         Ok(ThrottleLayer {
             mode: PhantomData,
             config: Arc::new(Config {
@@ -263,6 +290,7 @@ impl<M> ThrottleLayerBuilder<M> {
                 blocked_status: settings.blocked_status,
                 rate_limit_headers: settings.rate_limit_headers,
                 local,
+                shared,
                 refusals: RefusalCache::default(),
                 // Handles registered once: the request path never builds a
                 // metric key.

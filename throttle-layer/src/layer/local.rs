@@ -110,6 +110,29 @@ impl LocalZones {
         self.refund_first(self.zones.len(), head, user);
     }
 
+    /// The key each zone counts the request under, owned, for a refund
+    /// after the request's decision ([`LocalZones::refund_keys`]).
+    pub(crate) fn owned_keys(
+        &self,
+        head: RequestHead<'_>,
+        user: Option<&str>,
+    ) -> Vec<Option<Box<str>>> {
+        self.zones
+            .iter()
+            .map(|z| with_key(z, head, user, |k: &str| Box::from(k)))
+            .collect()
+    }
+
+    /// Takes a request back from every zone, under the keys
+    /// [`LocalZones::owned_keys`] gave.
+    pub(crate) fn refund_keys(&self, keys: &[Option<Box<str>>]) {
+        for (z, key) in self.zones.iter().zip(keys) {
+            if let Some(key) = key {
+                z.zone.refund(key);
+            }
+        }
+    }
+
     fn refund_first(&self, n: usize, head: RequestHead<'_>, user: Option<&str>) {
         for z in &self.zones[..n] {
             with_key(z, head, user, |key| z.zone.refund(key));
@@ -117,12 +140,22 @@ impl LocalZones {
     }
 }
 
-/// Runs `f` on the key zone `z` limits the request by: its own key's, else
-/// the user's; `None` when the request has none. Keys are cut at
-/// [`MAX_NAME_LEN`] bytes, so a huge header costs a zone no more than a
-/// name.
+/// Runs `f` on the key zone `z` limits the request by.
 fn with_key<R>(
     z: &LocalZone,
+    head: RequestHead<'_>,
+    user: Option<&str>,
+    f: impl FnOnce(&str) -> R,
+) -> Option<R> {
+    with_limit_key(&z.limit, head, user, f)
+}
+
+/// Runs `f` on the key `limit` counts the request under: its own key's,
+/// else the user's; `None` when the request has none. Keys are cut at
+/// [`MAX_NAME_LEN`] bytes, so a huge header costs a zone no more than a
+/// name.
+pub(super) fn with_limit_key<R>(
+    limit: &LocalLimit,
     head: RequestHead<'_>,
     user: Option<&str>,
     f: impl FnOnce(&str) -> R,
@@ -134,9 +167,25 @@ fn with_key<R>(
         }
         f(&key[..end])
     };
-    match &z.limit.key {
+    match &limit.key {
         Some(own) => own.with_user(head, |key| key.map(cut)),
         None => user.map(cut),
+    }
+}
+
+/// Logs that `limit` refused a request, at `level`, at most once a
+/// second (`logged` keeps the second of the last line).
+pub(super) fn log_refusal(level: tracing::Level, logged: &AtomicU64, now_ms: u64, limit: &str) {
+    let second = now_ms / 1000;
+    if logged.swap(second, Ordering::Relaxed) == second {
+        return;
+    }
+    match level {
+        tracing::Level::ERROR => tracing::error!(limit, "rate limit refused a request"),
+        tracing::Level::WARN => tracing::warn!(limit, "rate limit refused a request"),
+        tracing::Level::INFO => tracing::info!(limit, "rate limit refused a request"),
+        tracing::Level::DEBUG => tracing::debug!(limit, "rate limit refused a request"),
+        tracing::Level::TRACE => tracing::trace!(limit, "rate limit refused a request"),
     }
 }
 
@@ -149,17 +198,6 @@ impl LocalZone {
 
     /// Logs a refusal at the limit's level, at most once a second.
     fn log_refusal(&self, now_ms: u64) {
-        let second = now_ms / 1000;
-        if self.logged.swap(second, Ordering::Relaxed) == second {
-            return;
-        }
-        let limit = self.text.as_str();
-        match self.limit.log_level {
-            tracing::Level::ERROR => tracing::error!(limit, "local limit refused a request"),
-            tracing::Level::WARN => tracing::warn!(limit, "local limit refused a request"),
-            tracing::Level::INFO => tracing::info!(limit, "local limit refused a request"),
-            tracing::Level::DEBUG => tracing::debug!(limit, "local limit refused a request"),
-            tracing::Level::TRACE => tracing::trace!(limit, "local limit refused a request"),
-        }
+        log_refusal(self.limit.log_level, &self.logged, now_ms, &self.text);
     }
 }

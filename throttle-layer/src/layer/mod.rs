@@ -92,6 +92,7 @@ mod local;
 mod refusal;
 mod refusal_cache;
 mod service;
+mod shared;
 
 pub use body::{RefusalBody, RequestBody, ResponseBody};
 pub use config::{Metered, Plain};

@@ -41,7 +41,7 @@ const HTTP_BODY: &[u8] = b"Too Many Requests\n";
 /// Whether the request is a gRPC call (gRPC-Web included): a POST, as
 /// every gRPC call is, with a gRPC content type. Checking the method first
 /// spares a refused GET the header lookup.
-fn is_grpc(head: RequestHead<'_>) -> bool {
+pub(crate) fn is_grpc(head: RequestHead<'_>) -> bool {
     head.method == http::Method::POST
         && head
             .headers
@@ -244,18 +244,39 @@ pub(crate) fn refuse_local(
     retry_secs: u64,
     limit: &str,
 ) -> (Parts, &'static [u8]) {
-    let (mut head, body) = plain_refusal(
-        req,
-        (status, HTTP_BODY),
-        ("8", "rate limit exceeded: local limit"),
-    );
+    refuse_limit(status, is_grpc(req), retry_secs, Limiter::Local, limit)
+}
+
+/// Which of the layer's own limits refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limiter {
+    /// A [`LocalLimit`](crate::local::LocalLimit) of this node.
+    Local,
+    /// A shared limit, in a bucket store.
+    Shared,
+}
+
+/// The refusal of a local or shared limit (`limit` in nginx's syntax),
+/// over gRPC if `grpc`.
+pub(crate) fn refuse_limit(
+    status: StatusCode,
+    grpc: bool,
+    retry_secs: u64,
+    by: Limiter,
+    limit: &str,
+) -> (Parts, &'static [u8]) {
+    let (name, message) = match by {
+        Limiter::Local => ("local", "rate limit exceeded: local limit"),
+        Limiter::Shared => ("shared", "rate limit exceeded: shared limit"),
+    };
+    let (mut head, body) = plain_refusal_as(grpc, (status, HTTP_BODY), ("8", message));
     let h = &mut head.headers;
-    if is_grpc(req) {
+    if grpc {
         h.insert(GRPC_PUSHBACK, HeaderValue::from(retry_secs * 1000));
     } else {
         h.insert(RETRY_AFTER, number(retry_secs));
     }
-    let by = format!("local; limit={}", sf_string(limit));
+    let by = format!("{name}; limit={}", sf_string(limit));
     if let Ok(v) = HeaderValue::from_str(&by) {
         h.insert(REFUSED_BY, v);
     }
@@ -266,11 +287,19 @@ pub(crate) fn refuse_local(
 /// body; over gRPC, a grpc-status code and message.
 fn plain_refusal(
     req: RequestHead<'_>,
+    answer: (StatusCode, &'static [u8]),
+    grpc_answer: (&'static str, &'static str),
+) -> (Parts, &'static [u8]) {
+    plain_refusal_as(is_grpc(req), answer, grpc_answer)
+}
+
+/// [`plain_refusal`], knowing whether the request was gRPC.
+fn plain_refusal_as(
+    grpc: bool,
     (status, body): (StatusCode, &'static [u8]),
     (code, message): (&'static str, &'static str),
 ) -> (Parts, &'static [u8]) {
     let mut head = http::Response::new(()).into_parts().0;
-    let grpc = is_grpc(req);
     let content_type = if grpc {
         "application/grpc"
     } else {

@@ -7,9 +7,10 @@ use tower_service::Service;
 
 use super::body::{Meter, RefusalBody, RequestBody, ResponseBody};
 use super::config::{Config, Metered, Plain};
-use super::future::{PlainFuture, ResponseFuture};
+use super::future::{Hold, PlainFuture, ResponseFuture};
 use super::local::{Local, LocalZones};
 use super::refusal::{refuse_blocked, refuse_long_user, reject};
+use super::shared::{SharedLimits, gate};
 use crate::store::{Basis, UserHandle};
 use crate::usage::Usage;
 use crate::user::{MissingUser, RequestHead};
@@ -51,11 +52,18 @@ enum Outcome {
     /// Allowed (or shadow-refused); the handle when amounts follow, and
     /// how many ms a local limit holds it first.
     Pass(Option<UserHandle>, u64),
+    /// Passed so far, and waiting for the shared limits' answer first.
+    Gated(Option<UserHandle>, Hold),
+}
+
+/// A local limit's hold of `delay_ms`, if any.
+fn hold_for(delay_ms: u64) -> Option<Hold> {
+    (delay_ms > 0).then(|| Hold::ms(delay_ms))
 }
 
 /// The decision, shared by both modes: find the user, ask the store, count
 /// the metrics, build the refusal.
-fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
+fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
     cfg.user.with_user(head, |found| {
         let user = match (found, &cfg.missing_user) {
             (Some(u), _) if u.len() > MAX_NAME_LEN => {
@@ -67,10 +75,10 @@ fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
             (None, MissingUser::As(name)) => name.as_str(),
             (None, MissingUser::Skip) => {
                 cfg.skipped.increment(1);
-                if cfg.local.is_none() {
+                if cfg.local.is_none() && cfg.shared.is_none() {
                     return Outcome::Skip;
                 }
-                return local_only(cfg, head);
+                return limits_only(cfg, head);
             }
         };
         if cfg.service.is_blocked(user) {
@@ -80,11 +88,35 @@ fn decide(cfg: &Config, head: RequestHead<'_>) -> Outcome {
                 return Outcome::Refuse(response, body);
             }
         }
+        if let Some(shared) = &cfg.shared {
+            return admit_shared(cfg, shared, head, user);
+        }
         match &cfg.local {
             None => admit(cfg, head, user, 0),
             Some(local) => admit_local(cfg, local, head, user),
         }
     })
+}
+
+/// The local limits and the central quota, then, if they pass, the
+/// shared limits' gate. Out of line, as [`admit_local`].
+#[inline(never)]
+fn admit_shared(
+    cfg: &Arc<Config>,
+    shared: &SharedLimits,
+    head: RequestHead<'_>,
+    user: &str,
+) -> Outcome {
+    let outcome = match &cfg.local {
+        None => admit(cfg, head, user, 0),
+        Some(local) => admit_local(cfg, local, head, user),
+    };
+    match outcome {
+        Outcome::Pass(handle, delay) => {
+            Outcome::Gated(handle, gate(cfg, shared, head, Some(user), delay))
+        }
+        outcome => outcome,
+    }
 }
 
 /// [`admit`] behind the local limits: refused by one, the central is not
@@ -105,14 +137,19 @@ fn admit_local(cfg: &Config, local: &LocalZones, head: RequestHead<'_>, user: &s
     }
 }
 
-/// A request with no user: only local limits keyed on their own (the
-/// peer's address, say) apply.
+/// A request with no user: only local and shared limits keyed on their
+/// own (the peer's address, say) apply.
 #[inline(never)]
-fn local_only(cfg: &Config, head: RequestHead<'_>) -> Outcome {
-    match cfg.local.as_ref().map(|l| l.check(head, None, cfg.shadow)) {
-        Some(Local::Refuse(response, body)) => Outcome::Refuse(response, body),
-        Some(Local::Pass(delay)) if delay > 0 => Outcome::Pass(None, delay),
-        _ => Outcome::Skip,
+fn limits_only(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
+    let delay = match cfg.local.as_ref().map(|l| l.check(head, None, cfg.shadow)) {
+        Some(Local::Refuse(response, body)) => return Outcome::Refuse(response, body),
+        Some(Local::Pass(delay)) => delay,
+        None => 0,
+    };
+    match &cfg.shared {
+        Some(shared) => Outcome::Gated(None, gate(cfg, shared, head, None, delay)),
+        None if delay > 0 => Outcome::Pass(None, delay),
+        None => Outcome::Skip,
     }
 }
 
@@ -157,18 +194,19 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let cfg = &*self.config;
-        let (handle, delay) = match decide(cfg, RequestHead::of(&req)) {
-            Outcome::Skip => (None, 0),
+        let (handle, hold) = match decide(&self.config, RequestHead::of(&req)) {
+            Outcome::Skip => (None, None),
             Outcome::Refuse(parts, body) => {
                 return PlainFuture::rejected(Response::from_parts(parts, ResB::refusal(body)));
             }
-            Outcome::Pass(handle, delay) => (handle, delay),
+            Outcome::Pass(handle, delay) => (handle, hold_for(delay)),
+            Outcome::Gated(handle, hold) => (handle, Some(hold)),
         };
         if cfg.handler_usage {
             // Also without a user, so the handler's extractor never fails.
             req.extensions_mut().insert(Usage::new(handle));
         }
-        PlainFuture::passed(self.inner.call(req), delay)
+        PlainFuture::passed(self.inner.call(req), hold)
     }
 }
 
@@ -186,10 +224,11 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let cfg = &*self.config;
-        let (handle, delay) = match decide(cfg, RequestHead::of(&req)) {
-            Outcome::Skip => (None, 0),
+        let (handle, hold) = match decide(&self.config, RequestHead::of(&req)) {
+            Outcome::Skip => (None, None),
             Outcome::Refuse(parts, body) => return ResponseFuture::rejected(parts, body),
-            Outcome::Pass(handle, delay) => (handle, delay),
+            Outcome::Pass(handle, delay) => (handle, hold_for(delay)),
+            Outcome::Gated(handle, hold) => (handle, Some(hold)),
         };
         let meter = |r| {
             handle.clone().map(|handle| Meter {
@@ -204,6 +243,6 @@ where
             parts.extensions.insert(Usage::new(handle));
         }
         let req = Request::from_parts(parts, RequestBody::new(body, up));
-        ResponseFuture::passed(self.inner.call(req), down, delay)
+        ResponseFuture::passed(self.inner.call(req), down, hold)
     }
 }

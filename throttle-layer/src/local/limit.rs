@@ -151,6 +151,13 @@ impl LocalLimit {
         self
     }
 
+    /// The limit as a token bucket, for a shared limit: the rate, and
+    /// room for the burst and the request within the rate (`10r/s
+    /// burst=5` passes 6 at once, as nginx's `nodelay` would).
+    pub(crate) fn bucket_shape(&self) -> crate::bucket::Shape {
+        crate::bucket::Shape::per(self.rate, 1_000_000_000).capacity(self.burst.saturating_add(1))
+    }
+
     /// The limit in `limit_req`'s units.
     pub(crate) fn shape(&self) -> Shape {
         let burst = self.burst.saturating_mul(1000);
