@@ -38,6 +38,7 @@
 //! ```
 
 pub mod bucket;
+mod every_second;
 pub mod layer;
 pub mod local;
 pub mod reporter;

@@ -1,7 +1,8 @@
 //! `ThrottleLayer` in axum (through `oneshot`) and in a tonic server on a
 //! real socket.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
 use bytes::Bytes;
+use common::{amount, get_as};
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use throttle_clock::ManualClock;
@@ -32,15 +34,6 @@ fn quota(store: &SlotStore, json: &str) {
 /// A quota of no requests for alice in slot 100.
 const ALICE_HAS_NONE: &str = r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#;
 
-fn amount(usage: &BTreeMap<String, v1::Usage>, user: &str, resource: &str) -> i64 {
-    usage
-        .get("front")
-        .and_then(|u| u.users.get(user))
-        .and_then(|a| a.resources.get(resource))
-        .copied()
-        .unwrap_or(0)
-}
-
 fn builder(store: &SlotStore) -> throttle_layer::ThrottleLayerBuilder {
     ThrottleLayer::builder(store, "front").user(UserKey::header("x-user"))
 }
@@ -60,14 +53,6 @@ fn call_as_alice(method: Method, content_type: &str) -> Request<Body> {
 /// An app answering `GET /` with "hello".
 fn hello() -> Router {
     Router::new().route("/", get(|| async { "hello" }))
-}
-
-fn get_as(user: &str, uri: &str) -> Request<Body> {
-    Request::builder()
-        .uri(uri)
-        .header("x-user", user)
-        .body(Body::empty())
-        .unwrap()
 }
 
 #[tokio::test]

@@ -3,12 +3,15 @@
 //! what is refused, several limits together, and the central quota beside
 //! them.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
+use common::get_as;
 use http::{Request, StatusCode};
 use throttle_clock::ManualClock;
 use throttle_layer::local::LocalLimit;
@@ -28,14 +31,6 @@ fn app(limits: &[LocalLimit], store: &SlotStore) -> Router {
         .layer(layer.build().unwrap())
 }
 
-fn get_as(user: &str) -> Request<Body> {
-    Request::builder()
-        .uri("/")
-        .header("x-user", user)
-        .body(Body::empty())
-        .unwrap()
-}
-
 /// Sends `n` requests of `user` at the same instant; each one's status
 /// and how long after the start it was answered, in ms.
 async fn burst(app: &Router, user: &str, n: usize) -> Vec<(u16, u128)> {
@@ -43,7 +38,7 @@ async fn burst(app: &Router, user: &str, n: usize) -> Vec<(u16, u128)> {
     let calls = (0..n).map(|_| {
         let app = app.clone();
         async move {
-            let res = app.oneshot(get_as(user)).await.unwrap();
+            let res = app.oneshot(get_as(user, "/")).await.unwrap();
             (res.status().as_u16(), start.elapsed().as_millis())
         }
     });
@@ -72,7 +67,7 @@ async fn nodelay_passes_one_and_the_burst_at_once_and_refuses_the_rest() {
     let out = burst(&app, "alice", 100).await;
     assert_eq!(passed(&out), 6, "{out:?}");
     assert!(out.iter().all(|(_, ms)| *ms == 0), "none held: {out:?}");
-    let refused = app.clone().oneshot(get_as("alice")).await.unwrap();
+    let refused = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     let by = refused.headers()["throttle-refused-by"].to_str().unwrap();
     assert_eq!(by, "local; limit=\"10r/s burst=5 nodelay\"");
@@ -137,7 +132,7 @@ async fn the_central_quota_and_the_local_limit_both_decide_and_say_which_refused
     let app = app(&["10r/s burst=5 nodelay".parse().unwrap()], &store);
     let mut by = Vec::new();
     for _ in 0..8 {
-        let res = app.clone().oneshot(get_as("alice")).await.unwrap();
+        let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
         let who = match (
             res.status().as_u16(),
             res.headers().get("throttle-refused-by"),

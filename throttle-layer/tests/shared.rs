@@ -4,7 +4,8 @@
 //! is memory on a manual clock; `throttle-tests` runs the same over a real
 //! Redis and real nodes.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,13 +13,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
+use common::{amount, get_as};
 use http::{Request, StatusCode};
 use throttle_clock::ManualClock;
 use throttle_layer::bucket::MemoryStore;
 use throttle_layer::local::LocalLimit;
 use throttle_layer::store::SlotStore;
 use throttle_layer::{ThrottleLayer, UserKey};
-use throttle_proto::v1;
 use tower::ServiceExt;
 
 const T: i64 = 100_250;
@@ -66,24 +67,6 @@ impl Fleet {
     }
 }
 
-fn get_as(user: &str) -> Request<Body> {
-    Request::builder()
-        .uri("/")
-        .header("x-user", user)
-        .body(Body::empty())
-        .unwrap()
-}
-
-fn requests(r: &v1::Report, user: &str) -> i64 {
-    let usage: &BTreeMap<String, v1::Usage> = &r.consumption;
-    usage
-        .get("front")
-        .and_then(|u| u.users.get(user))
-        .and_then(|a| a.resources.get("requests"))
-        .copied()
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn nodes_on_one_store_share_one_bucket_per_key() {
     let fleet = Fleet::new(3);
@@ -92,7 +75,11 @@ async fn nodes_on_one_store_share_one_bucket_per_key() {
         .collect();
     let mut statuses = Vec::new();
     for i in 0..30 {
-        let res = apps[i % 3].clone().oneshot(get_as("alice")).await.unwrap();
+        let res = apps[i % 3]
+            .clone()
+            .oneshot(get_as("alice", "/"))
+            .await
+            .unwrap();
         statuses.push(res.status().as_u16());
     }
     // The burst and one, across the three nodes together.
@@ -106,18 +93,22 @@ async fn nodes_on_one_store_share_one_bucket_per_key() {
         6,
         "refused ones never reach the handler"
     );
-    let refused = apps[1].clone().oneshot(get_as("alice")).await.unwrap();
+    let refused = apps[1].clone().oneshot(get_as("alice", "/")).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     let by = refused.headers()["throttle-refused-by"].to_str().unwrap();
     assert_eq!(by, "shared; limit=\"10r/s burst=5\"");
     assert_eq!(refused.headers()["retry-after"], "1");
     // Another key has its own bucket; a second later, 10 more for alice.
-    let bob = apps[2].clone().oneshot(get_as("bob")).await.unwrap();
+    let bob = apps[2].clone().oneshot(get_as("bob", "/")).await.unwrap();
     assert_eq!(bob.status(), StatusCode::OK);
     fleet.clock.advance(Duration::from_secs(1));
     let mut later = 0;
     for i in 0..30 {
-        let res = apps[i % 3].clone().oneshot(get_as("alice")).await.unwrap();
+        let res = apps[i % 3]
+            .clone()
+            .oneshot(get_as("alice", "/"))
+            .await
+            .unwrap();
         later += usize::from(res.status() == StatusCode::OK);
     }
     assert_eq!(later, 6, "10 a second refill a bucket of 6");
@@ -131,7 +122,11 @@ async fn a_request_the_shared_limit_refuses_counts_nowhere() {
         fleet.app(1, "2r/s", &["100r/s burst=1 nodelay"], false),
     ];
     for i in 0..6 {
-        let _ = apps[i % 2].clone().oneshot(get_as("alice")).await.unwrap();
+        let _ = apps[i % 2]
+            .clone()
+            .oneshot(get_as("alice", "/"))
+            .await
+            .unwrap();
     }
     fleet.clock.set(T + 1000);
     // One passed on each node (the bucket holds 1: no burst); the two
@@ -139,7 +134,7 @@ async fn a_request_the_shared_limit_refuses_counts_nowhere() {
     let counted: i64 = fleet
         .stores
         .iter()
-        .map(|s| requests(&s.collect(100), "alice"))
+        .map(|s| amount(&s.collect(100).consumption, "alice", "requests"))
         .sum();
     assert_eq!(counted, 1);
     assert_eq!(fleet.served.load(Ordering::Relaxed), 1);
@@ -147,7 +142,7 @@ async fn a_request_the_shared_limit_refuses_counts_nowhere() {
     // burst=1 it passes two at an instant, so had they stayed in it, the
     // third of these would be the local limit's refusal, not the shared.
     for _ in 0..3 {
-        let res = apps[0].clone().oneshot(get_as("carol")).await.unwrap();
+        let res = apps[0].clone().oneshot(get_as("carol", "/")).await.unwrap();
         let by = res.headers().get("throttle-refused-by");
         assert!(
             by.is_none_or(|v| v.to_str().unwrap().starts_with("shared")),
@@ -161,7 +156,7 @@ async fn shadow_mode_counts_shared_refusals_but_refuses_nothing() {
     let fleet = Fleet::new(1);
     let app = fleet.app(0, "1r/s", &[], true);
     for _ in 0..5 {
-        let res = app.clone().oneshot(get_as("alice")).await.unwrap();
+        let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
     }
     assert_eq!(fleet.served.load(Ordering::Relaxed), 5);

@@ -86,10 +86,15 @@ impl Level {
         )))
     }
 
-    /// Whether the bucket is full at `now_us`: it holds nothing a new one
-    /// would not.
-    pub fn is_full(&self, shape: &Shape, now_us: u64) -> bool {
-        self.available(shape, now_us) >= shape.capacity_tokens()
+    /// When the bucket, left alone, is full again (µs): from then on it
+    /// holds nothing a new one would not, and may be forgotten (the Redis
+    /// script's `f`, its key's expiry).
+    pub fn full_at_us(&self, shape: &Shape) -> u64 {
+        let missing = shape.capacity_tokens().saturating_sub(self.tokens);
+        let ticks = missing.div_ceil(shape.quantum());
+        self.tick
+            .saturating_add(ticks)
+            .saturating_mul(shape.interval_us())
     }
 }
 
@@ -147,6 +152,11 @@ mod tests {
                 prop_assert_eq!(got.is_ok(), model.take(now, n));
                 prop_assert_eq!(level.available(&shape, now), model.tokens);
                 prop_assert!(model.tokens <= shape.capacity_tokens());
+                // Full again at `full_at_us`, and not a microsecond before.
+                let full = level.full_at_us(&shape);
+                let cap = shape.capacity_tokens();
+                prop_assert_eq!(level.available(&shape, full.max(now)), cap);
+                prop_assert!(full <= now || level.available(&shape, full - 1) < cap);
                 if n > shape.capacity_tokens() {
                     prop_assert_eq!(got, Err(Wait::TooMany));
                 }

@@ -205,14 +205,7 @@ fn take_from(e: &mut Entry, shape: &Shape, now_us: u64, n: u64) -> Result<(), Wa
     let mut level = e.level.unwrap_or_else(|| Level::full(shape, now_us));
     let taken = level.take(shape, now_us, n);
     e.level = Some(level);
-    let (tokens, tick) = level.parts();
-    let missing = shape.capacity_tokens().saturating_sub(tokens);
-    let fill = missing
-        .div_ceil(shape.quantum())
-        .saturating_mul(shape.interval_us());
-    e.full_at_us = tick
-        .saturating_mul(shape.interval_us())
-        .saturating_add(fill);
+    e.full_at_us = level.full_at_us(shape);
     taken
 }
 

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -14,6 +13,7 @@ use throttle_clock::Clock;
 use super::level::Wait;
 use super::shape::Shape;
 use super::store::{Store, StoreError};
+use crate::every_second::EverySecond;
 
 /// How long a decision waits for Redis unless told otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(5);
@@ -59,8 +59,8 @@ struct Inner {
     /// `None`: the server's clock.
     clock: Option<Arc<dyn Clock>>,
     fell_back: metrics::Counter,
-    /// The second the last fallback was logged in.
-    logged: AtomicU64,
+    /// Fallbacks are logged at most once a second.
+    logged: EverySecond,
 }
 
 impl fmt::Debug for RedisStore {
@@ -139,7 +139,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
                 clock: self.clock,
                 fell_back: metrics::counter!("throttle_bucket_unavailable_total", "store" => "redis", "decision" => label),
-                logged: AtomicU64::new(u64::MAX),
+                logged: EverySecond::default(),
             }),
         })
     }
@@ -181,10 +181,20 @@ impl RedisStore {
             invocation.arg(a);
         }
         let mut conn = self.conn.clone();
-        let call = invocation.invoke_async::<Value>(&mut conn);
+        numbers(
+            self.within(invocation.invoke_async::<Value>(&mut conn))
+                .await?,
+        )
+    }
+
+    /// `call`'s answer, or an error if it fails or takes longer than the
+    /// timeout.
+    async fn within<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.inner.timeout, call).await {
-            Ok(Ok(value)) => numbers(value),
-            Ok(Err(e)) => Err(StoreError(e.to_string())),
+            Ok(answer) => answer.map_err(|e| StoreError(e.to_string())),
             Err(_) => Err(StoreError(format!(
                 "no answer within {:?}",
                 self.inner.timeout
@@ -195,10 +205,7 @@ impl RedisStore {
     /// The fallback decision, counted and logged (once a second).
     fn fall_back(&self, error: &StoreError) -> Result<(), Wait> {
         self.inner.fell_back.increment(1);
-        let second = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if self.inner.logged.swap(second, Ordering::Relaxed) != second {
+        if self.inner.logged.due() {
             let decision = self.inner.unavailable;
             tracing::warn!(%error, ?decision, "redis bucket store unavailable; falling back");
         }
@@ -301,14 +308,7 @@ impl Store for RedisStore {
             let mut conn = self.conn.clone();
             let mut cmd = redis::cmd("HEXISTS");
             cmd.arg(key).arg("b");
-            let ask = cmd.query_async::<bool>(&mut conn);
-            match tokio::time::timeout(self.inner.timeout, ask).await {
-                Ok(answer) => answer.map_err(|e| StoreError(e.to_string())),
-                Err(_) => Err(StoreError(format!(
-                    "no answer within {:?}",
-                    self.inner.timeout
-                ))),
-            }
+            self.within(cmd.query_async::<bool>(&mut conn)).await
         }
     }
 }

@@ -97,18 +97,6 @@ impl Shape {
     pub(crate) fn interval_us(&self) -> u64 {
         self.interval_us
     }
-
-    /// How long an empty bucket takes to fill: after that long idle, a
-    /// bucket holds nothing a new one would not, and may be forgotten.
-    pub fn fill_time(&self) -> Duration {
-        Duration::from_micros(self.fill_us())
-    }
-
-    pub(crate) fn fill_us(&self) -> u64 {
-        self.capacity
-            .div_ceil(self.quantum)
-            .saturating_mul(self.interval_us)
-    }
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {

@@ -45,7 +45,7 @@ pub(crate) struct Config {
     /// Limits decided on this node alone, if any.
     pub(crate) local: Option<LocalZones>,
     /// Limits shared through a bucket store, if any.
-    pub(crate) shared: Option<SharedLimits>,
+    pub(crate) shared: Option<Arc<SharedLimits>>,
     /// The last refusal's headers, for the next with the same figures.
     pub(crate) refusals: RefusalCache,
     pub(crate) shadow_rejected: metrics::Counter,

@@ -272,7 +272,7 @@ impl<M> ThrottleLayerBuilder<M> {
             .transpose()?;
         let label = settings.service.clone();
         let local = LocalZones::new(settings.local, &label);
-        let shared = SharedLimits::new(settings.shared, &label);
+        let shared = SharedLimits::new(settings.shared, &label).map(Arc::new);
         Ok(ThrottleLayer {
             mode: PhantomData,
             config: Arc::new(Config {

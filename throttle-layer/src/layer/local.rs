@@ -2,11 +2,11 @@
 //! request, the longest hold kept, a refusal built.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::response::Parts;
 
-use super::refusal::refuse_local;
+use super::refusal::{Limiter, refuse_local};
+use crate::every_second::EverySecond;
 use crate::local::{LocalLimit, Verdict, Zone};
 use crate::user::RequestHead;
 use throttle_proto::MAX_NAME_LEN;
@@ -21,8 +21,8 @@ struct LocalZone {
     text: String,
     refused: metrics::Counter,
     delayed: metrics::Counter,
-    /// The second a refusal was last logged in.
-    logged: AtomicU64,
+    /// Refusals are logged at most once a second.
+    logged: EverySecond,
 }
 
 /// What the local limits decided for a request.
@@ -60,7 +60,7 @@ impl LocalZones {
                     zone,
                     refused: counter("refused"),
                     delayed: counter("delayed"),
-                    logged: AtomicU64::new(u64::MAX),
+                    logged: EverySecond::default(),
                     text,
                     limit,
                 }
@@ -173,19 +173,16 @@ pub(super) fn with_limit_key<R>(
     }
 }
 
-/// Logs that `limit` refused a request, at `level`, at most once a
-/// second (`logged` keeps the second of the last line).
-pub(super) fn log_refusal(level: tracing::Level, logged: &AtomicU64, now_ms: u64, limit: &str) {
-    let second = now_ms / 1000;
-    if logged.swap(second, Ordering::Relaxed) == second {
-        return;
-    }
+/// Logs that `limit` (a local or a shared one) refused a request, at
+/// `level`.
+pub(super) fn log_refusal(level: tracing::Level, by: Limiter, limit: &str) {
+    let by = by.name();
     match level {
-        tracing::Level::ERROR => tracing::error!(limit, "rate limit refused a request"),
-        tracing::Level::WARN => tracing::warn!(limit, "rate limit refused a request"),
-        tracing::Level::INFO => tracing::info!(limit, "rate limit refused a request"),
-        tracing::Level::DEBUG => tracing::debug!(limit, "rate limit refused a request"),
-        tracing::Level::TRACE => tracing::trace!(limit, "rate limit refused a request"),
+        tracing::Level::ERROR => tracing::error!(by, limit, "rate limit refused a request"),
+        tracing::Level::WARN => tracing::warn!(by, limit, "rate limit refused a request"),
+        tracing::Level::INFO => tracing::info!(by, limit, "rate limit refused a request"),
+        tracing::Level::DEBUG => tracing::debug!(by, limit, "rate limit refused a request"),
+        tracing::Level::TRACE => tracing::trace!(by, limit, "rate limit refused a request"),
     }
 }
 
@@ -198,6 +195,8 @@ impl LocalZone {
 
     /// Logs a refusal at the limit's level, at most once a second.
     fn log_refusal(&self, now_ms: u64) {
-        log_refusal(self.limit.log_level, &self.logged, now_ms, &self.text);
+        if self.logged.due_at(now_ms) {
+            log_refusal(self.limit.log_level, Limiter::Local, &self.text);
+        }
     }
 }

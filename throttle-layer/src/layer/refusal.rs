@@ -256,6 +256,16 @@ pub(crate) enum Limiter {
     Shared,
 }
 
+impl Limiter {
+    /// As `throttle-refused-by` and the logs name it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Limiter::Local => "local",
+            Limiter::Shared => "shared",
+        }
+    }
+}
+
 /// The refusal of a local or shared limit (`limit` in nginx's syntax),
 /// over gRPC if `grpc`.
 pub(crate) fn refuse_limit(
@@ -265,9 +275,9 @@ pub(crate) fn refuse_limit(
     by: Limiter,
     limit: &str,
 ) -> (Parts, &'static [u8]) {
-    let (name, message) = match by {
-        Limiter::Local => ("local", "rate limit exceeded: local limit"),
-        Limiter::Shared => ("shared", "rate limit exceeded: shared limit"),
+    let message = match by {
+        Limiter::Local => "rate limit exceeded: local limit",
+        Limiter::Shared => "rate limit exceeded: shared limit",
     };
     let (mut head, body) = plain_refusal_as(grpc, (status, HTTP_BODY), ("8", message));
     let h = &mut head.headers;
@@ -276,7 +286,7 @@ pub(crate) fn refuse_limit(
     } else {
         h.insert(RETRY_AFTER, number(retry_secs));
     }
-    let by = format!("{name}; limit={}", sf_string(limit));
+    let by = format!("{}; limit={}", by.name(), sf_string(limit));
     if let Ok(v) = HeaderValue::from_str(&by) {
         h.insert(REFUSED_BY, v);
     }

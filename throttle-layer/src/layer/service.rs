@@ -88,14 +88,21 @@ fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
                 return Outcome::Refuse(response, body);
             }
         }
-        if let Some(shared) = &cfg.shared {
-            return admit_shared(cfg, shared, head, user);
-        }
-        match &cfg.local {
-            None => admit(cfg, head, user, 0),
-            Some(local) => admit_local(cfg, local, head, user),
+        match &cfg.shared {
+            None => admit_here(cfg, head, user),
+            Some(shared) => admit_shared(cfg, shared, head, user),
         }
     })
+}
+
+/// What this node decides: the local limits, if any, and the central
+/// quota.
+#[inline]
+fn admit_here(cfg: &Config, head: RequestHead<'_>, user: &str) -> Outcome {
+    match &cfg.local {
+        None => admit(cfg, head, user, 0),
+        Some(local) => admit_local(cfg, local, head, user),
+    }
 }
 
 /// The local limits and the central quota, then, if they pass, the
@@ -103,15 +110,11 @@ fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
 #[inline(never)]
 fn admit_shared(
     cfg: &Arc<Config>,
-    shared: &SharedLimits,
+    shared: &Arc<SharedLimits>,
     head: RequestHead<'_>,
     user: &str,
 ) -> Outcome {
-    let outcome = match &cfg.local {
-        None => admit(cfg, head, user, 0),
-        Some(local) => admit_local(cfg, local, head, user),
-    };
-    match outcome {
+    match admit_here(cfg, head, user) {
         Outcome::Pass(handle, delay) => {
             Outcome::Gated(handle, gate(cfg, shared, head, Some(user), delay))
         }

@@ -5,7 +5,6 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use http::response::Parts;
@@ -15,6 +14,7 @@ use super::future::Hold;
 use super::local::{log_refusal, with_limit_key};
 use super::refusal::{Limiter, is_grpc, refuse_limit};
 use crate::bucket::{Shape, Store, Wait};
+use crate::every_second::EverySecond;
 use crate::local::LocalLimit;
 use crate::user::RequestHead;
 
@@ -42,7 +42,8 @@ struct SharedLimit {
     /// nginx's form of the limit, for refusals and logs.
     text: Arc<str>,
     refused: metrics::Counter,
-    logged: AtomicU64,
+    /// Refusals are logged at most once a second.
+    logged: EverySecond,
 }
 
 /// A limit as given to the builder, before the layer is built.
@@ -81,7 +82,7 @@ impl SharedLimits {
                 SharedLimit {
                     refused: metrics::counter!("throttle_shared_decisions_total", "service" => service.to_owned(), "limit" => text.to_string(), "decision" => "refused"),
                     shape: limit.bucket_shape(),
-                    logged: AtomicU64::new(u64::MAX),
+                    logged: EverySecond::default(),
                     store,
                     limit,
                     text,
@@ -122,7 +123,7 @@ impl Refund {
 #[inline(never)]
 pub(crate) fn gate(
     cfg: &Arc<Config>,
-    shared: &SharedLimits,
+    shared: &Arc<SharedLimits>,
     head: RequestHead<'_>,
     user: Option<&str>,
     delay_ms: u64,
@@ -141,18 +142,17 @@ pub(crate) fn gate(
             .unwrap_or_default(),
     };
     let grpc = is_grpc(head);
-    let cfg = cfg.clone();
+    let (cfg, shared) = (cfg.clone(), shared.clone());
     Hold::gate(async move {
-        let Some(shared) = &cfg.shared else {
-            return None;
-        };
         for (l, key) in shared.limits.iter().zip(keys) {
             let Some(key) = key else { continue };
             let Err(wait) = l.store.take(shared.service.clone(), key, l.shape).await else {
                 continue;
             };
             l.refused.increment(1);
-            log_refusal(l.limit.log_level, &l.logged, now_ms(), &l.text);
+            if l.logged.due() {
+                log_refusal(l.limit.log_level, Limiter::Shared, &l.text);
+            }
             if cfg.shadow {
                 continue;
             }
@@ -171,12 +171,6 @@ pub(crate) fn gate(
         }
         None::<(Parts, &'static [u8])>
     })
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Seconds to tell the client to wait: the bucket's answer, else one
