@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use throttle_clock::ManualClock;
-use throttle_layer::bucket::{MemoryStore, RedisStore, Shape, Store, Unavailable, Wait};
+use throttle_layer::bucket::{
+    Buckets, Levels, MemoryStore, RedisStore, Scope, Shape, Store, Unavailable, Wait,
+};
 use throttle_tests::buckets;
 use throttle_tests::servers::Redis;
 
@@ -138,5 +140,59 @@ fn an_unreachable_redis_falls_back_within_the_timeout() {
             }
             assert!(store.is_blocked("api", "alice").await.is_err());
         }
+    });
+}
+
+#[test]
+fn levels_hold_a_cluster_bucket_in_redis_across_processes() {
+    let Some(redis) = Redis::start("levels_hold_a_cluster_bucket_in_redis_across_processes") else {
+        return;
+    };
+    runtime().block_on(async {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        // Two processes: each its own memory for users and services, one
+        // Redis for the cluster (12 a second for all). alice and bob fill
+        // their users' buckets; carol meets her process's service (5 + 2
+        // of 7); dave, in the other process, meets the cluster's (12).
+        let process = || {
+            let cluster = RedisStore::builder(redis.url())
+                .clock(clock.clone())
+                .timeout(Duration::from_secs(5))
+                .unavailable(Unavailable::Deny)
+                .build()
+                .expect("store");
+            Levels::new(MemoryStore::with_clock(clock.clone()))
+                .user(Shape::per_second(5))
+                .service(Shape::per_second(7))
+                .cluster(Buckets::new(cluster, "cluster", Shape::per_second(12)))
+        };
+        let (a, b) = (process(), process());
+        let mut by = std::collections::BTreeMap::new();
+        for (levels, user) in [(&a, "alice"), (&b, "bob"), (&b, "carol"), (&a, "dave")] {
+            for _ in 0..6 {
+                let scope = match levels.try_acquire("api", user, 1).await {
+                    Ok(()) => "admitted",
+                    Err(r) if r.scope == Scope::User => "user",
+                    Err(r) if r.scope == Scope::Service => "service",
+                    Err(_) => "cluster",
+                };
+                *by.entry((user, scope)).or_insert(0) += 1;
+            }
+        }
+        let got: Vec<_> = by.into_iter().collect();
+        assert_eq!(
+            got,
+            [
+                (("alice", "admitted"), 5),
+                (("alice", "user"), 1),
+                (("bob", "admitted"), 5),
+                (("bob", "user"), 1),
+                (("carol", "admitted"), 2),
+                (("carol", "service"), 4),
+                (("dave", "cluster"), 6),
+            ],
+            "users 5, services 7 a process, the cluster 12 for both"
+        );
+        assert_eq!(a.available("api", "dave").await.expect("available"), 0);
     });
 }

@@ -1,7 +1,8 @@
 //! [`EverySecond`]: a repeated event's log line, at most once a second.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+
+use throttle_clock::CoarseClock;
 
 /// Opens at most once a second: what a flood repeats (refusals, a store
 /// that is down) is logged once a second, not once an event.
@@ -27,10 +28,10 @@ impl EverySecond {
         self.last.swap(second, Ordering::Relaxed) != second
     }
 
-    /// [`EverySecond::due_at`] the system clock's time.
+    /// [`EverySecond::due_at`] the kernel's coarse monotonic time: a few
+    /// ns, so a flood of refusals does not pay for reading a precise clock.
     pub(crate) fn due(&self) -> bool {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH);
-        self.due_at(now.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+        self.due_at(CoarseClock::monotonic_ms())
     }
 }
 

@@ -43,11 +43,13 @@ pub mod layer;
 pub mod local;
 pub mod reporter;
 pub mod store;
+mod tokio_clock;
 pub mod usage;
 pub mod user;
 
 pub use layer::{Throttle, ThrottleLayer, ThrottleLayerBuilder};
 pub use reporter::Reporter;
 pub use store::{Fallback, SlotStore};
+pub use tokio_clock::TokioClock;
 pub use usage::Usage;
 pub use user::{MissingUser, RequestHead, UserKey};

@@ -16,15 +16,21 @@ use http::{Request, StatusCode};
 use throttle_clock::ManualClock;
 use throttle_layer::local::LocalLimit;
 use throttle_layer::store::SlotStore;
-use throttle_layer::{ThrottleLayer, UserKey};
+use throttle_layer::{ThrottleLayer, TokioClock, UserKey};
 use throttle_proto::legacy::quota_from_json;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+/// `limit` reading tokio's clock, so it drains only as the paused time
+/// advances.
+fn paused(limit: LocalLimit) -> LocalLimit {
+    limit.clock(Arc::new(TokioClock::new()))
+}
+
 fn app(limits: &[LocalLimit], store: &SlotStore) -> Router {
     let mut layer = ThrottleLayer::builder(store, "front").user(UserKey::header("x-user"));
     for l in limits {
-        layer = layer.local_limit(l.clone());
+        layer = layer.local_limit(paused(l.clone()));
     }
     Router::new()
         .route("/", get(|| async { "ok" }))
@@ -166,7 +172,7 @@ async fn shadow_mode_counts_local_refusals_but_neither_refuses_nor_holds() {
     let store = SlotStore::default();
     let layer = ThrottleLayer::builder(&store, "front")
         .user(UserKey::header("x-user"))
-        .local_limit("1r/s".parse().unwrap())
+        .local_limit(paused("1r/s".parse().unwrap()))
         .shadow(true)
         .build()
         .unwrap();
@@ -201,7 +207,7 @@ fn the_nginx_syntax_is_read_and_bad_limits_are_refused_with_why() {
 #[tokio::test(start_paused = true)]
 async fn clones_of_one_limit_share_its_zone_across_routes() {
     let store = SlotStore::default();
-    let limit: LocalLimit = "1r/s burst=1 nodelay".parse().unwrap();
+    let limit = paused("1r/s burst=1 nodelay".parse().unwrap());
     let layer = |l: &LocalLimit| {
         ThrottleLayer::builder(&store, "front")
             .user(UserKey::header("x-user"))

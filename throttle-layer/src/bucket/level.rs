@@ -86,6 +86,12 @@ impl Level {
         )))
     }
 
+    /// Puts back `n` tokens taken (what they were taken for did not
+    /// happen), up to the capacity.
+    pub fn give_back(&mut self, shape: &Shape, n: u64) {
+        self.tokens = self.tokens.saturating_add(n).min(shape.capacity_tokens());
+    }
+
     /// When the bucket, left alone, is full again (µs): from then on it
     /// holds nothing a new one would not, and may be forgotten (the Redis
     /// script's `f`, its key's expiry).

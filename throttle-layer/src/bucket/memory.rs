@@ -139,6 +139,19 @@ impl MemoryStore {
         })
     }
 
+    /// Puts back `n` tokens of the bucket of `key` in `service`, up to its
+    /// capacity (a take whose request a later limit refused).
+    pub fn give_back(&self, service: &str, key: &str, shape: &Shape, n: u64) {
+        self.with_shard(service, key, |shard, name| {
+            if let Some(e) = shard.entries.get_mut(name)
+                && let Some(level) = &mut e.level
+            {
+                level.give_back(shape, n);
+                e.full_at_us = level.full_at_us(shape);
+            }
+        });
+    }
+
     /// [`Store::available`], at once.
     pub fn level(&self, service: &str, key: &str, shape: &Shape) -> u64 {
         let now = self.now_us();

@@ -13,7 +13,9 @@
 //! - `store`: the [`Store`] trait;
 //! - `memory`: [`MemoryStore`], sharded maps in this process;
 //! - `redis`: `RedisStore`, one Lua script per decision;
-//! - `buckets`: [`Buckets`] and [`Bucket`], the API over a store.
+//! - `buckets`: [`Buckets`] and [`Bucket`], the API over a store;
+//! - `levels`: [`Levels`], a user's, its service's and the cluster's
+//!   buckets asked together.
 //!
 //! The layer's shared limits
 //! ([`ThrottleLayerBuilder::shared_limit`](crate::ThrottleLayerBuilder::shared_limit))
@@ -21,6 +23,7 @@
 
 mod buckets;
 mod level;
+mod levels;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -29,6 +32,7 @@ mod store;
 
 pub use buckets::{Bucket, Buckets};
 pub use level::{Level, Wait};
+pub use levels::{Levels, Refused, Scope};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_TIMEOUT, RedisStore, RedisStoreBuilder, Unavailable};

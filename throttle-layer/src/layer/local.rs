@@ -37,9 +37,6 @@ pub(crate) enum Local {
 #[derive(Debug)]
 pub(crate) struct LocalZones {
     zones: Box<[LocalZone]>,
-    /// Where the zones' milliseconds count from: tokio's clock, so a test
-    /// that pauses time moves the limits too.
-    start: tokio::time::Instant,
 }
 
 impl LocalZones {
@@ -66,24 +63,16 @@ impl LocalZones {
                 }
             })
             .collect();
-        Some(Self {
-            zones,
-            start: tokio::time::Instant::now(),
-        })
-    }
-
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+        Some(Self { zones })
     }
 
     /// Accounts the request of `user` (none: only limits with keys of
     /// their own apply) in every zone. Refused by one, it is taken back
     /// from those before; in `shadow` mode nothing is refused nor held.
     pub(crate) fn check(&self, head: RequestHead<'_>, user: Option<&str>, shadow: bool) -> Local {
-        let now = self.now_ms();
         let mut delay = 0;
         for (i, z) in self.zones.iter().enumerate() {
-            match with_key(z, head, user, |key| z.zone.account(key, now)) {
+            match with_key(z, head, user, |key| z.zone.account(key)) {
                 Some(Verdict::Pass) | None => {}
                 Some(Verdict::Delay(ms)) => {
                     z.delayed.increment(1);
@@ -91,7 +80,7 @@ impl LocalZones {
                 }
                 Some(Verdict::Reject) => {
                     z.refused.increment(1);
-                    z.log_refusal(now);
+                    z.log_refusal();
                     if shadow {
                         continue;
                     }
@@ -194,8 +183,8 @@ impl LocalZone {
     }
 
     /// Logs a refusal at the limit's level, at most once a second.
-    fn log_refusal(&self, now_ms: u64) {
-        if self.logged.due_at(now_ms) {
+    fn log_refusal(&self) {
+        if self.logged.due() {
             log_refusal(self.limit.log_level, Limiter::Local, &self.text);
         }
     }

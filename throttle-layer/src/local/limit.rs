@@ -5,9 +5,10 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
 use http::StatusCode;
+use throttle_clock::Clock;
 
 use super::excess::Shape;
-use super::zone::Zone;
+use super::zone::{Zone, ZoneClock};
 use crate::user::UserKey;
 
 /// Keys a zone holds unless [`LocalLimit::zone_size`] says otherwise:
@@ -41,6 +42,7 @@ pub struct LocalLimit {
     pub(crate) zone_size: usize,
     pub(crate) status: StatusCode,
     pub(crate) log_level: tracing::Level,
+    clock: ZoneClock,
     /// The zone, made by the first layer built with this limit (or a
     /// clone of it).
     zone: Arc<OnceLock<Arc<Zone>>>,
@@ -68,6 +70,7 @@ impl LocalLimit {
             zone_size: DEFAULT_ZONE_SIZE,
             status: StatusCode::TOO_MANY_REQUESTS,
             log_level: tracing::Level::WARN,
+            clock: ZoneClock::default(),
             zone: Arc::default(),
         }
     }
@@ -77,7 +80,8 @@ impl LocalLimit {
         let make = || {
             let evicted =
                 metrics::counter!("throttle_local_evicted_busy_total", "limit" => self.to_string());
-            Arc::new(Zone::new(self.shape(), self.zone_size, evicted))
+            let clock = self.clock.clone();
+            Arc::new(Zone::new(self.shape(), self.zone_size, clock, evicted))
         };
         self.zone.get_or_init(make).clone()
     }
@@ -135,6 +139,17 @@ impl LocalLimit {
     pub fn zone_size(mut self, n: usize) -> Self {
         self = self.own();
         self.zone_size = n.max(1);
+        self
+    }
+
+    /// Reads `clock` instead of the kernel's coarse monotonic clock (of a
+    /// tick's resolution, 1 to 10 ms, as nginx's cached time): for tests
+    /// that drive time themselves, such as
+    /// [`TokioClock`](crate::TokioClock) under `tokio::time::pause()`.
+    /// Only differences of its readings count.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self = self.own();
+        self.clock = ZoneClock::Given(clock);
         self
     }
 

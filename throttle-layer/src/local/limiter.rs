@@ -14,22 +14,17 @@ use super::zone::Zone;
 #[derive(Debug, Clone)]
 pub struct Limiter {
     zone: Arc<Zone>,
-    start: tokio::time::Instant,
 }
 
 impl Limiter {
     /// The limiter of `limit`.
     pub fn new(limit: &LocalLimit) -> Self {
-        Self {
-            zone: limit.zone(),
-            start: tokio::time::Instant::now(),
-        }
+        Self { zone: limit.zone() }
     }
 
     /// Accounts one request of `key` now.
     #[inline]
     pub fn check(&self, key: &str) -> Verdict {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.zone.account(key, now)
+        self.zone.account(key)
     }
 }

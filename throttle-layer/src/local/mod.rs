@@ -12,11 +12,13 @@
 //! where the quota's names its resource in `RateLimit-Policy`.
 //!
 //! - `excess`: the arithmetic, sans IO ([`Verdict`]);
-//! - `zone`: the keys' states, sharded, least recently used evicted;
+//! - `keys`: one shard of a zone's keys, bounded, CLOCK-evicted;
+//! - `zone`: the keys' states, sharded, and the clock they are read by;
 //! - `limit`: [`LocalLimit`] and its nginx syntax;
 //! - `limiter`: [`Limiter`], one limit's decisions without the layer.
 
 mod excess;
+mod keys;
 mod limit;
 mod limiter;
 mod zone;
