@@ -137,6 +137,18 @@ impl Clock for CoarseClock {
     }
 }
 
+/// Milliseconds on the kernel's coarse monotonic clock
+/// ([`CoarseClock::monotonic_ms`]): not Unix time, but never set back,
+/// for deadlines that must hold whatever the system clock does.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MonotonicClock;
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> i64 {
+        i64::try_from(CoarseClock::monotonic_ms()).unwrap_or(i64::MAX)
+    }
+}
+
 /// A clock that only moves when told to; for tests and simulations.
 #[derive(Debug, Default)]
 pub struct ManualClock {

@@ -5,7 +5,7 @@
 
 pub mod buckets;
 pub mod hierarchy;
-pub mod servers;
+pub use throttle_test_servers as servers;
 pub mod sim;
 
 use std::net::SocketAddr;

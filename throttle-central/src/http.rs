@@ -196,5 +196,13 @@ async fn metrics(State(state): State<HttpState>) -> Response {
 }
 
 async fn healthz(State(state): State<HttpState>) -> Response {
-    axum::Json(json!({"status": "ok", "leader": state.leadership.is_leader()})).into_response()
+    let l = &state.leadership;
+    axum::Json(json!({
+        "status": "ok",
+        "leader": l.is_leader(),
+        "role": l.role(),
+        "leader_address": l.leader(),
+        "epoch": l.epoch(),
+    }))
+    .into_response()
 }

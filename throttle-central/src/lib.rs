@@ -25,6 +25,7 @@
 pub mod assigner;
 pub mod bucket;
 mod central;
+pub mod election;
 mod http;
 pub mod keys;
 pub mod leadership;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use throttle_central::Central;
+use throttle_central::election::{ElectionConfig, Running};
 use throttle_central::keys::NodeKeys;
 use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::FileLimits;
@@ -76,6 +77,26 @@ struct Args {
     #[arg(long, env = "THROTTLE_CENTRAL_MAX_NODE_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     max_node_connections: u32,
     /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
+    /// etcd's client URLs, comma-separated: elect one leader among the
+    /// centrals of one `--election` (without it, this central leads alone).
+    #[arg(
+        long,
+        env = "THROTTLE_CENTRAL_ETCD",
+        value_delimiter = ',',
+        requires = "advertise"
+    )]
+    etcd: Vec<String>,
+    /// The gRPC address nodes dial to reach this central
+    /// (`http://10.0.0.2:7075`), told by standbys to nodes.
+    #[arg(long, env = "THROTTLE_CENTRAL_ADVERTISE")]
+    advertise: Option<String>,
+    /// The election's name: centrals of one name elect one leader.
+    #[arg(long, env = "THROTTLE_CENTRAL_ELECTION", default_value = "default")]
+    election: String,
+    /// The leader's etcd lease TTL, in seconds: how long the centrals go
+    /// without a leader after the leader dies.
+    #[arg(long, env = "THROTTLE_CENTRAL_LEASE_TTL", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=600))]
+    lease_ttl: u64,
     #[arg(long, env = "THROTTLE_CENTRAL_LOG", default_value = "info")]
     log: String,
 }
@@ -149,11 +170,37 @@ async fn main() -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(args.http)
         .await
         .with_context(|| format!("binding HTTP address {}", args.http))?;
+    let election = election(&args)?;
+    if let Some(running) = &election {
+        builder = builder.leadership(running.elected.clone());
+    }
     let central = builder.spawn(grpc, Some(http))?;
     shutdown.await;
     tracing::info!("shutting down");
+    if let Some(running) = election {
+        running.resign().await;
+    }
     central.shutdown().await;
     Ok(())
+}
+
+/// The campaign for leadership, with `--etcd`.
+fn election(args: &Args) -> anyhow::Result<Option<Running>> {
+    if args.etcd.is_empty() {
+        return Ok(None);
+    }
+    let advertise = args.advertise.as_deref().unwrap_or_default();
+    anyhow::ensure!(
+        advertise.starts_with("http://") || advertise.starts_with("https://"),
+        "--advertise must be a URL nodes can dial, such as http://10.0.0.2:7075, not {advertise:?}"
+    );
+    let config = ElectionConfig {
+        endpoints: args.etcd.clone(),
+        name: args.election.clone(),
+        ttl: std::time::Duration::from_secs(args.lease_ttl),
+    };
+    tracing::info!(etcd = ?args.etcd, election = %args.election, %advertise, "leader election on etcd");
+    Ok(Some(Running::start(config, advertise)))
 }
 
 /// Resolves on SIGINT or SIGTERM. The handlers are registered when this is

@@ -148,6 +148,9 @@ impl CentralService {
         signed: Option<String>,
         tx: Outgoing,
     ) {
+        // Taken before the Welcome: a leadership lost from here on ends
+        // the stream.
+        let mut deposed = self.leadership.deposed();
         let opened = self.open(&mut inbound, addr, signed, &tx).await;
         let Some((conn, node_id, ahead)) = opened else {
             return;
@@ -158,6 +161,10 @@ impl CentralService {
                 // The response stream is gone (closed by the central node):
                 // stop reading, so the connection can wind down.
                 () = tx.closed() => break,
+                () = &mut deposed => {
+                    self.send_not_leader(&tx).await;
+                    break;
+                }
             };
             let status = match next {
                 None => break,
@@ -183,6 +190,13 @@ impl CentralService {
             break;
         }
         let _ = self.commands.send(Command::Disconnect { conn }).await;
+    }
+
+    /// Tells the node this central does not lead (any more), and who does.
+    async fn send_not_leader(&self, tx: &Outgoing) {
+        let leader = self.leadership.leader().unwrap_or_default();
+        let not_leader = central_message::Kind::NotLeader(v1::NotLeader { leader });
+        let _ = tx.send(message(not_leader)).await;
     }
 
     /// Reads the stream's Hello, welcomes the node and registers the
@@ -211,7 +225,7 @@ impl CentralService {
         };
         let welcome = central_message::Kind::Welcome(v1::Welcome {
             slot_ms: self.slot.as_ms(),
-            epoch: 0,
+            epoch: self.leadership.epoch(),
             accepts: vec![PACKED_REPORTS.to_owned()],
         });
         // Welcome goes out before the stream is registered for pushes.
@@ -242,9 +256,7 @@ impl CentralService {
         bytes: bytes::Bytes,
     ) -> Flow {
         if !self.leadership.is_leader() {
-            let leader = self.leadership.leader().unwrap_or_default();
-            let not_leader = central_message::Kind::NotLeader(v1::NotLeader { leader });
-            let _ = tx.send(message(not_leader)).await;
+            self.send_not_leader(tx).await;
             return Flow::Stop;
         }
         let report = match Received::read(bytes, self.config.max_users_per_report) {

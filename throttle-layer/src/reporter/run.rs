@@ -44,6 +44,9 @@ pub(super) struct Run {
     pub(super) status: watch::Sender<ReporterStatus>,
     /// The last "cannot reach" warning, said once until it changes.
     pub(super) unreachable: Repeats,
+    /// The newest leadership epoch a central welcomed this node under: a
+    /// central of an older one is a deposed leader, not followed.
+    pub(super) epoch: u64,
 }
 
 /// The shortest life of a stream closed to announce a new service: an app
@@ -110,6 +113,7 @@ impl ReporterBuilder {
             packed_reports: false,
             status: status_tx,
             unreachable: Repeats::default(),
+            epoch: 0,
         };
         let mut run = run;
         run.schedule();
@@ -248,7 +252,16 @@ impl Run {
                 }
             };
             match opened {
-                Ok(Opened::Stream(tx, inbound, packed_reports)) => {
+                Ok(Opened::Stream(_, _, _, epoch)) if epoch != 0 && epoch < self.epoch => {
+                    // A deposed leader that has not noticed yet: its
+                    // quotas are older than the ones already taken. (0: a
+                    // central without an election, never deposed.)
+                    counter!("throttle_reporter_stale_leader_total").increment(1);
+                    tracing::warn!(%endpoint, epoch, newer = self.epoch, "central's leadership is older than one already seen; trying the next");
+                    self.current = (self.current + 1) % self.cfg.endpoints.len();
+                }
+                Ok(Opened::Stream(tx, inbound, packed_reports, epoch)) => {
+                    self.epoch = epoch;
                     backoff = self.cfg.backoff_min;
                     self.unreachable.clear();
                     self.packed_reports = packed_reports;

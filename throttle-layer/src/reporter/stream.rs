@@ -12,8 +12,14 @@ use tonic::transport::Endpoint;
 use super::builder::ReporterError;
 
 pub(super) enum Opened {
-    /// A stream, and whether its central reads packed reports.
-    Stream(mpsc::Sender<Inbound>, Box<tonic::Streaming<Answer>>, bool),
+    /// A stream, whether its central reads packed reports, and its
+    /// leadership's epoch.
+    Stream(
+        mpsc::Sender<Inbound>,
+        Box<tonic::Streaming<Answer>>,
+        bool,
+        u64,
+    ),
     Redirect(String),
 }
 
@@ -85,7 +91,7 @@ pub(super) async fn open(
                 .accepts
                 .iter()
                 .any(|a| a == throttle_proto::PACKED_REPORTS);
-            Ok(Opened::Stream(tx, Box::new(inbound), packed))
+            Ok(Opened::Stream(tx, Box::new(inbound), packed, w.epoch))
         }
         Some(Answer::NotLeader(nl)) => Ok(Opened::Redirect(nl.leader)),
         _ => Err(OpenError::NoWelcome),

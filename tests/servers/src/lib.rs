@@ -1,4 +1,4 @@
-//! Real servers the tests start from the binaries on `PATH` (Redis), each
+//! Real servers the tests start from the binaries on `PATH` (Redis, etcd), each
 //! on a 127.0.0.1 ephemeral port with a temporary directory, stopped when
 //! dropped. Without the binary a test skips, saying why, unless
 //! `THROTTLE_REQUIRE_SERVERS=1` (as CI sets), where it fails.
@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 /// Whether `binary` is on `PATH`; if not, panics under
 /// `THROTTLE_REQUIRE_SERVERS=1`, else prints that `test` is skipped.
 pub fn available(binary: &str, test: &str) -> bool {
+    let package = match binary {
+        "etcd" => "etcd-server",
+        other => other,
+    };
     let found = std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(binary).is_file()));
     if found {
@@ -23,7 +27,7 @@ pub fn available(binary: &str, test: &str) -> bool {
         "{test}: `{binary}` is not on PATH and THROTTLE_REQUIRE_SERVERS=1"
     );
     eprintln!(
-        "SKIPPED {test}: `{binary}` is not on PATH (install it, e.g. `apt-get install {binary}`, to run this test)"
+        "SKIPPED {test}: `{binary}` is not on PATH (install it, e.g. `apt-get install {package}`, to run this test)"
     );
     false
 }
@@ -131,5 +135,57 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A one-member `etcd` cluster with its data in a temporary directory.
+#[derive(Debug)]
+pub struct Etcd {
+    child: Child,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl Etcd {
+    /// Starts one, or `None` (skipped) if the binary is missing.
+    pub fn start(test: &str) -> Option<Self> {
+        if !available("etcd", test) {
+            return None;
+        }
+        let (port, peer) = (free_port(), free_port());
+        let dir = TempDir::new("etcd");
+        let client = format!("http://127.0.0.1:{port}");
+        let peer = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .args(["--name", "test", "--log-level", "error"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd starts");
+        wait_listening(SocketAddr::from(([127, 0, 0, 1], port)));
+        Some(Self {
+            child,
+            port,
+            _dir: dir,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`, its client URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
