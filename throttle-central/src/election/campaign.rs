@@ -117,11 +117,8 @@ impl Campaign {
                 () = stopped(&mut stop) => return self.resign().await,
             };
             if let Err(e) = ended {
-                self.elected.follow(None);
-                metrics::counter!("throttle_central_election_errors_total").increment(1);
-                if let Some(skipped) = FAILED.allow_now() {
-                    tracing::warn!(error = %e, skipped, "leader election: term ended");
-                }
+                // The term has stood this central by already.
+                failed("term ended", &e);
                 at += 1;
             }
             tokio::select! {
@@ -140,13 +137,11 @@ impl Campaign {
             return;
         }
         for endpoint in &self.config.endpoints {
-            if let Ok(channel) = connect(endpoint).await {
-                let mut client = LeaseClient::new(channel);
-                let revoke = client.lease_revoke(LeaseRevokeRequest { id });
-                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(500), revoke).await {
-                    tracing::info!("resigned leadership");
-                    return;
-                }
+            if let Ok(channel) = connect(endpoint).await
+                && revoke(&mut LeaseClient::new(channel), id).await
+            {
+                tracing::info!("resigned leadership");
+                return;
             }
         }
     }
@@ -158,8 +153,7 @@ impl Campaign {
         // Whatever ended the term, its lease goes now rather than at its
         // TTL: the key it holds would keep every other central waiting.
         self.elected.follow(None);
-        let revoke = term.lease.lease_revoke(LeaseRevokeRequest { id: term.id });
-        let _ = tokio::time::timeout(Duration::from_millis(500), revoke).await;
+        revoke(&mut term.lease, term.id).await;
         self.lease.store(0, Ordering::Relaxed);
         ended
     }
@@ -231,10 +225,7 @@ impl Campaign {
                     return Err(e);
                 }
                 term.alive = None;
-                metrics::counter!("throttle_central_election_errors_total").increment(1);
-                if let Some(skipped) = FAILED.allow_now() {
-                    tracing::warn!(error = %e, skipped, "leader election: beat failed");
-                }
+                failed("beat failed", &e);
             }
             tokio::time::sleep(self.beat()).await;
         }
@@ -302,6 +293,23 @@ impl Campaign {
             _ => Err(TermError::LeaseLost),
         }
     }
+}
+
+/// Counts a failure of the election and logs it (at most once a second).
+fn failed(what: &'static str, error: &TermError) {
+    metrics::counter!("throttle_central_election_errors_total").increment(1);
+    if let Some(skipped) = FAILED.allow_now() {
+        tracing::warn!(%error, skipped, "leader election: {what}");
+    }
+}
+
+/// Gives lease `id` back, waiting at most 500 ms; whether etcd took it.
+async fn revoke(lease: &mut LeaseClient<Channel>, id: i64) -> bool {
+    let revoked = lease.lease_revoke(LeaseRevokeRequest { id });
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), revoked).await,
+        Ok(Ok(_))
+    )
 }
 
 /// Resolves once `stop` turns true (or its sender is gone).

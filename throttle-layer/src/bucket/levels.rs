@@ -30,9 +30,9 @@ pub struct Refused {
     pub wait: Wait,
 }
 
-/// The key the service level's buckets live under in memory (a service
-/// name is their key): no user's service is named so, as names are
-/// checked printable.
+/// The service the service level's buckets live under in memory, each
+/// keyed by the service it limits: a name beginning with a NUL byte, so
+/// that it is no service a caller names.
 const SERVICE_LEVEL: &str = "\u{0}service";
 
 /// A user's bucket and its service's in this process's memory, and the
@@ -113,13 +113,16 @@ impl<S: Store> Levels<S> {
     /// none: the first level without them says why ([`Refused`]).
     pub async fn try_acquire(&self, service: &str, user: &str, n: u64) -> Result<(), Refused> {
         let refused = |scope| move |wait| Refused { scope, wait };
-        if self.memory.blocked(service, user) {
-            return Err(refused(Scope::User)(Wait::Blocked));
-        }
-        if let Some(shape) = &self.user {
-            self.memory
+        match &self.user {
+            // The user's bucket answers for its block mark too.
+            Some(shape) => self
+                .memory
                 .take(service, user, shape, n)
-                .map_err(refused(Scope::User))?;
+                .map_err(refused(Scope::User))?,
+            None if self.memory.blocked(service, user) => {
+                return Err(refused(Scope::User)(Wait::Blocked));
+            }
+            None => {}
         }
         if let Some(shape) = &self.service {
             let taken = self.memory.take(SERVICE_LEVEL, service, shape, n);

@@ -55,21 +55,25 @@ impl Keys {
         self.entries.len()
     }
 
+    /// The entry of `key` (of hash `hash`).
+    #[inline]
+    fn entry(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        let entries = &self.entries;
+        let at = *self.index.find(hash, |&i| entries[i as usize].key == key)?;
+        self.entries.get_mut(at as usize)
+    }
+
     /// The state of `key` (of hash `hash`), marked used.
     #[inline]
     pub(crate) fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Excess> {
-        let entries = &mut self.entries;
-        let at = *self.index.find(hash, |&i| entries[i as usize].key == key)?;
-        let entry = &mut entries[at as usize];
+        let entry = self.entry(hash, key)?;
         entry.used = true;
         Some(&mut entry.state)
     }
 
     /// The state of `key`, not marked used.
     pub(crate) fn peek_mut(&mut self, hash: u64, key: &str) -> Option<&mut Excess> {
-        let entries = &mut self.entries;
-        let at = *self.index.find(hash, |&i| entries[i as usize].key == key)?;
-        Some(&mut entries[at as usize].state)
+        self.entry(hash, key).map(|e| &mut e.state)
     }
 
     /// Adds `key` (not present) with `state`; when full, it takes the
