@@ -376,13 +376,16 @@ async fn a_user_key_too_long_to_account_for_is_refused_not_unlimited() {
         load.flow(&too_long, node, 50.0);
     }
     let start = cluster.current_slot();
-    load.run(Duration::from_millis(2500)).await;
+    load.run(Duration::from_millis(3500)).await;
     cluster.slots(3).await;
     let sums = cluster.monitor(Subject::ConsumptionSum).await;
-    let (from, to) = (start + 11, start + 20);
+    // Two seconds, as the other load tests: over one, a slot's report
+    // delayed on a busy machine moves a tenth of the window.
+    let (from, to) = (start + 11, start + 30);
     let admitted = sum(&sums, "front", &longest, "requests", from, to);
     let limit = 200 * (to - from + 1) / 10;
     let ratio = admitted as f64 / limit as f64;
+    eprintln!("longest key: admitted {admitted} of {limit} ({ratio:.3})");
     assert!(
         (0.85..=1.15).contains(&ratio),
         "admitted {admitted} of {limit} ({ratio:.3})"
