@@ -1,5 +1,6 @@
-//! Compiles `throttle/v1/throttle.proto` and `etcd/etcd.proto` with
-//! `protox` (pure Rust), so no `protoc` is needed on the build machine.
+//! Compiles `throttle/v1/throttle.proto`, `throttle/v1/checkpoint.proto`
+//! and `etcd/etcd.proto` with `protox` (pure Rust), so no `protoc` is
+//! needed on the build machine.
 
 /// The `Central` service with `input` as what a node sends and `output` as
 /// what the central node sends back.
@@ -56,8 +57,10 @@ fn field_numbers(fds: &prost_types::FileDescriptorSet) -> String {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "throttle/v1/throttle.proto";
+    let checkpoint = "throttle/v1/checkpoint.proto";
     println!("cargo:rerun-if-changed={proto}");
-    let fds = protox::compile([proto], ["."])?;
+    println!("cargo:rerun-if-changed={checkpoint}");
+    let fds = protox::compile([proto, checkpoint], ["."])?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("fields.rs"), field_numbers(&fds))?;
     tonic_prost_build::configure()

@@ -236,6 +236,7 @@ impl From<JsonReport> for v1::Report {
             consumption: usage_from_json(r.consumption),
             rejection: usage_from_json(r.rejection),
             packed: Vec::new(),
+            answered: false,
         }
     }
 }
@@ -494,6 +495,7 @@ mod tests {
                 consumption,
                 rejection,
                 packed: Vec::new(),
+                answered: false,
             },
         )
     }

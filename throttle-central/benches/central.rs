@@ -47,6 +47,7 @@ fn report(node: usize, slot: i64, users: impl Iterator<Item = usize>) -> v1::Rep
         consumption: [("front".to_string(), v1::Usage { users })].into(),
         rejection: [("front".to_string(), v1::Usage::default())].into(),
         packed: Vec::new(),
+        answered: false,
     }
 }
 

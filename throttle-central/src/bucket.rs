@@ -115,6 +115,16 @@ impl Bucket {
         self.level = self.level.min(self.capacity);
     }
 
+    /// Sets the level read at `at_ms` (from a checkpoint): at most the
+    /// capacity, and refilled from `at_ms` on. A non-finite level is
+    /// ignored.
+    pub fn restore(&mut self, level: f64, at_ms: i64) {
+        if level.is_finite() {
+            self.level = level.min(self.capacity);
+            self.updated_ms = at_ms;
+        }
+    }
+
     fn refill(&mut self, now_ms: i64) {
         // A clock that steps back adds nothing and does not move `updated_ms`
         // backwards, so the same interval is never credited twice.

@@ -31,7 +31,10 @@ use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
 use crate::limits::{FileLimits, LimitSet, LimitSource};
 use crate::net::{self, ConnectionLimits, ServerTls};
-use crate::server::{Actor, CentralService, Command, MonitorView, Subject, ask, reloader, ticker};
+use crate::server::{
+    Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, reloader, ticker,
+};
+use crate::state::StateStore;
 
 /// Settings and collaborators of a central node; see [`Central::builder`].
 pub struct CentralBuilder {
@@ -47,6 +50,8 @@ pub struct CentralBuilder {
     http_token: Option<Arc<str>>,
     tls: Option<ServerTls>,
     connections: ConnectionLimits,
+    state: Option<Arc<dyn StateStore>>,
+    checkpoint_every: Duration,
 }
 
 impl std::fmt::Debug for CentralBuilder {
@@ -82,6 +87,8 @@ impl Central {
             http_token: None,
             tls: None,
             connections: ConnectionLimits::default(),
+            state: None,
+            checkpoint_every: Duration::from_secs(1),
         }
     }
 }
@@ -200,6 +207,24 @@ impl CentralBuilder {
         self
     }
 
+    /// Keeps the leader's checkpoint in `store` (see [`crate::state`]):
+    /// restored at the start of each leadership, before the first node
+    /// stream is welcomed, and written every
+    /// [`checkpoint_every`](Self::checkpoint_every). Without one, a new
+    /// leader or a restarted central starts with new buckets.
+    pub fn state(mut self, store: Arc<dyn StateStore>) -> Self {
+        self.state = Some(store);
+        self
+    }
+
+    /// Time between two checkpoints (default 1 s). Nodes keep 60 slots of
+    /// reports, which must span a checkpoint and a takeover: keep it well
+    /// under 60 slots less the takeover time.
+    pub fn checkpoint_every(mut self, every: Duration) -> Self {
+        self.checkpoint_every = every.max(Duration::from_millis(10));
+        self
+    }
+
     /// Serves `GET /metrics` from this Prometheus recorder.
     pub fn metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
         self.metrics = Some(handle);
@@ -254,6 +279,18 @@ impl CentralBuilder {
                 "no node keys: any process that reaches the gRPC address is accepted as a node"
             ),
         }
+        let restored = self.state.clone().map(|store| {
+            let (restored, gate) = watch::channel(None);
+            let keeper = Keeper {
+                store,
+                leadership: self.leadership.clone(),
+                commands: commands.clone(),
+                restored,
+                every: self.checkpoint_every,
+            };
+            tasks.push(tokio::spawn(keeper.run(stop_rx.clone())));
+            gate
+        });
         let service = CentralService {
             commands: commands.clone(),
             leadership: self.leadership.clone(),
@@ -261,6 +298,9 @@ impl CentralBuilder {
             slot,
             config,
             clock: self.clock.clone(),
+            restored,
+            // Never 0, which says "no incarnation".
+            incarnation: rand::random::<u64>() | 1,
         };
         let grpc_server = GrpcServer {
             max_message_bytes: self.max_message_bytes,

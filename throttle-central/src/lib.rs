@@ -35,6 +35,7 @@ mod log;
 pub mod net;
 pub mod policy;
 pub mod server;
+pub mod state;
 pub mod watched;
 
 pub use central::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral};

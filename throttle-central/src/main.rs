@@ -15,6 +15,7 @@ use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::FileLimits;
 use throttle_central::net::{ConnectionLimits, ServerTls};
 use throttle_central::policy::{Projected, by_name};
+use throttle_central::state::{EtcdState, FileState, StateStore};
 use throttle_clock::SlotLength;
 
 /// Central node of throttle: holds one token bucket per (service, user,
@@ -76,7 +77,6 @@ struct Args {
     /// listen queue.
     #[arg(long, env = "THROTTLE_CENTRAL_MAX_NODE_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     max_node_connections: u32,
-    /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
     /// etcd's client URLs, comma-separated: elect one leader among the
     /// centrals of one `--election` (without it, this central leads alone).
     #[arg(
@@ -97,6 +97,16 @@ struct Args {
     /// without a leader after the leader dies.
     #[arg(long, env = "THROTTLE_CENTRAL_LEASE_TTL", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=600))]
     lease_ttl: u64,
+    /// Where the leader keeps its checkpoint (bucket levels, debts
+    /// included), so that a restart or a failover hands nobody a fresh
+    /// burst: a file path, or `etcd` (with `--etcd`) for centrals that take
+    /// over from one another. Without it, buckets start anew.
+    #[arg(long, env = "THROTTLE_CENTRAL_STATE")]
+    state: Option<String>,
+    /// Time between two checkpoints, in milliseconds.
+    #[arg(long, env = "THROTTLE_CENTRAL_CHECKPOINT_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    checkpoint_ms: u64,
+    /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
     #[arg(long, env = "THROTTLE_CENTRAL_LOG", default_value = "info")]
     log: String,
 }
@@ -174,14 +184,40 @@ async fn main() -> anyhow::Result<()> {
     if let Some(running) = &election {
         builder = builder.leadership(running.elected.clone());
     }
+    if let Some(store) = state(&args, election.as_ref())? {
+        tracing::info!(
+            store = store.describe(),
+            every_ms = args.checkpoint_ms,
+            "checkpoints"
+        );
+        builder = builder
+            .state(store)
+            .checkpoint_every(std::time::Duration::from_millis(args.checkpoint_ms));
+    }
     let central = builder.spawn(grpc, Some(http))?;
     shutdown.await;
     tracing::info!("shutting down");
+    // The last checkpoint is written while this central still leads.
+    central.shutdown().await;
     if let Some(running) = election {
         running.resign().await;
     }
-    central.shutdown().await;
     Ok(())
+}
+
+/// The checkpoint's store, with `--state`.
+fn state(args: &Args, election: Option<&Running>) -> anyhow::Result<Option<Arc<dyn StateStore>>> {
+    let Some(state) = &args.state else {
+        return Ok(None);
+    };
+    if state != "etcd" {
+        return Ok(Some(Arc::new(FileState::new(state))));
+    }
+    let Some(running) = election else {
+        anyhow::bail!("--state etcd needs --etcd: the checkpoint lives beside the election");
+    };
+    let store = EtcdState::new(args.etcd.clone(), &args.election, running.elected.clone());
+    Ok(Some(Arc::new(store)))
 }
 
 /// The campaign for leadership, with `--etcd`.

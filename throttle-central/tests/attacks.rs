@@ -157,6 +157,7 @@ fn report(node_id: &str, slot: i64, users: impl Iterator<Item = (String, i64)>) 
             consumption: [("front".to_owned(), usage)].into(),
             rejection: Default::default(),
             packed: Vec::new(),
+            answered: false,
         })),
     }
 }

@@ -550,6 +550,7 @@ mod grpc {
                             slot_ms: 1000,
                             epoch: 0,
                             accepts: Vec::new(),
+                            incarnation: 0,
                         });
                         let _ = tx
                             .send(Ok(v1::CentralMessage {

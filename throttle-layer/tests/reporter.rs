@@ -89,6 +89,7 @@ impl Central for Fake {
                             slot_ms: SLOT_MS,
                             epoch: 1,
                             accepts: this.accepts.clone(),
+                            incarnation: 0,
                         });
                         let _ = tx.send(Ok(v1::CentralMessage { kind: Some(w) })).await;
                     }
@@ -620,6 +621,7 @@ impl throttle_proto::wire::server::central_server::Central for RawSender {
                         slot_ms: SLOT_MS,
                         epoch: 1,
                         accepts: Vec::new(),
+                        incarnation: 0,
                     });
                     let _ = tx
                         .send(Ok(Outbound::Message(v1::CentralMessage { kind: Some(w) })))

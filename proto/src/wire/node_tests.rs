@@ -250,7 +250,7 @@ proptest! {
     fn answers_decode_as_central_messages(q in quota(), epoch in any::<u64>(), leader in name()) {
         for kind in [
             Kind::Quota(q.clone()),
-            Kind::Welcome(v1::Welcome { slot_ms: 1000, epoch, accepts: vec![crate::PACKED_REPORTS.into()] }),
+            Kind::Welcome(v1::Welcome { slot_ms: 1000, epoch, accepts: vec![crate::PACKED_REPORTS.into()], incarnation: epoch }),
             Kind::NotLeader(v1::NotLeader { leader: leader.clone() }),
             Kind::Blocks(v1::Blocks { service: leader.clone(), users: vec![leader.clone(), "b".into()] }),
         ] {
@@ -300,6 +300,7 @@ proptest! {
             consumption: services.iter().map(|(s, (c, _))| (s.clone(), c.clone())).collect(),
             rejection: services.iter().map(|(s, (_, r))| (s.clone(), r.clone())).collect(),
             packed: Vec::new(),
+            answered: false,
         };
         prop_assert_eq!(&report.finish(&node_id, slot_number)[..], &built.encode_to_vec()[..]);
     }

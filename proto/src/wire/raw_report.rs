@@ -94,6 +94,8 @@ pub struct RawReport {
     pub(super) names: String,
     pub(super) node_id: (u32, u32),
     pub(super) slot_number: i64,
+    /// `Report.answered`.
+    pub(super) answered: bool,
     pub(super) usages: Vec<RawUsage>,
     /// Every usage's users, then every user's entries, found while
     /// checking: filing reads these flat lists, not the framing again.
@@ -129,6 +131,7 @@ impl RawReport {
         }
         let mut node_id = (0, 0);
         let mut slot_number = 0;
+        let mut answered = false;
         let mut usages = Vec::new();
         let mut users = Vec::new();
         // About 20 bytes per entry in reports of short names.
@@ -172,7 +175,8 @@ impl RawReport {
                         users: first..users.len(),
                     });
                 }
-                (1..=REPORT_PACKED, _) => {
+                (REPORT_ANSWERED, Field::Varint(v)) => answered = v != 0,
+                (1..=REPORT_ANSWERED, _) => {
                     return Err(RawReportError::Malformed("report field of the wrong type"));
                 }
                 _ => {}
@@ -189,6 +193,7 @@ impl RawReport {
             names: names.into_string()?,
             node_id,
             slot_number,
+            answered,
             usages,
             users,
             entries,
@@ -344,6 +349,11 @@ impl RawReport {
     /// The slot the report was sent in.
     pub fn slot_number(&self) -> i64 {
         self.slot_number
+    }
+
+    /// `Report.answered`: sent again after another central answered it.
+    pub fn answered(&self) -> bool {
+        self.answered
     }
 
     /// Users over all services, consumption and rejection.

@@ -219,6 +219,7 @@ fn report(n: u64, users: u64, total_users: u64, slot: i64) -> v1::Report {
         consumption: [("front".to_string(), fleet::usage(n, users, total_users))].into(),
         rejection: [("front".to_string(), v1::Usage::default())].into(),
         packed: Vec::new(),
+        answered: false,
     }
 }
 

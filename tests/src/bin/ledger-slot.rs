@@ -101,6 +101,7 @@ fn main() -> anyhow::Result<()> {
             .into(),
             rejection: [("front".to_string(), v1::Usage::default())].into(),
             packed: Vec::new(),
+            answered: false,
         })
         .collect();
     let rss_before = throttle_tests::rss_mib();

@@ -45,7 +45,7 @@ pub struct ElectionConfig {
 
 /// Why a term of the campaign ended.
 #[derive(Debug, thiserror::Error)]
-enum TermError {
+pub(crate) enum TermError {
     #[error("etcd endpoint {0:?}: {1}")]
     Endpoint(String, tonic::transport::Error),
     #[error("etcd: {0}")]
@@ -204,6 +204,7 @@ impl Campaign {
         };
         let epoch = revision.ok_or(TermError::Missing("creation revision"))?;
         tracing::info!(epoch, lease = grant.id, "campaigning for leadership");
+        self.elected.hold_key(&key);
         Ok(Term {
             kv,
             lease,
@@ -318,7 +319,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// A channel to `endpoint`, connected.
-async fn connect(endpoint: &str) -> Result<Channel, TermError> {
+pub(crate) async fn connect(endpoint: &str) -> Result<Channel, TermError> {
     let bad = |e| TermError::Endpoint(endpoint.to_owned(), e);
     Endpoint::from_shared(endpoint.to_owned())
         .map_err(bad)?
@@ -331,7 +332,7 @@ async fn connect(endpoint: &str) -> Result<Channel, TermError> {
 
 /// The end of the range of keys starting with `prefix`: the prefix with
 /// its last byte below 0xFF incremented (etcd's `GetPrefixRangeEnd`).
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xFF {

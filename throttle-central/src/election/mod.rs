@@ -19,6 +19,7 @@ mod campaign;
 mod role;
 
 pub use campaign::{Campaign, ElectionConfig};
+pub(crate) use campaign::{connect, prefix_end};
 pub use role::{Elected, Role, lead_until};
 
 use std::sync::Arc;

@@ -50,6 +50,9 @@ pub struct Elected {
     advertise: String,
     /// A monotonic clock, in ms.
     clock: Arc<dyn Clock>,
+    /// The campaign key of the term under way (empty before the first),
+    /// which fences what the leader writes to etcd.
+    key: parking_lot::Mutex<Vec<u8>>,
 }
 
 impl Elected {
@@ -59,7 +62,19 @@ impl Elected {
             role: watch::Sender::new(Role::Standby { leader: None }),
             advertise: advertise.to_owned(),
             clock,
+            key: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// The campaign key of the term under way; its creation revision is
+    /// the epoch while this central leads.
+    pub fn key(&self) -> Vec<u8> {
+        self.key.lock().clone()
+    }
+
+    /// Records the campaign key of a new term.
+    pub fn hold_key(&self, key: &[u8]) {
+        key.clone_into(&mut self.key.lock());
     }
 
     /// This central's advertised address.

@@ -9,7 +9,7 @@ use super::ids::{KeyId, NodeId, valid_name};
 use super::ledger::Ledger;
 use super::recent::NodeUsers;
 use super::source::ReportSource;
-use super::state::ServiceState;
+use super::state::{Key, NodeUsage, ServiceState};
 
 /// What [`Ledger::ingest`] did with a report.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -25,12 +25,14 @@ pub struct Ingested {
 /// Where a usage's entries are filed: by which node, for which data slot,
 /// as consumption or rejection, and when.
 #[derive(Debug, Clone, Copy)]
-struct Filing {
-    node: NodeId,
-    slot: i64,
-    is_rejection: bool,
-    max_amount: i64,
-    now_ms: i64,
+pub(super) struct Filing {
+    pub(super) node: NodeId,
+    pub(super) slot: i64,
+    pub(super) is_rejection: bool,
+    /// Whether the buckets are charged (see [`Ledger::charges`]).
+    pub(super) charge: bool,
+    pub(super) max_amount: i64,
+    pub(super) now_ms: i64,
 }
 
 impl Ledger {
@@ -72,6 +74,7 @@ impl Ledger {
                 ..Ingested::default()
             });
         }
+        let charge = self.charges(node, slot, report.answered());
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.
         let mut seen: Vec<(&str, bool)> = Vec::new();
@@ -96,6 +99,7 @@ impl Ledger {
                     node,
                     slot,
                     is_rejection,
+                    charge,
                     max_amount: self.config.max_amount,
                     now_ms,
                 };
@@ -157,7 +161,7 @@ impl ServiceState {
             let (keys, column) = self.keys_and_sums(column_at);
             let id_bound = keys.len();
             for (&id, &(_, amount)) in ids.iter().zip(&entries) {
-                keys[id.index()].file(at.node, at.slot, amount, at.is_rejection, at.now_ms);
+                keys[id.index()].file(at, amount);
                 column.add(id, usize::from(at.is_rejection), amount, id_bound);
                 out.entries += 1;
             }
@@ -209,5 +213,47 @@ fn checked_entries<'r>(
         };
         out.dropped
             .push(reason, || format!("{service}/{user}/{resource}"));
+    }
+}
+
+/// A rejection count as kept: the ledger drops counts above `u32::MAX`
+/// before filing, so this saturates only in theory.
+fn rejections(amount: i64) -> u32 {
+    u32::try_from(amount.max(0)).unwrap_or(u32::MAX)
+}
+
+impl Key {
+    pub(super) fn file(&mut self, at: Filing, amount: i64) {
+        let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
+        if !is_rejection && at.charge && self.limited {
+            self.charge(amount, at.now_ms);
+        }
+        // Distribution: one entry per node, the latest report wins; both the
+        // consumption and the rejection pass of one report land in it.
+        match self.nodes.iter_mut().find(|n| n.node == node) {
+            Some(n) if n.slot > slot => {}
+            Some(n) => {
+                if n.slot < slot {
+                    *n = NodeUsage {
+                        node,
+                        slot,
+                        consumption: 0,
+                        rejection: 0,
+                    };
+                }
+                if is_rejection {
+                    n.rejection = rejections(amount);
+                } else {
+                    n.consumption = amount;
+                }
+            }
+            None => self.nodes.push(NodeUsage {
+                node,
+                slot,
+                consumption: if is_rejection { 0 } else { amount },
+                rejection: if is_rejection { rejections(amount) } else { 0 },
+            }),
+        }
+        // Its sum is added to the slot's column by the caller.
     }
 }

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
+use super::checkpoint::Restored;
 use super::config::LedgerConfig;
 use super::ids::{Map, NodeId, valid_name};
 use super::rules::ServiceRules;
@@ -27,6 +28,8 @@ pub struct Ledger {
     /// Keys held over every service: counted as reports add them, and
     /// again over the services where keys go (forgetting, limits).
     pub(super) key_total: usize,
+    /// The charges of a restored checkpoint ([`Ledger::restore`]).
+    pub(super) restored: Option<Restored>,
 }
 
 impl fmt::Debug for Ledger {
@@ -55,6 +58,7 @@ impl Ledger {
             reported: BTreeMap::new(),
             policy_factory: factory,
             key_total: 0,
+            restored: None,
         }
     }
 
@@ -273,6 +277,7 @@ impl Ledger {
         let current = self.config.slot.slot_at(now_ms);
         let cutoff = current - i64::from(self.config.nr_slot);
         self.reported = self.reported.split_off(&cutoff);
+        self.forget_restored(cutoff);
         for svc in self.services.values_mut() {
             // Reports are answered, and pushes sent, for the current slot
             // and the next (for a lead-1 policy, the current one standing

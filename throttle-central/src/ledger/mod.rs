@@ -43,6 +43,8 @@
 //! - `recent`: per node, the users of its last report (a filing shortcut);
 //! - `source`: [`ReportSource`], the reports the ledger can file;
 //! - `config`: [`LedgerConfig`] and the check of a whole report;
+//! - `checkpoint`: [`Ledger::checkpoint`] and [`Ledger::restore`], the
+//!   levels a new ledger cannot rebuild from reports sent again;
 //! - `filing`: [`Ledger::ingest`];
 //! - `rules`: a service's limit rules, which limit keys as they appear;
 //! - `periods`: keys limited over several periods;
@@ -52,6 +54,7 @@
 //! - `views`: typed answers to monitor questions;
 //! - `ledger`: the [`Ledger`] itself.
 
+mod checkpoint;
 mod config;
 mod dropped;
 mod filing;
@@ -71,6 +74,7 @@ mod views;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use checkpoint::{CheckpointError, Restoration};
 pub use config::{LedgerConfig, MAX_AMOUNT, MAX_KEYS, ReportError};
 pub use dropped::{DROPPED_EXAMPLES, DropReason, Dropped};
 pub use filing::Ingested;

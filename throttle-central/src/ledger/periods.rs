@@ -55,6 +55,18 @@ impl Key {
         own.into_iter().chain(others.map(|(p, b)| (*p, b)))
     }
 
+    /// The bucket of `period`, if the key is limited over it.
+    pub(super) fn bucket_of_mut(&mut self, period: Period) -> Option<&mut Bucket> {
+        if !self.limited {
+            return None;
+        }
+        if self.period() == period {
+            return Some(&mut self.bucket);
+        }
+        let mut others = self.periods.as_deref_mut()?.others.iter_mut();
+        others.find(|(p, _)| *p == period).map(|(_, b)| b)
+    }
+
     /// Whether the key is limited over several periods.
     pub(super) fn has_several(&self) -> bool {
         self.periods.as_ref().is_some_and(|p| !p.others.is_empty())

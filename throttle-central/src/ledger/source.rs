@@ -19,6 +19,8 @@ pub trait ReportSource {
     fn node_id(&self) -> &str;
     /// The slot the report was sent in (its data is of the slot before).
     fn slot_number(&self) -> i64;
+    /// Sent again after another central answered it (`Report.answered`).
+    fn answered(&self) -> bool;
     /// Users over every usage.
     fn user_count(&self) -> usize;
     /// Every (service, rejection or consumption, users).
@@ -53,6 +55,10 @@ impl ReportSource for v1::Report {
         self.slot_number
     }
 
+    fn answered(&self) -> bool {
+        self.answered
+    }
+
     fn user_count(&self) -> usize {
         let usages = self.consumption.values().chain(self.rejection.values());
         usages.map(|u| u.users.len()).sum()
@@ -81,6 +87,10 @@ impl ReportSource for RawReport {
 
     fn slot_number(&self) -> i64 {
         RawReport::slot_number(self)
+    }
+
+    fn answered(&self) -> bool {
+        RawReport::answered(self)
     }
 
     fn user_count(&self) -> usize {
@@ -113,6 +123,10 @@ impl<R: ReportSource> ReportSource for FromNode<'_, R> {
 
     fn slot_number(&self) -> i64 {
         self.1.slot_number()
+    }
+
+    fn answered(&self) -> bool {
+        self.1.answered()
     }
 
     fn user_count(&self) -> usize {

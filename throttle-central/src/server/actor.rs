@@ -226,6 +226,14 @@ impl Actor {
                 let _ = reply.send(self.monitor(subject, range, &page));
             }
             Command::CloseAll { snapshot } => return Some(snapshot),
+            Command::Checkpoint { reply } => {
+                let now = self.clock.now_ms();
+                let _ = reply.send(self.assigner.ledger().checkpoint(now));
+            }
+            Command::Restore { checkpoint, reply } => {
+                let now = self.clock.now_ms();
+                let _ = reply.send(self.assigner.ledger_mut().restore(&checkpoint, now));
+            }
         }
         None
     }

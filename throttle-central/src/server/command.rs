@@ -11,7 +11,7 @@ use tonic::Status;
 use super::ahead::AnswerAhead;
 use super::monitor::{MonitorView, Subject};
 use super::received::Received;
-use crate::ledger::{Page, SlotRange};
+use crate::ledger::{CheckpointError, Page, Restoration, SlotRange};
 
 /// A stream's queue of messages to its node. Quotas are queued already
 /// encoded ([`Encoded`](crate::assigner::Encoded)): a push to many nodes
@@ -74,6 +74,15 @@ pub(crate) enum Command {
     },
     CloseAll {
         snapshot: Option<Snapshot>,
+    },
+    /// The ledger's checkpoint, for the keeper to write.
+    Checkpoint {
+        reply: oneshot::Sender<v1::Checkpoint>,
+    },
+    /// Puts a checkpoint back in the ledger.
+    Restore {
+        checkpoint: Box<v1::Checkpoint>,
+        reply: oneshot::Sender<Result<Restoration, CheckpointError>>,
     },
 }
 

@@ -14,6 +14,7 @@
 //! - `ahead`: answers rendered ahead of filing;
 //! - `received`: a report as it reaches the ledger's task;
 //! - `command`: what the ledger's task is asked;
+//! - `keeper`: the leader's checkpoints, restored and written;
 //! - `monitor`: monitor questions ([`Subject`]) and their typed answers;
 //! - `timers`: the mid-slot tick and the limits file's reloads.
 //!
@@ -25,6 +26,7 @@ mod ahead;
 mod auth;
 mod blocks;
 mod command;
+mod keeper;
 mod monitor;
 mod received;
 mod stream;
@@ -32,6 +34,7 @@ mod timers;
 
 pub(crate) use actor::Actor;
 pub(crate) use command::{Command, ask};
+pub(crate) use keeper::Keeper;
 pub use monitor::{Connection, Connections, MonitorView, Subject};
 pub(crate) use stream::CentralService;
 pub(crate) use timers::{reloader, ticker};

@@ -12,7 +12,7 @@ use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::server::central_server::Central as CentralRpc;
 use throttle_proto::wire::{Inbound, Outbound};
 use throttle_proto::{MAX_NAME_LEN, PACKED_REPORTS};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -34,6 +34,10 @@ const MAX_SERVICES_PER_HELLO: usize = 1_000;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages queued per node stream before pushes are dropped.
 const STREAM_QUEUE: usize = 32;
+
+/// The longest a stream waits for a new leadership's checkpoint to be
+/// restored before it is refused with `UNAVAILABLE` (the node tries again).
+const RESTORE_WAIT: Duration = Duration::from_secs(2);
 
 /// What to do after a report: read the next, end the stream quietly, or
 /// end it with a status.
@@ -64,6 +68,11 @@ pub(crate) struct CentralService {
     /// The ledger's settings, for its check before answering ahead.
     pub(crate) config: LedgerConfig,
     pub(crate) clock: Arc<dyn Clock>,
+    /// With a state store: the epoch whose checkpoint is restored, which a
+    /// stream waits for before its Welcome.
+    pub(crate) restored: Option<watch::Receiver<Option<u64>>>,
+    /// Drawn when the ledger started (`Welcome.incarnation`).
+    pub(crate) incarnation: u64,
 }
 
 fn message(kind: central_message::Kind) -> Result<Outbound, Status> {
@@ -223,10 +232,15 @@ impl CentralService {
                 return None;
             }
         };
+        if let Err(status) = self.restored_state().await {
+            let _ = tx.send(Err(status)).await;
+            return None;
+        }
         let welcome = central_message::Kind::Welcome(v1::Welcome {
             slot_ms: self.slot.as_ms(),
             epoch: self.leadership.epoch(),
             accepts: vec![PACKED_REPORTS.to_owned()],
+            incarnation: self.incarnation,
         });
         // Welcome goes out before the stream is registered for pushes.
         tx.send(message(welcome)).await.ok()?;
@@ -243,6 +257,22 @@ impl CentralService {
         self.commands.send(connect).await.ok()?;
         let conn = rx.await.ok()?;
         Some((conn, node_id, ahead))
+    }
+
+    /// Waits until the checkpoint of this leadership is back in the ledger
+    /// (a report filed before it would be charged twice), at most
+    /// [`RESTORE_WAIT`].
+    async fn restored_state(&self) -> Result<(), Status> {
+        let Some(restored) = &self.restored else {
+            return Ok(());
+        };
+        let epoch = self.leadership.epoch();
+        let mut restored = restored.clone();
+        let wait = restored.wait_for(|r| *r == Some(epoch));
+        match tokio::time::timeout(RESTORE_WAIT, wait).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(Status::unavailable("restoring the checkpoint; try again")),
+        }
     }
 
     /// Takes one report of stream `conn`: queued for filing and answered,

@@ -190,7 +190,11 @@ impl ReporterBuilder {
         report_point(&self.node_id, self.report_delay, self.report_spread)
     }
 
-    /// Most unanswered reports kept (default 60); older ones are dropped.
+    /// Most reports kept (default 60), answered or not; older ones are
+    /// dropped (an unanswered one dropped is counted and logged). The
+    /// answered ones go again to a central with a new ledger, which sums
+    /// the kept history from them: a node of large reports spends this
+    /// many reports' bytes of memory on them.
     pub fn max_buffered(mut self, max: usize) -> Self {
         self.max_buffered = max.max(1);
         self

@@ -15,10 +15,12 @@
 //! - knows several central endpoints: it sticks to the one that works,
 //!   follows `NotLeader { leader }`, and otherwise tries the next, with
 //!   exponential backoff and jitter (100 ms up to 5 s);
-//! - keeps every report until the central node has answered it (the last 60
-//!   slots at most) and sends them again, in order, after reconnecting, so a
-//!   short outage loses no consumption. The central node ignores a report it
-//!   has already filed.
+//! - keeps its last reports (60 slots at most) and sends the unanswered
+//!   ones again, in order, after reconnecting, so a short outage loses no
+//!   consumption; to a central whose ledger is new (`Welcome.incarnation`
+//!   changed: a new leader, a restart) it sends the answered ones too,
+//!   marked `answered`, so the new ledger gets back the kept history's
+//!   sums. The central node ignores a report it has already filed.
 //!
 //! While no quota arrives for the current slot, each layer's
 //! [`Fallback`](crate::Fallback) decides.

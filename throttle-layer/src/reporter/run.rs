@@ -17,14 +17,38 @@ use super::dial;
 use super::repeats::Repeats;
 use super::stream::*;
 
-/// A report kept until its answer: encoded once, sent (and sent again
-/// after a reconnection) as the same bytes.
+/// A report kept until its answer, and after it for the kept history:
+/// encoded once, sent (and sent again after a reconnection) as the same
+/// bytes.
 pub(super) struct Pending {
     pub(super) slot: i64,
     pub(super) report: Bytes,
     /// Written as packed usages.
     pub(super) packed: bool,
     pub(super) sent: Option<Instant>,
+    /// A central answered it: sent again only to a new ledger, marked
+    /// `answered`.
+    pub(super) answered: bool,
+}
+
+/// `Report.answered = true`, as appended to an encoded report: a field
+/// that comes later in the bytes is read as part of the same message.
+const ANSWERED: [u8; 2] = [
+    (throttle_proto::wire::fields::REPORT_ANSWERED << 3) as u8,
+    1,
+];
+
+impl Pending {
+    /// The bytes to send: marked answered where a central answered it.
+    fn bytes(&self) -> Bytes {
+        if !self.answered {
+            return self.report.clone();
+        }
+        let mut marked = Vec::with_capacity(self.report.len() + ANSWERED.len());
+        marked.extend_from_slice(&self.report);
+        marked.extend_from_slice(&ANSWERED);
+        marked.into()
+    }
 }
 
 pub(super) struct Run {
@@ -47,6 +71,9 @@ pub(super) struct Run {
     /// The newest leadership epoch a central welcomed this node under: a
     /// central of an older one is a deposed leader, not followed.
     pub(super) epoch: u64,
+    /// The incarnation of the last central that welcomed this node: one
+    /// of another is a new ledger, sent the answered reports too.
+    pub(super) incarnation: u64,
 }
 
 /// The shortest life of a stream closed to announce a new service: an app
@@ -114,6 +141,7 @@ impl ReporterBuilder {
             status: status_tx,
             unreachable: Repeats::default(),
             epoch: 0,
+            incarnation: 0,
         };
         let mut run = run;
         run.schedule();
@@ -138,11 +166,12 @@ impl Run {
     }
 
     pub(super) fn publish(&self, f: impl FnOnce(&mut ReporterStatus)) {
+        let unanswered = self.pending.iter().filter(|p| !p.answered).count();
         self.status.send_modify(|s| {
             f(s);
-            s.buffered = self.pending.len();
+            s.buffered = unanswered;
         });
-        gauge!("throttle_reports_buffered").set(self.pending.len() as f64);
+        gauge!("throttle_reports_buffered").set(unanswered as f64);
     }
 
     /// Collects finished slots into reports and sends them if connected.
@@ -172,9 +201,12 @@ impl Run {
             report,
             packed,
             sent,
+            answered: false,
         });
         while self.pending.len() > self.cfg.max_buffered {
-            if let Some(p) = self.pending.pop_front() {
+            if let Some(p) = self.pending.pop_front()
+                && !p.answered
+            {
                 counter!("throttle_reports_dropped_total").increment(1);
                 tracing::warn!(slot = p.slot, "report buffer full; oldest report dropped");
             }
@@ -252,7 +284,9 @@ impl Run {
                 }
             };
             match opened {
-                Ok(Opened::Stream(_, _, _, epoch)) if epoch != 0 && epoch < self.epoch => {
+                Ok(Opened::Stream(_, _, Welcomed { epoch, .. }))
+                    if epoch != 0 && epoch < self.epoch =>
+                {
                     // A deposed leader that has not noticed yet: its
                     // quotas are older than the ones already taken. (0: a
                     // central without an election, never deposed.)
@@ -260,12 +294,16 @@ impl Run {
                     tracing::warn!(%endpoint, epoch, newer = self.epoch, "central's leadership is older than one already seen; trying the next");
                     self.current = (self.current + 1) % self.cfg.endpoints.len();
                 }
-                Ok(Opened::Stream(tx, inbound, packed_reports, epoch)) => {
-                    self.epoch = epoch;
+                Ok(Opened::Stream(tx, inbound, welcomed)) => {
+                    self.epoch = welcomed.epoch;
                     backoff = self.cfg.backoff_min;
                     self.unreachable.clear();
-                    self.packed_reports = packed_reports;
-                    if self.connected(&endpoint, tx, inbound).await == Ended::Announce {
+                    self.packed_reports = welcomed.packed;
+                    let new_ledger = welcomed.incarnation != 0
+                        && self.incarnation != 0
+                        && welcomed.incarnation != self.incarnation;
+                    self.incarnation = welcomed.incarnation;
+                    if self.connected(&endpoint, tx, inbound, new_ledger).await == Ended::Announce {
                         // A new stream at once: its Hello names the new
                         // service, and the central pushes its quotas.
                         continue;
@@ -293,20 +331,23 @@ impl Run {
         }
     }
 
-    /// Serves one stream until it ends; says why it ended.
+    /// Serves one stream until it ends; says why it ended. A `new_ledger`
+    /// is sent the answered reports too.
     async fn connected(
         &mut self,
         endpoint: &str,
         tx: mpsc::Sender<Inbound>,
         mut inbound: Box<tonic::Streaming<Answer>>,
+        new_ledger: bool,
     ) -> Ended {
         tracing::info!(
             endpoint,
-            buffered = self.pending.len(),
+            kept = self.pending.len(),
+            new_ledger,
             "connected to central node"
         );
         gauge!("throttle_reporter_connected").set(1.0);
-        self.replay(&tx);
+        self.replay(&tx, new_ledger);
         let opened = Instant::now();
         // A layer built after the Hello: only a new Hello tells the central
         // node, which then sends its quotas at once instead of after the
@@ -365,13 +406,18 @@ impl Run {
     }
 
     /// Sends the reports kept from before the stream opened, in order, as
-    /// many as the stream's queue takes (the others stay kept).
-    pub(super) fn replay(&mut self, tx: &mpsc::Sender<Inbound>) {
+    /// many as the stream's queue takes (the others stay kept): the
+    /// unanswered ones, and to a `new_ledger` the answered ones too.
+    pub(super) fn replay(&mut self, tx: &mpsc::Sender<Inbound>, new_ledger: bool) {
         self.rewrite_pending(self.packed_reports);
         let now = Instant::now();
         let mut replayed = 0;
-        for p in &mut self.pending {
-            if tx.try_send(Inbound::Report(p.report.clone())).is_err() {
+        for p in self
+            .pending
+            .iter_mut()
+            .filter(|p| new_ledger || !p.answered)
+        {
+            if tx.try_send(Inbound::Report(p.bytes())).is_err() {
                 break;
             }
             p.sent = Some(now);
@@ -443,11 +489,15 @@ impl Run {
             Err(e) => return self.malformed(&e.to_string()),
         };
         if let Some(slot) = report_slot
-            && let Some(i) = self.pending.iter().position(|p| p.slot == slot)
-            && let Some(p) = self.pending.remove(i)
-            && let Some(sent) = p.sent
+            && let Some(p) = self
+                .pending
+                .iter_mut()
+                .find(|p| p.slot == slot && !p.answered)
         {
-            histogram!("throttle_report_rtt_seconds").record(sent.elapsed().as_secs_f64());
+            p.answered = true;
+            if let Some(sent) = p.sent {
+                histogram!("throttle_report_rtt_seconds").record(sent.elapsed().as_secs_f64());
+            }
         }
         self.publish(|s| s.quotas_received += 1);
     }
@@ -468,7 +518,10 @@ impl Run {
         ) {
             // Answers come in order, so the refused report is the oldest one
             // sent and not answered; sending it again would be refused again.
-            if let Some(i) = self.pending.iter().position(|p| p.sent.is_some())
+            if let Some(i) = self
+                .pending
+                .iter()
+                .position(|p| p.sent.is_some() && !p.answered)
                 && let Some(p) = self.pending.remove(i)
             {
                 counter!("throttle_reports_dropped_total").increment(1);

@@ -12,15 +12,24 @@ use tonic::transport::Endpoint;
 use super::builder::ReporterError;
 
 pub(super) enum Opened {
-    /// A stream, whether its central reads packed reports, and its
-    /// leadership's epoch.
+    /// A stream, and what its Welcome said.
     Stream(
         mpsc::Sender<Inbound>,
         Box<tonic::Streaming<Answer>>,
-        bool,
-        u64,
+        Welcomed,
     ),
     Redirect(String),
+}
+
+/// What a central's Welcome says that the reporter acts on.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Welcomed {
+    /// It reads packed reports.
+    pub(super) packed: bool,
+    /// Its leadership's epoch (0: no election).
+    pub(super) epoch: u64,
+    /// Its ledger's incarnation (0: it takes no answered reports).
+    pub(super) incarnation: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +100,12 @@ pub(super) async fn open(
                 .accepts
                 .iter()
                 .any(|a| a == throttle_proto::PACKED_REPORTS);
-            Ok(Opened::Stream(tx, Box::new(inbound), packed, w.epoch))
+            let welcomed = Welcomed {
+                packed,
+                epoch: w.epoch,
+                incarnation: w.incarnation,
+            };
+            Ok(Opened::Stream(tx, Box::new(inbound), welcomed))
         }
         Some(Answer::NotLeader(nl)) => Ok(Opened::Redirect(nl.leader)),
         _ => Err(OpenError::NoWelcome),

@@ -1,0 +1,369 @@
+//! The ledger's checkpoint: what a new leader, or a restarted central,
+//! cannot rebuild from the reports nodes send again.
+//!
+//! Nodes keep their last reports, answered or not, and send them again to
+//! a central whose ledger is new (`Welcome.incarnation` changed): the sums
+//! and the distribution come back from them. Bucket levels do not: a
+//! bucket's level is the whole of its history, longer than the reports
+//! kept, and a bucket rebuilt from a few seconds of reports would hand a
+//! throttled user a fresh burst. So the leader writes every few slots the
+//! levels of its buckets below capacity, with the (slot, node) reports
+//! already charged to them; the next ledger restores those levels and,
+//! as the reports come again, charges only the ones the checkpoint does
+//! not hold.
+//!
+//! # Examples
+//!
+//! ```
+//! use throttle_central::ledger::{Ledger, LedgerConfig};
+//! use throttle_central::limits::Limit;
+//! use throttle_proto::legacy;
+//!
+//! let limit = Limit {
+//!     user: "alice".into(),
+//!     per_second: [("requests".into(), 100.0)].into(),
+//!     burst_seconds: 10.0,
+//!     ..Limit::default()
+//! };
+//! let report = legacy::report_from_json(
+//!     r#"{"node_id": "n1", "slot_number": 10, "consumption": {"front": {"alice": {"requests": 250}}}, "rejection": {"front": {}}}"#,
+//! )?;
+//! let mut old = Ledger::new(LedgerConfig::default());
+//! old.apply_limits("front", &[limit.clone()], 10_000);
+//! old.ingest(&report, 10_050).unwrap();
+//! let checkpoint = old.checkpoint(10_100);
+//!
+//! let mut new = Ledger::new(LedgerConfig::default());
+//! new.apply_limits("front", &[limit], 11_000);
+//! new.restore(&checkpoint, 11_000).unwrap();
+//! // The debt is back (100 + 10 refilled - 250), repaid for the second
+//! // between.
+//! assert_eq!(new.bucket_level("front", "alice", "requests", 11_100), Some(-140.0 + 100.0));
+//! // The same report sent again is filed, and charged nothing twice.
+//! new.ingest(&report, 11_100).unwrap();
+//! assert_eq!(new.bucket_level("front", "alice", "requests", 11_100), Some(-40.0));
+//! # Ok::<(), throttle_proto::legacy::LegacyError>(())
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use throttle_proto::v1;
+
+use super::ids::{NodeId, valid_name};
+use super::ledger::Ledger;
+use crate::limits::Period;
+
+/// Why a checkpoint was not restored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    /// Written by a central of another slot length: its slots are not
+    /// this one's.
+    #[error("checkpoint of {found} ms slots; this central runs {expected} ms slots")]
+    SlotLength {
+        /// This ledger's slot length.
+        expected: u32,
+        /// The checkpoint's.
+        found: u32,
+    },
+}
+
+/// What a restore put back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restoration {
+    /// Bucket levels restored.
+    pub buckets: usize,
+    /// Entries left out: a bad name, a service or key past the ledger's
+    /// bounds, a key no rule limits any more, or a period it no longer has.
+    pub skipped: usize,
+}
+
+/// The reports a restored checkpoint had charged, and the slots it covers.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Restored {
+    filed: BTreeMap<i64, BTreeSet<NodeId>>,
+    /// The oldest data slot the checkpoint's list covers.
+    from_slot: i64,
+}
+
+/// A period by its length in seconds, as checkpoints write it.
+fn period_of(seconds: u32) -> Option<Period> {
+    Period::ALL
+        .into_iter()
+        .find(|p| p.seconds() == f64::from(seconds))
+}
+
+impl Ledger {
+    /// The levels of every bucket below its capacity at `now_ms`, with the
+    /// reports already charged to them (see `Ledger::restore`).
+    pub fn checkpoint(&self, now_ms: i64) -> v1::Checkpoint {
+        let services = self
+            .services
+            .iter()
+            .map(|(name, svc)| v1::ServiceLevels {
+                service: name.to_string(),
+                buckets: svc
+                    .state
+                    .keys()
+                    .flat_map(|(_, key)| key.buckets().map(move |(period, b)| (key, period, b)))
+                    .filter_map(|(key, period, b)| {
+                        let level = b.level_at(now_ms);
+                        (level < b.capacity()).then(|| v1::BucketLevel {
+                            user: key.user().to_owned(),
+                            resource: key.resource().to_owned(),
+                            period_seconds: period.seconds() as u32,
+                            level,
+                        })
+                    })
+                    .collect(),
+            })
+            .filter(|s| !s.buckets.is_empty())
+            .collect();
+        let filed = self
+            .reported
+            .iter()
+            .map(|(&slot, nodes)| v1::FiledSlot {
+                slot,
+                nodes: nodes
+                    .iter()
+                    .map(|&n| self.node_name(n).to_owned())
+                    .collect(),
+            })
+            .collect();
+        v1::Checkpoint {
+            taken_ms: now_ms,
+            slot_ms: self.config.slot.as_ms(),
+            services,
+            filed,
+        }
+    }
+
+    /// Puts back the levels of `checkpoint`, refilled from when it was
+    /// taken, over the keys the limits now make; from now on a report the
+    /// checkpoint lists as charged is filed without charging its buckets.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError`] for a checkpoint of another slot length;
+    /// nothing is restored.
+    pub fn restore(
+        &mut self,
+        checkpoint: &v1::Checkpoint,
+        now_ms: i64,
+    ) -> Result<Restoration, CheckpointError> {
+        let expected = self.config.slot.as_ms();
+        if checkpoint.slot_ms != expected {
+            return Err(CheckpointError::SlotLength {
+                expected,
+                found: checkpoint.slot_ms,
+            });
+        }
+        let mut out = Restoration::default();
+        for service in &checkpoint.services {
+            if !valid_name(&service.service) || !self.has_room_for(&service.service) {
+                out.skipped += service.buckets.len();
+                continue;
+            }
+            for level in &service.buckets {
+                let restored =
+                    self.restore_level(&service.service, level, checkpoint.taken_ms, now_ms);
+                if restored {
+                    out.buckets += 1;
+                } else {
+                    out.skipped += 1;
+                }
+            }
+        }
+        let mut filed = BTreeMap::new();
+        for slot in &checkpoint.filed {
+            let nodes = slot.nodes.iter().filter(|n| valid_name(n));
+            let ids: BTreeSet<NodeId> = nodes.map(|n| self.node_id(n)).collect();
+            filed.insert(slot.slot, ids);
+        }
+        let current = self.config.slot.slot_at(checkpoint.taken_ms);
+        self.restored = Some(Restored {
+            filed,
+            from_slot: current - i64::from(self.config.nr_slot),
+        });
+        self.key_total = self.key_count();
+        Ok(out)
+    }
+
+    /// Restores one bucket's level; false if it has no such bucket.
+    fn restore_level(
+        &mut self,
+        service: &str,
+        level: &v1::BucketLevel,
+        taken_ms: i64,
+        now_ms: i64,
+    ) -> bool {
+        let Some(period) = period_of(level.period_seconds) else {
+            return false;
+        };
+        if !valid_name(&level.user) || !valid_name(&level.resource) {
+            return false;
+        }
+        let room = self.key_total < self.config.max_keys;
+        let state = &mut self.service_mut(service).state;
+        let (id, added) = match state.find(&level.user, &level.resource) {
+            Some(id) => (id, 0),
+            None if room => (
+                state.find_or_insert(&level.user, &level.resource, now_ms),
+                1,
+            ),
+            None => return false,
+        };
+        let restored = state
+            .key_mut(id)
+            .bucket_of_mut(period)
+            .map(|b| b.restore(level.level, taken_ms))
+            .is_some();
+        self.key_total += added;
+        restored
+    }
+
+    /// Whether a report of `node` for data slot `slot` charges its
+    /// buckets: not if a restored checkpoint holds its charge, nor if it
+    /// was `answered` by a central whose charges this ledger has no record
+    /// of (no checkpoint, or one that does not reach back to it).
+    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool) -> bool {
+        let Some(restored) = &mut self.restored else {
+            return !answered;
+        };
+        if restored
+            .filed
+            .get_mut(&slot)
+            .is_some_and(|nodes| nodes.remove(&node))
+        {
+            return false;
+        }
+        !answered || slot >= restored.from_slot
+    }
+
+    /// Drops what a restored checkpoint says of slots older than `cutoff`.
+    pub(super) fn forget_restored(&mut self, cutoff: i64) {
+        if let Some(restored) = &mut self.restored {
+            restored.filed = restored.filed.split_off(&cutoff);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use throttle_clock::SlotLength;
+    use throttle_proto::v1;
+
+    use super::CheckpointError;
+    use crate::ledger::{Ledger, LedgerConfig};
+    use crate::limits::{Allowance, Limit, Period};
+
+    fn ledger(slot_ms: u32) -> Ledger {
+        let config = LedgerConfig {
+            slot: SlotLength::from_ms(slot_ms).unwrap(),
+            ..LedgerConfig::default()
+        };
+        let mut ledger = Ledger::new(config);
+        let minute = Allowance {
+            period: Period::Minute,
+            rate: 50.0,
+            burst_seconds: 60.0,
+        };
+        let limit = Limit {
+            user: "alice".into(),
+            per_second: [("requests".into(), 100.0)].into(),
+            burst_seconds: 10.0,
+            per_period: [("requests".into(), vec![minute])].into(),
+            ..Limit::default()
+        };
+        ledger.apply_limits("front", &[limit], 10_000);
+        ledger
+    }
+
+    fn report(node: &str, slot_number: i64, amount: i64, answered: bool) -> v1::Report {
+        let amounts = v1::Amounts {
+            resources: [("requests".to_owned(), amount)].into(),
+        };
+        let usage = v1::Usage {
+            users: [("alice".to_owned(), amounts)].into(),
+        };
+        v1::Report {
+            node_id: node.into(),
+            slot_number,
+            consumption: [("front".to_owned(), usage)].into(),
+            answered,
+            ..v1::Report::default()
+        }
+    }
+
+    fn level(ledger: &mut Ledger, now_ms: i64) -> f64 {
+        ledger
+            .bucket_level("front", "alice", "requests", now_ms)
+            .unwrap()
+    }
+
+    #[test]
+    fn answered_reports_fill_the_sums_of_a_new_ledger_and_charge_nothing() {
+        let mut l = ledger(1000);
+        let start = level(&mut l, 11_000);
+        l.ingest(&report("n1", 11, 40, true), 11_000).unwrap();
+        assert_eq!(
+            level(&mut l, 11_000),
+            start,
+            "no checkpoint: nothing charged"
+        );
+        assert_eq!(l.slot_sum("front", "alice", "requests", 10, false), 40);
+        l.ingest(&report("n1", 12, 40, false), 11_000).unwrap();
+        assert_eq!(level(&mut l, 11_000), start - 40.0, "unanswered: charged");
+    }
+
+    #[test]
+    fn a_restored_ledger_charges_only_what_its_checkpoint_lacks() {
+        let mut old = ledger(1000);
+        old.ingest(&report("n1", 11, 500, false), 11_000).unwrap();
+        let checkpoint = old.checkpoint(11_000);
+        let before = old.bucket_level("front", "alice", "requests", 11_000);
+        let mut new = ledger(1000);
+        let restored = new.restore(&checkpoint, 11_000).unwrap();
+        assert_eq!(restored.buckets, 2, "the second's and the minute's");
+        assert_eq!(
+            new.bucket_level("front", "alice", "requests", 11_000),
+            before
+        );
+        // Sent again, answered: in the checkpoint, so only summed.
+        new.ingest(&report("n1", 11, 500, true), 11_000).unwrap();
+        assert_eq!(
+            new.bucket_level("front", "alice", "requests", 11_000),
+            before
+        );
+        assert_eq!(new.slot_sum("front", "alice", "requests", 10, false), 500);
+        // Answered by the old ledger after its checkpoint: charged.
+        new.ingest(&report("n2", 11, 30, true), 11_000).unwrap();
+        let after = before.map(|b| b - 30.0);
+        assert_eq!(
+            new.bucket_level("front", "alice", "requests", 11_000),
+            after
+        );
+        // The minute's bucket came back too: 3,000 - 530 spent.
+        let key = new
+            .service_state("front")
+            .unwrap()
+            .find("alice", "requests");
+        let state = new.service_state("front").unwrap();
+        let levels: Vec<_> = state
+            .key(key.unwrap())
+            .buckets()
+            .map(|(_, b)| b.level_at(11_000))
+            .collect();
+        assert!(levels.contains(&2_470.0), "{levels:?}");
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_slot_length_is_refused() {
+        let checkpoint = ledger(1000).checkpoint(11_000);
+        let refused = ledger(100).restore(&checkpoint, 11_000);
+        let expected = CheckpointError::SlotLength {
+            expected: 100,
+            found: 1000,
+        };
+        assert_eq!(refused, Err(expected));
+    }
+}

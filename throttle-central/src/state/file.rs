@@ -1,0 +1,95 @@
+//! [`FileState`]: the checkpoint in a file.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+
+use super::{StateError, StateStore};
+
+/// The checkpoint in one file, replaced whole: written beside it, flushed
+/// to the disk and renamed over it, so that a crash mid-write leaves the
+/// previous checkpoint.
+#[derive(Debug, Clone)]
+pub struct FileState {
+    path: PathBuf,
+}
+
+impl FileState {
+    /// The checkpoint at `path` (created on the first save).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    fn error(&self, error: std::io::Error) -> StateError {
+        StateError::Io {
+            path: self.path.display().to_string(),
+            error,
+        }
+    }
+}
+
+/// Writes `bytes` to `path` by way of a file beside it.
+fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let mut file = std::fs::File::create(&partial)?;
+    file.write_all(bytes)?;
+    file.sync_data()?;
+    std::fs::rename(&partial, path)
+}
+
+impl StateStore for FileState {
+    fn load(&self) -> BoxFuture<'_, Result<Option<Bytes>, StateError>> {
+        let path = self.path.clone();
+        Box::pin(async move {
+            let read = tokio::task::spawn_blocking(move || std::fs::read(path)).await;
+            match read.unwrap_or_else(|e| Err(std::io::Error::other(e))) {
+                Ok(bytes) => Ok(Some(Bytes::from(bytes))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(self.error(e)),
+            }
+        })
+    }
+
+    fn save(&self, checkpoint: Bytes) -> BoxFuture<'_, Result<(), StateError>> {
+        let path = self.path.clone();
+        Box::pin(async move {
+            let written = tokio::task::spawn_blocking(move || replace(&path, &checkpoint)).await;
+            written
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+                .map_err(|e| self.error(e))
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_saved_checkpoint_is_loaded_and_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("throttle-state-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = FileState::new(dir.join("checkpoint"));
+        assert!(state.load().await.unwrap().is_none());
+        state
+            .save(Bytes::from_static(b"first, longer"))
+            .await
+            .unwrap();
+        state.save(Bytes::from_static(b"second")).await.unwrap();
+        assert_eq!(state.load().await.unwrap().unwrap(), "second");
+        let unreadable = FileState::new(dir.join("missing-dir").join("checkpoint"));
+        assert!(matches!(
+            unreadable.save(Bytes::new()).await,
+            Err(StateError::Io { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
