@@ -13,6 +13,7 @@ use throttle_central::state::FileState;
 use throttle_central::{Central, Subject};
 use throttle_examples::load::Load;
 use throttle_layer::Fallback;
+use throttle_tests::servers::TempDir;
 use throttle_tests::{CentralFactory, Cluster, per_slot, sum};
 
 const SLOT_MS: u32 = 100;
@@ -37,9 +38,8 @@ async fn kill_and_restart(checkpoint: bool) -> Run {
         "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = {{ requests = {LIMIT} }}\nburst_seconds = 2\n"
     ));
     let limits = Arc::new(StaticLimits::new(limits.unwrap()));
-    let dir = std::env::temp_dir().join(format!("throttle-restart-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = Arc::new(FileState::new(dir.join(format!("checkpoint-{checkpoint}"))));
+    let dir = TempDir::new("restart");
+    let store = Arc::new(FileState::new(dir.path().join("checkpoint")));
     let central: CentralFactory = Arc::new(move || {
         let builder = Central::builder().limits(limits.clone());
         match checkpoint {
@@ -83,7 +83,6 @@ async fn kill_and_restart(checkpoint: bool) -> Run {
         .values()
         .flat_map(|row| row.values().map(|t| t.admitted));
     let admitted = i64::try_from(admitted.sum::<u64>()).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     let alice = |sums: &Value, from, to| per_slot(sums, "front", "alice", "requests", from, to);
     Run {
         after_kill: alice(&after, killed, killed + 19),

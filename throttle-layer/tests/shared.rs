@@ -67,24 +67,26 @@ impl Fleet {
     }
 }
 
+/// The statuses of `n` requests as `user`, sent to `apps` in turn.
+async fn round_robin(apps: &[Router], user: &str, n: usize) -> Vec<StatusCode> {
+    let mut statuses = Vec::with_capacity(n);
+    for i in 0..n {
+        let app = apps[i % apps.len()].clone();
+        statuses.push(app.oneshot(get_as(user, "/")).await.unwrap().status());
+    }
+    statuses
+}
+
 #[tokio::test]
 async fn nodes_on_one_store_share_one_bucket_per_key() {
     let fleet = Fleet::new(3);
     let apps: Vec<Router> = (0..3)
         .map(|i| fleet.app(i, "10r/s burst=5", &[], false))
         .collect();
-    let mut statuses = Vec::new();
-    for i in 0..30 {
-        let res = apps[i % 3]
-            .clone()
-            .oneshot(get_as("alice", "/"))
-            .await
-            .unwrap();
-        statuses.push(res.status().as_u16());
-    }
+    let statuses = round_robin(&apps, "alice", 30).await;
     // The burst and one, across the three nodes together.
     assert_eq!(
-        statuses.iter().filter(|s| **s == 200).count(),
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
         6,
         "{statuses:?}"
     );
@@ -102,15 +104,8 @@ async fn nodes_on_one_store_share_one_bucket_per_key() {
     let bob = apps[2].clone().oneshot(get_as("bob", "/")).await.unwrap();
     assert_eq!(bob.status(), StatusCode::OK);
     fleet.clock.advance(Duration::from_secs(1));
-    let mut later = 0;
-    for i in 0..30 {
-        let res = apps[i % 3]
-            .clone()
-            .oneshot(get_as("alice", "/"))
-            .await
-            .unwrap();
-        later += usize::from(res.status() == StatusCode::OK);
-    }
+    let later = round_robin(&apps, "alice", 30).await;
+    let later = later.iter().filter(|s| **s == StatusCode::OK).count();
     assert_eq!(later, 6, "10 a second refill a bucket of 6");
 }
 
@@ -121,13 +116,7 @@ async fn a_request_the_shared_limit_refuses_counts_nowhere() {
         fleet.app(0, "2r/s", &["100r/s burst=1 nodelay"], false),
         fleet.app(1, "2r/s", &["100r/s burst=1 nodelay"], false),
     ];
-    for i in 0..6 {
-        let _ = apps[i % 2]
-            .clone()
-            .oneshot(get_as("alice", "/"))
-            .await
-            .unwrap();
-    }
+    round_robin(&apps, "alice", 6).await;
     fleet.clock.set(T + 1000);
     // One passed on each node (the bucket holds 1: no burst); the two
     // nodes' slot stores count only those, not the four refused.

@@ -68,13 +68,13 @@ impl Keeper {
     /// it cannot be read), then lets streams of `epoch` in.
     async fn restore(&self, epoch: u64) {
         let started = Instant::now();
-        let mut loaded = Err(StateError::Etcd("not read".into()));
-        for attempt in 1..=LOAD_ATTEMPTS {
-            loaded = self.store.load().await;
-            if loaded.is_ok() || attempt == LOAD_ATTEMPTS {
+        let mut loaded = self.store.load().await;
+        for _ in 1..LOAD_ATTEMPTS {
+            if loaded.is_ok() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+            loaded = self.store.load().await;
         }
         let checkpoint = loaded.and_then(|bytes| {
             bytes

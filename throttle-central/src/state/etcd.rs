@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use throttle_clock::{Clock, SystemClock};
 use throttle_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
 use throttle_proto::etcd::kv_client::KvClient;
 use throttle_proto::etcd::range_request::{SortOrder, SortTarget};
@@ -55,8 +56,11 @@ impl EtcdState {
     /// The checkpoint of the election `name` on `endpoints`, written only
     /// while `elected` leads.
     pub fn new(endpoints: Vec<String>, name: &str, elected: Arc<Elected>) -> Self {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        let start = now.map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        // A thousand generations a millisecond before it meets the next
+        // millisecond's start.
+        let start = u64::try_from(SystemClock.now_ms())
+            .unwrap_or(0)
+            .saturating_mul(1000);
         Self {
             endpoints,
             name: name.to_owned(),

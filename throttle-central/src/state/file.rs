@@ -41,12 +41,20 @@ fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&partial, path)
 }
 
+/// Runs file work `f` on `path` off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    path: &Path,
+    f: impl FnOnce(&Path) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let path = path.to_owned();
+    let done = tokio::task::spawn_blocking(move || f(&path)).await;
+    done.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
 impl StateStore for FileState {
     fn load(&self) -> BoxFuture<'_, Result<Option<Bytes>, StateError>> {
-        let path = self.path.clone();
         Box::pin(async move {
-            let read = tokio::task::spawn_blocking(move || std::fs::read(path)).await;
-            match read.unwrap_or_else(|e| Err(std::io::Error::other(e))) {
+            match blocking(&self.path, |path| std::fs::read(path)).await {
                 Ok(bytes) => Ok(Some(Bytes::from(bytes))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(self.error(e)),
@@ -55,12 +63,9 @@ impl StateStore for FileState {
     }
 
     fn save(&self, checkpoint: Bytes) -> BoxFuture<'_, Result<(), StateError>> {
-        let path = self.path.clone();
         Box::pin(async move {
-            let written = tokio::task::spawn_blocking(move || replace(&path, &checkpoint)).await;
-            written
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-                .map_err(|e| self.error(e))
+            let written = blocking(&self.path, move |path| replace(path, &checkpoint)).await;
+            written.map_err(|e| self.error(e))
         })
     }
 
@@ -75,8 +80,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_saved_checkpoint_is_loaded_and_replaced_whole() {
-        let dir = std::env::temp_dir().join(format!("throttle-state-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let temp = throttle_test_servers::TempDir::new("state");
+        let dir = temp.path();
         let state = FileState::new(dir.join("checkpoint"));
         assert!(state.load().await.unwrap().is_none());
         state
@@ -90,6 +95,5 @@ mod tests {
             unreadable.save(Bytes::new()).await,
             Err(StateError::Io { .. })
         ));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
