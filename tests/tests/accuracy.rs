@@ -2,6 +2,7 @@
 //! policy. Deterministic: the scenarios are seeded and run in virtual time.
 
 use throttle_central::policy::{Classic, Projected};
+use throttle_layer::Fallback;
 use throttle_tests::hierarchy;
 use throttle_tests::sim::{self, Outcome};
 
@@ -139,4 +140,35 @@ fn a_burst_above_the_guarantee_ends_after_its_seconds() {
         o.app_min.iter().all(|m| (0.98..=1.02).contains(m)),
         "then the guarantee: {o:?}"
     );
+}
+
+#[test]
+fn a_central_back_from_its_checkpoint_holds_every_slot_near_the_limit() {
+    // Killed and back 5 s later; a standby taking over 2.3 s after the
+    // kill. The nodes keep their last quotas meanwhile (the default
+    // fallback) and the new central grants once their reports are back.
+    for prefix in ["14 ", "15 "] {
+        let o = projected(prefix);
+        let around = o.outage.expect("an outage scenario");
+        assert!(
+            (0.98..=1.02).contains(&around.window),
+            "{prefix}: the 30 s around: {around:?}"
+        );
+        assert!(
+            around.lowest_slot >= 0.9 && around.highest_slot <= 1.1,
+            "{prefix}: every slot within 10%: {around:?}"
+        );
+    }
+}
+
+#[test]
+fn failing_open_through_an_outage_bursts_then_starves() {
+    // The original fallback, for contrast: 3x the limit while the central
+    // is away, then refused while the debt drains.
+    let mut s = sim::scenario("14 ");
+    s.fallback = Fallback::Allow;
+    let o = sim::run(&s, Box::new(|_| Box::new(Projected::new())));
+    let around = o.outage.expect("an outage scenario");
+    assert!(around.highest_slot > 2.5, "{around:?}");
+    assert!(around.lowest_slot < 0.01, "{around:?}");
 }

@@ -57,6 +57,11 @@ struct Args {
     /// How long a decision waits for Redis before letting the request pass.
     #[arg(long, default_value_t = 5)]
     redis_timeout_ms: u64,
+    /// What a request is decided by while there is no quota for the slot
+    /// (the central away, a standby taking over): `allow`, `deny`,
+    /// `last-known-then-allow:SLOTS`, `last-known-then-deny:SLOTS`.
+    #[arg(long, env = "THROTTLE_FALLBACK", default_value_t = Fallback::default())]
+    fallback: Fallback,
     /// Report to no central node: the layer decides by its local and
     /// shared limits alone.
     #[arg(long)]
@@ -90,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
         shared: args.shared_limits,
         redis,
     };
-    let router = app::router_with(&store, Fallback::Allow, &limits)?;
+    let router = app::router_with(&store, args.fallback, &limits)?;
     let _reporter = match args.no_central {
         true => None,
         false => Some(args.reporter.builder(&store, &node_id)?.spawn()?),

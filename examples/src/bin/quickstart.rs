@@ -54,7 +54,7 @@ fn demo_limits() -> anyhow::Result<LimitSet> {
 
 async fn start_node(central: SocketAddr, i: usize) -> anyhow::Result<SocketAddr> {
     let store = SlotStore::default();
-    let router = app::router(&store, Fallback::Allow)?;
+    let router = app::router(&store, Fallback::default())?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let reporter = Reporter::builder(&store, &format!("node-{}", i + 1))

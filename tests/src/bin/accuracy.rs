@@ -3,12 +3,13 @@
 //!
 //! Run with: `cargo run --release -p throttle-tests --bin accuracy` (add
 //! `-- --only 13` for the scenarios whose name starts so; `--only A` for
-//! the hierarchical ones).
+//! the hierarchical ones; `--trace` to print the outage runs' slots).
 
 use std::time::Instant;
 
 use throttle_central::ledger::PolicyFactory;
 use throttle_central::policy::{Classic, Projected, StaticSplit};
+use throttle_layer::Fallback;
 use throttle_tests::{hierarchy, sim};
 
 /// A policy's name and how to make it.
@@ -28,6 +29,7 @@ fn main() {
     let only = throttle_tests::arg_text("--only").unwrap_or_default();
     if !only.starts_with('A') {
         limits(&only);
+        outages(&only);
     }
     if only.is_empty() || only.starts_with('A') {
         apps(&only);
@@ -135,6 +137,74 @@ fn limits(only: &str) {
                 reconverge,
                 o.deepest_debt,
                 started.elapsed().as_millis(),
+            );
+        }
+    }
+}
+
+/// The outage scenarios under the default policy, with every fallback.
+fn outages(only: &str) {
+    let chosen: Vec<_> = sim::outages()
+        .into_iter()
+        .filter(|s| s.name.starts_with(only))
+        .collect();
+    if chosen.is_empty() {
+        return;
+    }
+    println!(
+        "\nThe central away from 30.4 s on; one user at 3x its limit over 3 nodes; policy projected."
+    );
+    println!(
+        "30 s around: admitted / limit over the 30 slots centred on the outage, and its least and"
+    );
+    println!("largest slot; windows: 10-slot windows after the warm-up; debt as above.\n");
+    println!(
+        "| {:<44} | {:<24} | {:>11} | {:>11} | {:>12} | {:>10} | {:>10} | {:>6} |",
+        "scenario",
+        "fallback",
+        "30 s around",
+        "least slot",
+        "largest slot",
+        "window min",
+        "window max",
+        "debt"
+    );
+    println!(
+        "|{:-<46}|{:-<26}|{:->13}|{:->13}|{:->14}|{:->12}|{:->12}|{:->8}|",
+        "", "", "", "", "", "", "", ""
+    );
+    // `--trace`: each run's slots around the outage, on stderr.
+    let trace_slots = std::env::args().any(|a| a == "--trace");
+    let fallbacks = [
+        Fallback::Allow,
+        Fallback::Deny,
+        Fallback::LastKnownThenAllow(3),
+        Fallback::LastKnownThenAllow(60),
+        Fallback::LastKnownThenDeny(60),
+    ];
+    for mut scenario in chosen {
+        for fallback in fallbacks {
+            scenario.fallback = fallback;
+            let trace = sim::run_traced(&scenario, Box::new(|_| Box::new(Projected::new())));
+            let o = trace.outcome;
+            let around = o.outage.unwrap_or_default();
+            if trace_slots {
+                let window = scenario.outage.map(|o| o.window()).unwrap_or_default();
+                eprintln!(
+                    "{} {fallback:?}: {:?}",
+                    scenario.name, &trace.admitted[0][window]
+                );
+            }
+            println!(
+                "| {:<44} | {:<24} | {:>10.1}% | {:>10.1}% | {:>11.1}% | {:>9.1}% | {:>9.1}% | {:>6.1} |",
+                scenario.name,
+                format!("{fallback:?}"),
+                100.0 * around.window,
+                100.0 * around.lowest_slot,
+                100.0 * around.highest_slot,
+                100.0 * o.window_min,
+                100.0 * o.window_max,
+                o.deepest_debt,
             );
         }
     }

@@ -198,7 +198,9 @@ impl<F: QuotaFormat> Assigner<F> {
         entry.1.extend(held.iter().map(|s| (*s).clone()));
         let current = self.ledger.config().slot.slot_at(now_ms);
         let mut pushes = Vec::new();
-        for service in held {
+        // A restored ledger grants once the nodes' reports are back.
+        let holding = self.ledger.holding(now_ms);
+        for service in held.into_iter().filter(|_| !holding) {
             if self
                 .ledger
                 .reassign_for_new_node(service, CONNECT_REASSIGN_KEYS, now_ms)
@@ -327,6 +329,15 @@ impl<F: QuotaFormat> Assigner<F> {
         now_ms: i64,
     ) -> Result<Answer<F::Quota>, ReportError> {
         let (filed, reported) = self.file_inner(node, report, now_ms)?;
+        if self.ledger.holding(now_ms) {
+            // Nothing granted yet: the node keeps its last quotas.
+            let quota = F::render(self.rendering(node), [], &[], Some(report.slot_number()));
+            return Ok(Answer {
+                quota,
+                complete: filed.complete,
+                ingested: filed.ingested,
+            });
+        }
         let next = report.slot_number() + 1;
         // A connected node is answered for every service it declared or
         // reported; one that is not (a replay racing a disconnect) for
@@ -441,6 +452,9 @@ impl<F: QuotaFormat> Assigner<F> {
             }
         }
         let current = self.ledger.config().slot.slot_at(now_ms);
+        if self.ledger.release(now_ms) {
+            return Ok((self.caught_up(current, now_ms, ingested), reported));
+        }
         let mut complete = Vec::new();
         if report.slot_number() == current {
             for service in &reported {
@@ -453,6 +467,21 @@ impl<F: QuotaFormat> Assigner<F> {
             }
         }
         Ok((Filed { complete, ingested }, reported))
+    }
+
+    /// The nodes' reports are back after a restore: every service is
+    /// assigned now, its answers rendered from that, and named complete
+    /// so each node is pushed its grants.
+    fn caught_up(&mut self, current: i64, now_ms: i64, ingested: Ingested) -> Filed {
+        let services: Vec<String> = self.ledger.services().map(str::to_owned).collect();
+        for service in &services {
+            self.ledger.reassign(service, current, now_ms);
+            self.reassigned.insert(service.clone(), current);
+        }
+        Filed {
+            complete: services,
+            ingested,
+        }
     }
 
     /// Re-assigns the current slot of `service` (after [`Answer::complete`]
@@ -474,7 +503,7 @@ impl<F: QuotaFormat> Assigner<F> {
         mut each: impl FnMut(NodeId, F::Quota),
     ) {
         let current = self.ledger.config().slot.slot_at(now_ms);
-        if !self.ledger.reassign(service, current, now_ms) {
+        if self.ledger.holding(now_ms) || !self.ledger.reassign(service, current, now_ms) {
             return;
         }
         metrics::counter!("throttle_central_reassigns_total").increment(1);
@@ -538,6 +567,13 @@ impl<F: QuotaFormat> Assigner<F> {
     ) {
         let next = self.ledger.config().slot.slot_at(now_ms) + 1;
         self.refresh_limits(now_ms);
+        self.ledger.release(now_ms);
+        if self.ledger.holding(now_ms) {
+            // Restored, the nodes' reports not all back: they keep their
+            // last quotas a while longer.
+            self.ledger.forget(now_ms);
+            return;
+        }
         let started = std::time::Instant::now();
         let assigned = self.ledger.assign(now_ms);
         metrics::histogram!("throttle_central_assign_seconds")

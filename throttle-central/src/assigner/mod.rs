@@ -28,6 +28,8 @@ mod assigner;
 pub mod render;
 
 #[cfg(test)]
+mod catch_up_tests;
+#[cfg(test)]
 mod tests;
 
 pub use assigner::{

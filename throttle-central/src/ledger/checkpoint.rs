@@ -49,6 +49,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use throttle_proto::v1;
 
+use super::catch_up::CatchUp;
 use super::ids::{NodeId, valid_name};
 use super::ledger::Ledger;
 use crate::limits::Period;
@@ -179,6 +180,9 @@ impl Ledger {
             let ids: BTreeSet<NodeId> = nodes.map(|n| self.node_id(n)).collect();
             filed.insert(slot.slot, ids);
         }
+        // The nodes of the newest two slots it holds are still about.
+        let recent = filed.values().rev().take(2).flatten().copied().collect();
+        self.catch_up = CatchUp::new(recent, now_ms, self.config.slot);
         let current = self.config.slot.slot_at(checkpoint.taken_ms);
         self.restored = Some(Restored {
             filed,

@@ -74,6 +74,7 @@ impl Ledger {
                 ..Ingested::default()
             });
         }
+        self.caught_up(node, slot, now_ms);
         let charge = self.charges(node, slot, report.answered());
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.

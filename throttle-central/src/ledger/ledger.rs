@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
+use super::catch_up::CatchUp;
 use super::checkpoint::Restored;
 use super::config::LedgerConfig;
 use super::ids::{Map, NodeId, valid_name};
@@ -30,6 +31,8 @@ pub struct Ledger {
     pub(super) key_total: usize,
     /// The charges of a restored checkpoint ([`Ledger::restore`]).
     pub(super) restored: Option<Restored>,
+    /// After a restore, the nodes whose reports it waits for.
+    pub(super) catch_up: Option<CatchUp>,
 }
 
 impl fmt::Debug for Ledger {
@@ -59,6 +62,7 @@ impl Ledger {
             policy_factory: factory,
             key_total: 0,
             restored: None,
+            catch_up: None,
         }
     }
 

@@ -54,6 +54,7 @@
 //! - `views`: typed answers to monitor questions;
 //! - `ledger`: the [`Ledger`] itself.
 
+mod catch_up;
 mod checkpoint;
 mod config;
 mod dropped;
@@ -74,6 +75,7 @@ mod views;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use catch_up::hold_ms;
 pub use checkpoint::{CheckpointError, Restoration};
 pub use config::{LedgerConfig, MAX_AMOUNT, MAX_KEYS, ReportError};
 pub use dropped::{DROPPED_EXAMPLES, DropReason, Dropped};

@@ -90,7 +90,7 @@ impl ThrottleLayer {
             costs: Vec::new(),
             resources: Vec::new(),
             handler_usage: false,
-            fallback: Fallback::Allow,
+            fallback: Fallback::default(),
             shadow: false,
             reject_status: StatusCode::TOO_MANY_REQUESTS,
             blocked_status: StatusCode::FORBIDDEN,
@@ -164,7 +164,8 @@ impl<M> ThrottleLayerBuilder<M> {
         self
     }
 
-    /// What to do while there is no quota for the current slot.
+    /// What to do while there is no quota for the current slot (default:
+    /// [`Fallback::default`], the last quota for up to 60 slots, then allow).
     pub fn fallback(mut self, fallback: Fallback) -> Self {
         self.settings.fallback = fallback;
         self

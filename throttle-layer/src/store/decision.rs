@@ -6,25 +6,11 @@ use std::sync::atomic::Ordering;
 
 use throttle_clock::{Clock, CoarseClock};
 
+use super::fallback::Fallback;
 use super::resource::ResourceId;
 use super::service::{QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, UserHandle, VERSION_MASK};
 use super::user::{ROWS_PER_USER, RowTag, UserState};
 use super::users::{Entry, Guard, Name, UserGuard, UserLock, UserMap, Users, with_users};
-
-/// What to do while there is no quota for the current slot, e.g. while the
-/// central node is unreachable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Fallback {
-    /// Let everything through (fail-open, the original behaviour).
-    #[default]
-    Allow,
-    /// Refuse everything (fail-closed).
-    Deny,
-    /// Apply the newest quota of the last `slots` slots, then allow.
-    LastKnownThenAllow(u32),
-    /// Apply the newest quota of the last `slots` slots, then deny.
-    LastKnownThenDeny(u32),
-}
 
 /// Why a request was allowed or refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,8 +6,9 @@
 //! reporter drains it once per slot.
 //!
 //! - [`ServiceStore::admit`] applies the original `throttle` rules: with no
-//!   quota for the current slot the [`Fallback`] decides (by default: allow,
-//!   as the original); with a quota table for the slot but no row for the user,
+//!   quota for the current slot the [`Fallback`] decides (by default: the
+//!   last quota the central sent, for up to 60 slots, then allow as the
+//!   original); with a quota table for the slot but no row for the user,
 //!   the user is not limited; otherwise, for every resource of the user's
 //!   quota, a quota below 1 or this slot's consumption above the quota counts
 //!   one rejection for that resource and refuses the request. An admitted
@@ -76,6 +77,7 @@
 mod blocked;
 mod collect;
 mod decision;
+mod fallback;
 mod quota;
 mod resource;
 mod service;
@@ -86,7 +88,8 @@ mod users;
 #[cfg(test)]
 mod tests;
 
-pub use decision::{Admission, Basis, Decision, Fallback, Tightest};
+pub use decision::{Admission, Basis, Decision, Tightest};
+pub use fallback::{Fallback, FallbackParseError};
 pub use resource::{MAX_RESOURCES, ResourceId};
 pub use service::{ServiceStore, UserHandle};
 pub use slot_store::{SlotStore, StoreBuilder};

@@ -1,0 +1,458 @@
+//! One run of a [`Scenario`]: the nodes, the central and the network,
+//! stepped together on the virtual clock.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use throttle_central::assigner::{Accepts, Assigner};
+use throttle_central::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory};
+use throttle_central::limits::{Limit, LimitSet, StaticLimits};
+use throttle_clock::{ManualClock, SlotLength};
+use throttle_layer::reporter::report_point;
+use throttle_layer::store::{ResourceId, ServiceStore, SlotStore};
+use throttle_proto::v1;
+
+use super::network::{Event, Network, Rng};
+use super::outage::{Comeback, Kept, OutageOutcome};
+use super::{Scenario, Trace, measure};
+
+const SERVICE: &str = "front";
+/// Virtual time step.
+const STEP_MS: i64 = 5;
+/// Reports leave this long after a slot boundary, as the reporter does by
+/// default (plus each node's point of [`Scenario::report_spread_ms`]).
+const REPORT_DELAY_MS: u64 = 50;
+/// Virtual start: an arbitrary whole second.
+const T0: i64 = 1_800_000_000_000;
+const SLOT: SlotLength = SlotLength::SECOND;
+
+struct SimNode {
+    store: SlotStore,
+    service: Arc<ServiceStore>,
+    requests: ResourceId,
+    resource: ResourceId,
+    /// Its id at the central while connected.
+    id: Option<NodeId>,
+    /// Whether the node runs.
+    up: bool,
+    /// The central generation it last connected to.
+    generation: Option<u32>,
+    /// The reports its reporter keeps.
+    kept: Kept,
+}
+
+/// The requests offered and admitted, as the run goes.
+struct Tally {
+    /// Fractional arrivals carried between steps, per (user, node).
+    owed: Vec<Vec<f64>>,
+    rates: Vec<Vec<f64>>,
+    /// The (user, node) pairs with demand, as of the last read of the rates.
+    active: Vec<(usize, usize)>,
+    /// Whether each user offers less than their limit: only their refusals
+    /// count against the policy.
+    under: Vec<bool>,
+    /// Per user, per slot (the measured user's is the first).
+    admitted: Vec<Vec<i64>>,
+    offered: Vec<i64>,
+    others_refused: u64,
+    deepest: f64,
+}
+
+pub(super) struct World<'a> {
+    scenario: &'a Scenario,
+    clock: Arc<ManualClock>,
+    /// Makes every central's policies (a restarted central makes new ones).
+    policy: Arc<Mutex<PolicyFactory>>,
+    central: Assigner,
+    /// Which central answers: a new process is a new generation.
+    generation: u32,
+    /// Whether no central answers now.
+    down: bool,
+    /// The last checkpoint the central wrote.
+    checkpoint: Option<v1::Checkpoint>,
+    nodes: Vec<SimNode>,
+    /// When after each boundary each node reports, on the simulator's steps.
+    report_at: Vec<i64>,
+    rng: Rng,
+    net: Network,
+    tally: Tally,
+}
+
+/// A central node of `scenario`'s limits, its policies made by `policy`.
+fn new_central(scenario: &Scenario, policy: &Arc<Mutex<PolicyFactory>>, now: i64) -> Assigner {
+    let shared = policy.clone();
+    let ledger = Ledger::with_policies(
+        LedgerConfig {
+            slot: SLOT,
+            ..LedgerConfig::default()
+        },
+        Box::new(move |service| (shared.lock().unwrap_or_else(PoisonError::into_inner))(service)),
+    );
+    let limits = Arc::new(StaticLimits::new(limits_of(scenario)));
+    let mut central: Assigner = Assigner::new(ledger, limits);
+    central.refresh_limits(now);
+    central
+}
+
+/// The limits of `scenario`.
+fn limits_of(scenario: &Scenario) -> LimitSet {
+    if let Some(limits) = scenario.limits {
+        return limits();
+    }
+    let resource = scenario.resource.0;
+    let rule = |user: &str, rate: f64| Limit {
+        user: user.into(),
+        per_second: [(resource.to_string(), rate)].into(),
+        burst_seconds: scenario.burst_seconds,
+        ..Limit::default()
+    };
+    let mut limits = LimitSet::new();
+    match scenario.every_user {
+        Some(rate) => limits.insert(SERVICE, rule(throttle_central::limits::EVERY_USER, rate)),
+        None => {
+            for u in &scenario.users {
+                limits.insert(SERVICE, rule(&u.name, u.limit));
+            }
+        }
+    }
+    limits
+}
+
+fn new_node(clock: &Arc<ManualClock>, resource: &str) -> SimNode {
+    let store = SlotStore::builder().clock(clock.clone()).slot(SLOT).build();
+    let service = store.service(SERVICE);
+    let requests = service.resource("requests").expect("fresh service");
+    let resource = service.resource(resource).expect("fresh service");
+    SimNode {
+        store,
+        service,
+        requests,
+        resource,
+        id: None,
+        up: false,
+        generation: None,
+        kept: Kept::default(),
+    }
+}
+
+impl<'a> World<'a> {
+    pub(super) fn new(scenario: &'a Scenario, policy: PolicyFactory) -> Self {
+        let clock = Arc::new(ManualClock::new(T0));
+        let policy = Arc::new(Mutex::new(policy));
+        let central = new_central(scenario, &policy, T0);
+        let nodes: Vec<SimNode> = (0..scenario.nodes)
+            .map(|_| new_node(&clock, scenario.resource.0))
+            .collect();
+        let report_at = (0..scenario.nodes)
+            .map(|i| {
+                let at = report_point(
+                    &format!("node-{i}"),
+                    Duration::from_millis(REPORT_DELAY_MS),
+                    Duration::from_millis(scenario.report_spread_ms),
+                );
+                let ms = i64::try_from(at.as_millis()).unwrap_or(i64::MAX);
+                ms - ms % STEP_MS
+            })
+            .collect();
+        let (users, slots) = (scenario.users.len(), scenario.seconds as usize);
+        let tally = Tally {
+            owed: vec![vec![0.0; scenario.nodes]; users],
+            rates: vec![vec![0.0; scenario.nodes]; users],
+            active: Vec::new(),
+            under: vec![true; users],
+            admitted: vec![vec![0; slots + 1]; users],
+            offered: vec![0; slots + 1],
+            others_refused: 0,
+            deepest: f64::INFINITY,
+        };
+        Self {
+            scenario,
+            clock,
+            policy,
+            central,
+            generation: 0,
+            down: false,
+            checkpoint: None,
+            nodes,
+            report_at,
+            rng: Rng(scenario.seed),
+            net: Network::default(),
+            tally,
+        }
+    }
+
+    pub(super) fn run(mut self) -> Trace {
+        let mut t = 0;
+        while t < self.scenario.seconds * 1000 {
+            self.step(t);
+            t += STEP_MS;
+        }
+        self.finish()
+    }
+
+    fn step(&mut self, t: i64) {
+        let now = T0 + t;
+        self.clock.set(now);
+        let in_slot = now - SLOT.start_ms(SLOT.slot_at(now));
+        self.central_comes_and_goes(t, now);
+        self.nodes_come_and_go(t, now);
+        self.deliver(now);
+        self.report(now, in_slot);
+        // The assigner at mid-slot.
+        if in_slot == 500 && !self.down {
+            for (to, q) in self.central.tick(now) {
+                self.push(to, now, q);
+            }
+            let measured = &self.scenario.users[0];
+            let ledger = self.central.ledger_mut();
+            let resource = self.scenario.resource.0;
+            if let Some(level) = ledger.bucket_level(SERVICE, &measured.name, resource, now) {
+                self.tally.deepest = self.tally.deepest.min(level / measured.limit);
+            }
+        }
+        self.requests(t);
+    }
+
+    /// The outage: the central stops answering, and comes back as itself
+    /// or as a new process; meanwhile it writes its checkpoints.
+    fn central_comes_and_goes(&mut self, t: i64, now: i64) {
+        let Some(outage) = self.scenario.outage else {
+            return;
+        };
+        if let Comeback::Checkpoint { every_ms } = outage.comeback
+            && !self.down
+            && t % every_ms == 0
+        {
+            self.checkpoint = Some(self.central.ledger().checkpoint(now));
+        }
+        let away = outage.covers(t);
+        if away == self.down {
+            return;
+        }
+        self.down = away;
+        if away {
+            for n in &mut self.nodes {
+                if let Some(id) = n.id.take()
+                    && outage.comeback == Comeback::Same
+                {
+                    self.central.disconnect(id, Accepts::NONE);
+                }
+            }
+            return;
+        }
+        if outage.comeback == Comeback::Same {
+            return;
+        }
+        self.generation += 1;
+        self.central = new_central(self.scenario, &self.policy, now);
+        if let Some(cp) = &self.checkpoint {
+            let ledger = self.central.ledger_mut();
+            ledger
+                .restore(cp, now)
+                .expect("a checkpoint of the same slot length");
+        }
+    }
+
+    /// Nodes coming and going, connecting when a central answers.
+    fn nodes_come_and_go(&mut self, t: i64, now: i64) {
+        for i in 0..self.nodes.len() {
+            let up = (self.scenario.alive)(t, i);
+            let n = &mut self.nodes[i];
+            n.up = up;
+            match (up, n.id) {
+                (true, None) if !self.down => self.connect(i, now),
+                (false, Some(id)) => {
+                    self.central.disconnect(id, Accepts::NONE);
+                    // A node that stops loses what its reporter kept.
+                    n.id = None;
+                    n.kept = Kept::default();
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Connects node `i` and sends what its reporter kept: to the central
+    /// it knew, the unanswered reports; to a new one, all.
+    fn connect(&mut self, i: usize, now: i64) {
+        let name = format!("node-{i}");
+        let (id, pushes) = self
+            .central
+            .connect(&name, &[SERVICE.to_string()], Accepts::NONE, now);
+        let n = &mut self.nodes[i];
+        n.id = Some(id);
+        for (_, q) in pushes {
+            n.store.apply_quota(&q);
+        }
+        let all = n.generation.is_some_and(|g| g != self.generation);
+        n.generation = Some(self.generation);
+        let replay = n.kept.replay(all);
+        if replay.is_empty() {
+            return;
+        }
+        let generation = self.generation;
+        let events = replay.into_iter().map(|report| Event::Report {
+            node: i,
+            central: generation,
+            report,
+        });
+        self.net
+            .send_all(&mut self.rng, self.scenario.delay_ms, now, events);
+    }
+
+    /// The messages arrived by `now`.
+    fn deliver(&mut self, now: i64) {
+        while let Some(event) = self.net.arrived(now) {
+            match event {
+                Event::Report {
+                    node,
+                    central,
+                    report,
+                } => self.file(node, central, &report, now),
+                Event::Quota(i, q) => {
+                    if self.nodes[i].id.is_some() {
+                        self.nodes[i].store.apply_quota(&q);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The central files a report of node `i` sent to generation
+    /// `central` and answers it (unless another central answered it).
+    fn file(&mut self, i: usize, central: u32, report: &v1::Report, now: i64) {
+        let Some(id) = self.nodes[i].id else { return };
+        if self.down || central != self.generation {
+            return;
+        }
+        if report.answered {
+            let _ = self.central.file(id, report, now);
+            return;
+        }
+        let Ok(answer) = self.central.report(id, report, now) else {
+            return;
+        };
+        self.nodes[i].kept.answered(report.slot_number);
+        let delay = self.scenario.delay_ms;
+        self.net
+            .send(&mut self.rng, delay, now, Event::Quota(i, answer.quota));
+        // The central re-assigns after its answers, at the same instant.
+        let pushes: Vec<_> = answer
+            .complete
+            .iter()
+            .flat_map(|s| self.central.reassign(s, now))
+            .collect();
+        for (to, q) in pushes {
+            self.push(to, now, q);
+        }
+    }
+
+    /// Sends `quota` to the node with id `to`.
+    fn push(&mut self, to: NodeId, now: i64, quota: v1::Quota) {
+        if let Some(j) = self.nodes.iter().position(|n| n.id == Some(to)) {
+            let delay = self.scenario.delay_ms;
+            self.net
+                .send(&mut self.rng, delay, now, Event::Quota(j, quota));
+        }
+    }
+
+    /// Reports, 50 ms after each boundary (or at each node's point of the
+    /// spread after that); kept while no central answers.
+    fn report(&mut self, now: i64, in_slot: i64) {
+        let slot_now = SLOT.slot_at(now);
+        for i in 0..self.nodes.len() {
+            let n = &mut self.nodes[i];
+            if !n.up || in_slot != self.report_at[i] {
+                continue;
+            }
+            let mut r = n.store.collect(slot_now - 1);
+            r.node_id = format!("node-{i}");
+            n.kept.push(r.clone());
+            if n.id.is_some() && self.rng.unit() >= self.scenario.loss {
+                let event = Event::Report {
+                    node: i,
+                    central: self.generation,
+                    report: r,
+                };
+                self.net
+                    .send(&mut self.rng, self.scenario.delay_ms, now, event);
+            }
+        }
+    }
+
+    /// Requests. Rates are read every 100 ms of virtual time; pairs with
+    /// no demand cost nothing.
+    fn requests(&mut self, t: i64) {
+        let (scenario, tally) = (self.scenario, &mut self.tally);
+        if t % 100 == 0 {
+            tally.active.clear();
+            for (u, user) in scenario.users.iter().enumerate() {
+                for (i, r) in tally.rates[u].iter_mut().enumerate() {
+                    *r = (user.demand)(t, i);
+                    if *r > 0.0 {
+                        tally.active.push((u, i));
+                    }
+                }
+                tally.under[u] = tally.rates[u].iter().sum::<f64>() < user.limit;
+            }
+        }
+        let index = (t / 1000) as usize;
+        let cost = scenario.resource.1;
+        for &(u, i) in &tally.active {
+            let (user, n) = (&scenario.users[u], &self.nodes[i]);
+            if !n.up {
+                continue;
+            }
+            let owed = &mut tally.owed[u][i];
+            *owed += tally.rates[u][i] * STEP_MS as f64 / 1000.0 * (0.5 + self.rng.unit());
+            while *owed >= 1.0 {
+                *owed -= 1.0;
+                // One request; a resource other than `requests` is
+                // charged after the response, like traffic_down.
+                let a = n.service.admit_with_handle(
+                    &user.name,
+                    &[(n.requests, 1)],
+                    scenario.fallback,
+                    true,
+                );
+                let ok = a.decision.is_allowed();
+                if ok {
+                    tally.admitted[u][index] += cost;
+                }
+                if u == 0 {
+                    tally.offered[index] += cost;
+                } else if !ok && tally.under[u] {
+                    tally.others_refused += 1;
+                }
+                if ok
+                    && n.resource != n.requests
+                    && let Some(h) = a.handle
+                {
+                    h.consume(n.resource, cost);
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> Trace {
+        let (scenario, mut tally) = (self.scenario, self.tally);
+        let slots = scenario.seconds as usize;
+        for user in &mut tally.admitted {
+            user.truncate(slots);
+        }
+        let mut outcome = measure::measure(
+            scenario,
+            &tally.admitted[0],
+            &tally.offered[..slots],
+            tally.others_refused,
+            tally.deepest,
+        );
+        outcome.outage = scenario
+            .outage
+            .map(|o| OutageOutcome::measure(&o, &tally.admitted[0], scenario.users[0].limit));
+        Trace {
+            outcome,
+            admitted: tally.admitted,
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! Grants held after a restore until the nodes' reports are back.
+//!
+//! A ledger restored from a checkpoint has its buckets as they stood when
+//! the checkpoint was taken, refilled since. What the nodes admitted
+//! meanwhile (on their last quotas, as the layer's
+//! `Fallback::LastKnownThenAllow` lets them) reaches it only as they reconnect and send their kept
+//! reports again. A grant made before those are filed hands out the
+//! refill they already spent, and the debt that follows starves the next
+//! slots. So a restored ledger grants nothing (its nodes keep deciding on
+//! their last quotas) until every node that reported the checkpoint's
+//! newest slot has reported the slot before the current one, or until
+//! [`hold_ms`] passed, for nodes that do not come back.
+
+use std::collections::BTreeSet;
+
+use throttle_clock::SlotLength;
+
+use super::ids::NodeId;
+use super::ledger::Ledger;
+
+/// The longest a restored ledger waits for the nodes it expects: two
+/// slots, and at least one second (nodes reconnect within their backoff).
+pub fn hold_ms(slot: SlotLength) -> i64 {
+    (2 * i64::from(slot.as_ms())).max(1_000)
+}
+
+/// What a restored ledger waits for before it grants.
+#[derive(Debug, Clone, Default)]
+pub(super) struct CatchUp {
+    /// The nodes not yet caught up.
+    awaiting: BTreeSet<NodeId>,
+    /// When it grants regardless.
+    until_ms: i64,
+}
+
+impl CatchUp {
+    pub(super) fn new(awaiting: BTreeSet<NodeId>, now_ms: i64, slot: SlotLength) -> Option<Self> {
+        (!awaiting.is_empty()).then(|| Self {
+            awaiting,
+            until_ms: now_ms + hold_ms(slot),
+        })
+    }
+}
+
+impl Ledger {
+    /// Whether grants are held: restored, and waiting for a node's
+    /// reports ([module docs](self)).
+    pub fn holding(&self, now_ms: i64) -> bool {
+        self.catch_up.as_ref().is_some_and(|c| now_ms < c.until_ms)
+    }
+
+    /// Notes that `node` filed data slot `slot`: caught up if that is the
+    /// slot before the current one.
+    pub(super) fn caught_up(&mut self, node: NodeId, slot: i64, now_ms: i64) {
+        let current = self.config.slot.slot_at(now_ms);
+        if let Some(c) = &mut self.catch_up
+            && slot >= current - 1
+        {
+            c.awaiting.remove(&node);
+        }
+    }
+
+    /// Ends the hold if nothing is awaited or its time is up; true if it
+    /// ended now (once): every service should be assigned at once.
+    pub fn release(&mut self, now_ms: i64) -> bool {
+        let done = self
+            .catch_up
+            .as_ref()
+            .is_some_and(|c| c.awaiting.is_empty() || now_ms >= c.until_ms);
+        if done {
+            self.catch_up = None;
+        }
+        done
+    }
+}
