@@ -8,6 +8,10 @@
 //! may go away for a while ([`Outage`]) and come back as itself or as a new
 //! process restored from its checkpoint. Minutes of virtual time with
 //! hundreds of nodes take well under a second.
+//!
+//! [`SlotStore`]: throttle_layer::store::SlotStore
+//! [`Assigner`]: throttle_central::assigner::Assigner
+//! [`ManualClock`]: throttle_clock::ManualClock
 
 mod measure;
 mod network;
