@@ -44,7 +44,7 @@ impl CatchUp {
 
 impl Ledger {
     /// Whether grants are held: restored, and waiting for a node's
-    /// reports ([module docs](self)).
+    /// reports: a restored ledger waits for the nodes of its checkpoint.
     pub fn holding(&self, now_ms: i64) -> bool {
         self.catch_up.as_ref().is_some_and(|c| now_ms < c.until_ms)
     }
