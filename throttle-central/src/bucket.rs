@@ -74,11 +74,22 @@ impl Bucket {
     /// The level at `now_ms` without recording the refill (for readers that
     /// only look, e.g. a policy computing quotas).
     pub fn level_at(&self, now_ms: i64) -> f64 {
-        if now_ms > self.updated_ms && self.level < self.capacity {
+        if now_ms > self.updated_ms {
             let gained = self.rate * (now_ms - self.updated_ms) as f64 / 1000.0;
-            (self.level + gained).min(self.capacity)
+            self.refilled(gained)
         } else {
             self.level
+        }
+    }
+
+    /// The level after `gained` more: capped at the capacity, except for
+    /// a level already above it, which only [`Bucket::restore`] leaves
+    /// (until [`Bucket::clamp`]) and which refills uncapped.
+    fn refilled(&self, gained: f64) -> f64 {
+        if self.level > self.capacity {
+            self.level + gained
+        } else {
+            (self.level + gained).min(self.capacity)
         }
     }
 
@@ -115,14 +126,25 @@ impl Bucket {
         self.level = self.level.min(self.capacity);
     }
 
-    /// Sets the level read at `at_ms` (from a checkpoint): at most the
-    /// capacity, and refilled from `at_ms` on. A non-finite level is
+    /// Sets the level read at `at_ms` (from a checkpoint), at most the
+    /// capacity, plus the refill from then to `now_ms` without the cap:
+    /// the reports of that time are still to be charged, and what the
+    /// nodes admitted meanwhile was paid for by that refill, second by
+    /// second. Above the capacity it keeps refilling uncapped until
+    /// [`Bucket::clamp`] caps it, once they are in. A non-finite level is
     /// ignored.
-    pub fn restore(&mut self, level: f64, at_ms: i64) {
+    pub fn restore(&mut self, level: f64, at_ms: i64, now_ms: i64) {
         if level.is_finite() {
-            self.level = level.min(self.capacity);
-            self.updated_ms = at_ms;
+            let away = (now_ms - at_ms).max(0) as f64 / 1000.0;
+            self.level = level.min(self.capacity) + self.rate * away;
+            self.updated_ms = now_ms.max(at_ms);
         }
+    }
+
+    /// Caps the level at the capacity (after [`Bucket::restore`]).
+    pub fn clamp(&mut self, now_ms: i64) {
+        self.refill(now_ms);
+        self.level = self.level.min(self.capacity);
     }
 
     fn refill(&mut self, now_ms: i64) {
@@ -130,9 +152,7 @@ impl Bucket {
         // backwards, so the same interval is never credited twice.
         if now_ms > self.updated_ms {
             let gained = self.rate * (now_ms - self.updated_ms) as f64 / 1000.0;
-            if self.level < self.capacity {
-                self.level = (self.level + gained).min(self.capacity);
-            }
+            self.level = self.refilled(gained);
             self.updated_ms = now_ms;
         }
     }
@@ -145,6 +165,25 @@ fn sanitize(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restored_bucket_holds_the_refill_of_the_gap_until_clamped() {
+        // 100/s, 2 s of burst; checkpointed at 1 s, restored at 6 s.
+        let mut b = Bucket::new(100.0, 2.0, 0);
+        b.consume(100, 0);
+        b.restore(20.0, 1_000, 6_000);
+        assert_eq!(b.level(6_000), 520.0, "5 s of refill, above the capacity");
+        assert_eq!(b.level(6_500), 570.0, "and still refilling uncapped");
+        // The reports of the gap: 100 a second.
+        b.consume(500, 6_500);
+        assert_eq!(b.level(6_500), 70.0);
+        b.clamp(6_500);
+        assert_eq!(b.level(60_000), 200.0, "capped again once clamped");
+        let mut above = Bucket::new(100.0, 2.0, 0);
+        above.restore(0.0, 0, 10_000);
+        above.clamp(10_000);
+        assert_eq!(above.level(10_000), 200.0);
+    }
     use proptest::prelude::*;
 
     #[test]

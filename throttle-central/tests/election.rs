@@ -3,55 +3,45 @@
 //! leads, a killed leader's standby takes over, a stopped leader is
 //! deposed and never leads beside another.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use throttle_layer::{Reporter, SlotStore};
-use throttle_test_servers::{Etcd, free_port, wait_listening};
+use throttle_test_servers::{CentralProcess, Etcd, until};
 
 /// A `throttle-central` process in election `test` on `etcd`.
-struct Central {
-    child: Child,
-    grpc: u16,
-    http: SocketAddr,
-}
+struct Central(CentralProcess);
 
 impl Central {
     fn start(etcd: &Etcd) -> Self {
-        let (grpc, http) = (free_port(), free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_throttle-central"))
-            .args(["--listen", &format!("127.0.0.1:{grpc}")])
-            .args(["--http", &format!("127.0.0.1:{http}")])
-            .args(["--slot-ms", "200", "--election", "test"])
-            .args(["--etcd", &etcd.url()])
-            .args(["--advertise", &format!("http://127.0.0.1:{grpc}")])
-            .env("THROTTLE_CENTRAL_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the binary runs");
-        let http = SocketAddr::from(([127, 0, 0, 1], http));
-        wait_listening(http);
-        Self { child, grpc, http }
+        let grpc = throttle_test_servers::free_port();
+        let args = [
+            "--slot-ms",
+            "200",
+            "--election",
+            "test",
+            "--etcd",
+            &etcd.url(),
+            "--advertise",
+            &format!("http://127.0.0.1:{grpc}"),
+        ];
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Self(CentralProcess::start_on(
+            env!("CARGO_BIN_EXE_throttle-central"),
+            grpc,
+            &args,
+        ))
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.grpc)
+        self.0.url()
     }
 
     /// `/healthz`, or `None` if it does not answer within 80 ms (a
     /// stopped process).
     fn health(&self) -> Option<Value> {
-        let wait = Duration::from_millis(80);
-        let mut s = TcpStream::connect_timeout(&self.http, wait).ok()?;
-        s.set_read_timeout(Some(wait)).ok()?;
-        s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
+        let body = self.0.get("/healthz", Duration::from_millis(80))?;
+        serde_json::from_str(&body).ok()
     }
 
     fn leads(&self) -> bool {
@@ -59,29 +49,8 @@ impl Central {
     }
 
     fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success());
+        self.0.signal(name);
     }
-}
-
-impl Drop for Central {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Polls `f` every 50 ms until it holds, up to `within`; how long it took.
-fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
 }
 
 /// The first central, leading; the second, standing by and naming it.

@@ -1,7 +1,11 @@
 //! Real servers the tests start from the binaries on `PATH` (Redis, etcd), each
 //! on a 127.0.0.1 ephemeral port with a temporary directory, stopped when
 //! dropped. Without the binary a test skips, saying why, unless
-//! `THROTTLE_REQUIRE_SERVERS=1` (as CI sets), where it fails.
+//! `THROTTLE_REQUIRE_SERVERS=1` (as CI sets), where it fails. Also our own
+//! central node as a process ([`CentralProcess`]).
+
+mod central;
+pub use central::CentralProcess;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -77,6 +81,17 @@ pub fn wait_listening(addr: SocketAddr) {
         assert!(Instant::now() < deadline, "{addr} never listened");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Polls `f` every 20 ms until it holds, up to `within` (then panics,
+/// naming `what`); how long it took.
+pub fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
 }
 
 /// A `redis-server`, no persistence.

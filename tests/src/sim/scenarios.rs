@@ -167,6 +167,9 @@ pub fn outages() -> Vec<Scenario> {
             vec![spread("heavy", LIMIT, 3.0 * LIMIT, even)],
             3,
         );
+        // Less burst than the outage is long: its refill exceeds the
+        // bucket.
+        s.burst_seconds = 2.0;
         s.outage = Some(Outage {
             from_ms: 30_400,
             to_ms: 30_400 + ms,

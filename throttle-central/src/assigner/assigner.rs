@@ -74,6 +74,10 @@ pub struct Assigner<F: QuotaFormat = Messages> {
     lacking: BTreeMap<NodeId, Lacking>,
     /// Per service, the last slot re-assigned once every report was in.
     reassigned: BTreeMap<String, i64>,
+    /// Per service, the slot after the current one, assigned when a hold
+    /// ended (its tick may have been skipped), for the next re-assign to
+    /// push too.
+    released: BTreeMap<String, i64>,
     /// The [`LimitSource::version`] of the limits applied last.
     limits_applied: Option<u64>,
 }
@@ -145,6 +149,7 @@ impl<F: QuotaFormat> Assigner<F> {
             nodes: BTreeMap::new(),
             lacking: BTreeMap::new(),
             reassigned: BTreeMap::new(),
+            released: BTreeMap::new(),
             limits_applied: None,
         }
     }
@@ -478,6 +483,11 @@ impl<F: QuotaFormat> Assigner<F> {
             self.ledger.reassign(service, current, now_ms);
             self.reassigned.insert(service.clone(), current);
         }
+        // The tick of this slot assigned nothing while holding: the next
+        // slot's grants go out with the re-assign, so the nodes do not
+        // carry what is left of this slot into the next.
+        self.released = self.ledger.assign(now_ms);
+        self.released.retain(|_, slot| *slot != current);
         Filed {
             complete: services,
             ingested,
@@ -507,12 +517,14 @@ impl<F: QuotaFormat> Assigner<F> {
             return;
         }
         metrics::counter!("throttle_central_reassigns_total").increment(1);
-        for (&node, (_, services)) in &self.nodes {
-            if services.contains(service) {
-                each(
-                    node,
-                    F::render(self.rendering(node), [(service, current)], &[], None),
-                );
+        let next = self.released.remove(service);
+        let slots = std::iter::once(current).chain(next);
+        for slot in slots {
+            for (&node, (_, services)) in &self.nodes {
+                if services.contains(service) {
+                    let quota = F::render(self.rendering(node), [(service, slot)], &[], None);
+                    each(node, quota);
+                }
             }
         }
     }
@@ -567,6 +579,7 @@ impl<F: QuotaFormat> Assigner<F> {
     ) {
         let next = self.ledger.config().slot.slot_at(now_ms) + 1;
         self.refresh_limits(now_ms);
+        self.released.clear();
         self.ledger.release(now_ms);
         if self.ledger.holding(now_ms) {
             // Restored, the nodes' reports not all back: they keep their

@@ -10,6 +10,11 @@
 //! their last quotas) until every node that reported the checkpoint's
 //! newest slot has reported the slot before the current one, or until
 //! [`hold_ms`] passed, for nodes that do not come back.
+//!
+//! Meanwhile the restored buckets hold the refill of the whole time the
+//! central was away, above their capacity if need be (`Bucket::restore`):
+//! the nodes spent it second by second, and their reports charge it all
+//! at once. Once the hold ends every bucket is capped again.
 
 use std::collections::BTreeSet;
 
@@ -40,11 +45,16 @@ impl CatchUp {
             until_ms: now_ms + hold_ms(slot),
         })
     }
+
+    /// How many nodes it still waits for.
+    pub(super) fn awaited(&self) -> usize {
+        self.awaiting.len()
+    }
 }
 
 impl Ledger {
-    /// Whether grants are held: restored, and waiting for a node's
-    /// reports: a restored ledger waits for the nodes of its checkpoint.
+    /// Whether grants are held: the ledger was restored and still waits
+    /// for the reports of a node its checkpoint names.
     pub fn holding(&self, now_ms: i64) -> bool {
         self.catch_up.as_ref().is_some_and(|c| now_ms < c.until_ms)
     }
@@ -63,13 +73,25 @@ impl Ledger {
     /// Ends the hold if nothing is awaited or its time is up; true if it
     /// ended now (once): every service should be assigned at once.
     pub fn release(&mut self, now_ms: i64) -> bool {
-        let done = self
-            .catch_up
-            .as_ref()
-            .is_some_and(|c| c.awaiting.is_empty() || now_ms >= c.until_ms);
+        let Some(c) = &self.catch_up else {
+            return false;
+        };
+        let done = c.awaiting.is_empty() || now_ms >= c.until_ms;
         if done {
+            let missing: Vec<&str> = c.awaiting.iter().map(|&n| self.node_name(n)).collect();
+            tracing::info!(?missing, "restored: granting again");
             self.catch_up = None;
+            self.clamp_buckets(now_ms);
         }
         done
+    }
+
+    /// Caps every bucket at its capacity: the refill of the time a
+    /// restored central was away counts, uncapped, only against the
+    /// reports of that time.
+    pub(super) fn clamp_buckets(&mut self, now_ms: i64) {
+        for svc in self.services.values_mut() {
+            svc.state.clamp_buckets(now_ms);
+        }
     }
 }

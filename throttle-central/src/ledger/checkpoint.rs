@@ -183,6 +183,13 @@ impl Ledger {
         // The nodes of the newest two slots it holds are still about.
         let recent = filed.values().rev().take(2).flatten().copied().collect();
         self.catch_up = CatchUp::new(recent, now_ms, self.config.slot);
+        match &self.catch_up {
+            Some(c) => tracing::info!(
+                nodes = c.awaited(),
+                "restored: holding grants until the nodes' reports are back"
+            ),
+            None => self.clamp_buckets(now_ms),
+        }
         let current = self.config.slot.slot_at(checkpoint.taken_ms);
         self.restored = Some(Restored {
             filed,
@@ -219,7 +226,7 @@ impl Ledger {
         let restored = state
             .key_mut(id)
             .bucket_of_mut(period)
-            .map(|b| b.restore(level.level, taken_ms))
+            .map(|b| b.restore(level.level, taken_ms, now_ms))
             .is_some();
         self.key_total += added;
         restored

@@ -55,6 +55,18 @@ impl Key {
         own.into_iter().chain(others.map(|(p, b)| (*p, b)))
     }
 
+    /// Caps every bucket of the key at its capacity ([`Bucket::clamp`]).
+    pub(super) fn clamp_buckets(&mut self, now_ms: i64) {
+        if !self.limited {
+            return;
+        }
+        self.bucket.clamp(now_ms);
+        let others = self.periods.as_deref_mut().into_iter();
+        for (_, b) in others.flat_map(|p| p.others.iter_mut()) {
+            b.clamp(now_ms);
+        }
+    }
+
     /// The bucket of `period`, if the key is limited over it.
     pub(super) fn bucket_of_mut(&mut self, period: Period) -> Option<&mut Bucket> {
         if !self.limited {

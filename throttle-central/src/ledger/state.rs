@@ -423,6 +423,13 @@ impl ServiceState {
         self.several.dedup();
     }
 
+    /// Caps every live key's buckets at their capacity.
+    pub(super) fn clamp_buckets(&mut self, now_ms: i64) {
+        for key in self.keys.iter_mut().filter(|k| k.live) {
+            key.clamp_buckets(now_ms);
+        }
+    }
+
     /// Makes each key's bucket with the least room its own, before an
     /// assign reads them; forgets the keys no longer of several periods.
     pub(super) fn bind(&mut self, now_ms: i64) {

@@ -1,0 +1,108 @@
+//! A `throttle-central` process, for the tests that run the binary itself
+//! (its path is `env!("CARGO_BIN_EXE_throttle-central")` in the central's
+//! own tests): killed with SIGKILL on drop, started again on the same
+//! ports and arguments by [`CentralProcess::restart`].
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{free_port, wait_listening};
+
+/// A running `throttle-central` on ephemeral ports of 127.0.0.1.
+#[derive(Debug)]
+pub struct CentralProcess {
+    bin: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+    /// Its gRPC port.
+    pub grpc: u16,
+    /// Its HTTP address.
+    pub http: SocketAddr,
+}
+
+impl CentralProcess {
+    /// Starts `bin` with `--listen`, `--http` on free ports and `args`;
+    /// returns once its HTTP port listens.
+    pub fn start(bin: &str, args: &[String]) -> Self {
+        Self::start_on(bin, free_port(), args)
+    }
+
+    /// [`CentralProcess::start`] with its gRPC on `grpc` (a port the
+    /// arguments name, as `--advertise` does).
+    pub fn start_on(bin: &str, grpc: u16, args: &[String]) -> Self {
+        let mut central = Self {
+            bin: bin.into(),
+            args: args.to_vec(),
+            child: None,
+            grpc,
+            http: SocketAddr::from(([127, 0, 0, 1], free_port())),
+        };
+        central.restart();
+        central
+    }
+
+    /// Starts it again, on the same ports with the same arguments (after
+    /// [`CentralProcess::kill`]).
+    pub fn restart(&mut self) {
+        // `THROTTLE_TEST_CENTRAL_LOG=info` shows its logs among the test's.
+        let log = std::env::var("THROTTLE_TEST_CENTRAL_LOG").ok();
+        let stderr = match log {
+            Some(_) => Stdio::inherit(),
+            None => Stdio::null(),
+        };
+        let child = Command::new(&self.bin)
+            .args(["--listen", &format!("127.0.0.1:{}", self.grpc)])
+            .args(["--http", &self.http.to_string()])
+            .args(&self.args)
+            .env("THROTTLE_CENTRAL_LOG", log.as_deref().unwrap_or("warn"))
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("the central's binary runs");
+        self.child = Some(child);
+        wait_listening(self.http);
+    }
+
+    /// Its gRPC address as nodes dial it.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc)
+    }
+
+    /// The body of `GET path`, or `None` if it does not answer within
+    /// `wait` (a stopped or killed process).
+    pub fn get(&self, path: &str, wait: Duration) -> Option<String> {
+        let mut s = TcpStream::connect_timeout(&self.http, wait).ok()?;
+        s.set_read_timeout(Some(wait)).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+    }
+
+    /// Sends signal `name` (`STOP`, `CONT`...) to the process.
+    pub fn signal(&self, name: &str) {
+        let Some(child) = &self.child else { return };
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// `kill -9`, and waits for the process to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for CentralProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
