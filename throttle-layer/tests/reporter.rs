@@ -34,6 +34,8 @@ struct Fake {
     answer: Option<(&'static str, f64)>,
     /// What its Welcome accepts.
     accepts: Vec<String>,
+    /// Its leadership's epoch, as its Welcome says.
+    epoch: u64,
 }
 
 fn quota_message(
@@ -87,7 +89,7 @@ impl Central for Fake {
                         let _ = this.events.send(Event::Hello(h));
                         let w = central_message::Kind::Welcome(v1::Welcome {
                             slot_ms: SLOT_MS,
-                            epoch: 1,
+                            epoch: this.epoch,
                             accepts: this.accepts.clone(),
                             incarnation: 0,
                         });
@@ -173,6 +175,7 @@ fn fake(answer: Option<(&'static str, f64)>) -> (Fake, mpsc::UnboundedReceiver<E
             redirect: None,
             answer,
             accepts: Vec::new(),
+            epoch: 1,
         },
         rx,
     )
@@ -457,6 +460,46 @@ async fn follows_not_leader_to_the_leader() {
     assert_eq!(handle.status().endpoint, leader.url());
     leader.stop().await;
     follower.stop().await;
+}
+
+#[tokio::test]
+async fn a_central_of_an_older_epoch_is_not_followed() {
+    // The node reported under epoch 5; that leader goes away, and a
+    // central of epoch 3 (a deposed leader still answering) welcomes it.
+    let (mut newer, mut newer_events) = fake(Some(("alice", 7.0)));
+    newer.epoch = 5;
+    let first = FakeServer::start("127.0.0.1:0".parse().unwrap(), newer).await;
+    let (mut older, mut older_events) = fake(Some(("alice", 1000.0)));
+    older.epoch = 3;
+    let stale = FakeServer::start("127.0.0.1:0".parse().unwrap(), older).await;
+    let store = store();
+    store.service("front");
+    let handle = reporter(&store, &[first.url(), stale.url()]);
+    within("reporting under epoch 5", || {
+        handle.status().quotas_received > 0
+    })
+    .await;
+    let _ = next_report(&mut newer_events).await;
+    let (addr, newest) = (first.addr, first.fake.clone());
+    first.stop().await;
+    // It tries the stale central (a Hello) and leaves it: no report, no
+    // quota taken from it.
+    assert!(matches!(next(&mut older_events).await, Event::Hello(_)));
+    tokio::time::sleep(Duration::from_millis(4 * u64::from(SLOT_MS))).await;
+    let s = handle.status();
+    assert!(!(s.connected && s.endpoint == stale.url()), "{s:?}");
+    while let Ok(e) = older_events.try_recv() {
+        assert!(matches!(e, Event::Hello(_)), "no report to epoch 3: {e:?}");
+    }
+    // The newer leader back: followed again.
+    let back = FakeServer::start(addr, newest).await;
+    within("back with the newer leader", || {
+        let s = handle.status();
+        s.connected && s.endpoint == back.url()
+    })
+    .await;
+    back.stop().await;
+    stale.stop().await;
 }
 
 #[tokio::test]
