@@ -186,6 +186,19 @@ fn admit(c: &mut Criterion) {
             )
         })
     });
+    // No quota at all (no central, or none yet): the default fallback
+    // looks for the last known table, and finds none.
+    let bare = SlotStore::builder().build().service("front");
+    let bare_req = bare.resource("requests").unwrap();
+    g.bench_function("no-quota/default-fallback", |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            black_box(
+                bare.admit(&names[i], &[(bare_req, 1)], Fallback::default())
+                    .decision,
+            )
+        })
+    });
     // The floor of a shared per-user count (see `Floor::SharedCounter`).
     let counts = shared_counts(&names);
     g.bench_function("allowed/counter-shared", |b| {

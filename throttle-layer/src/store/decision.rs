@@ -150,6 +150,26 @@ impl ServiceStore {
             .then_some((v & VERSION_MASK) as u16)
     }
 
+    /// The newest table of the `n` slots before `slot`: the newest one
+    /// received when it is older than `slot` (one load: without a central
+    /// every request comes here), else a search back.
+    #[inline]
+    fn last_known(&self, slot: i64, n: u32) -> Option<(i64, u16)> {
+        let newest = self.newest.load(Ordering::Acquire);
+        let oldest = slot.saturating_sub(i64::from(n));
+        if newest < oldest {
+            return None;
+        }
+        if newest < slot
+            && let Some(v) = self.quota_version(newest)
+        {
+            return Some((newest, v));
+        }
+        (oldest..slot)
+            .rev()
+            .find_map(|s| self.quota_version(s).map(|v| (s, v)))
+    }
+
     /// The service's users, in a map made at the first use of the store.
     #[inline]
     pub(super) fn user_map(&self) -> &Users {
@@ -300,10 +320,9 @@ impl ServiceStore {
             Some(v) => Some((slot, v)),
             None => match fallback {
                 Fallback::Allow | Fallback::Deny => None,
-                Fallback::LastKnownThenAllow(n) | Fallback::LastKnownThenDeny(n) => (1
-                    ..=i64::from(n))
-                    .map(|back| slot - back)
-                    .find_map(|s| self.quota_version(s).map(|v| (s, v))),
+                Fallback::LastKnownThenAllow(n) | Fallback::LastKnownThenDeny(n) => {
+                    self.last_known(slot, n)
+                }
             },
         };
         let Some((quota_slot, version)) = found else {

@@ -58,6 +58,7 @@ impl ServiceStore {
         // Rows first, then the version: readers never see a version whose
         // rows are missing.
         self.ring[idx].store(published, Ordering::Release);
+        self.newest.fetch_max(slot, Ordering::Release);
     }
 
     /// The next version of `slot`'s table: its index in the ring, the
@@ -120,6 +121,7 @@ impl ServiceStore {
             });
         }
         self.ring[idx].store(published, Ordering::Release);
+        self.newest.fetch_max(slot, Ordering::Release);
         true
     }
 }

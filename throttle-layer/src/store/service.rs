@@ -1,7 +1,7 @@
 //! [`ServiceStore`]: one service's users, resources and quota ring.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -44,6 +44,9 @@ pub struct ServiceStore {
     pub(super) register: Mutex<()>,
     /// `slot & SLOT_MASK << 24 | version` of the quota tables received.
     pub(super) ring: [AtomicU64; QUOTA_RING],
+    /// The newest slot a table was received for (`i64::MIN`: none yet),
+    /// so the last-known fallback finds it without a search.
+    pub(super) newest: AtomicI64,
     /// Counts a user's roll could not keep in its cells: slots that rolled
     /// over before they were collected, and charges that came after.
     pub(super) overflow: Mutex<Overflow>,

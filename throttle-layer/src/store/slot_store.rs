@@ -1,7 +1,7 @@
 //! [`SlotStore`]: the node's services, and how to build one.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -98,6 +98,7 @@ impl SlotStore {
             resources: ArcSwap::from_pointee(Vec::new()),
             register: Mutex::new(()),
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
+            newest: AtomicI64::new(i64::MIN),
             overflow: Mutex::new(Overflow::default()),
             at_cap: counter!("throttle_keys_at_cap_total", "service" => name.to_string()),
             blocked: Blocked::default(),

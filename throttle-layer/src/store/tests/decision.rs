@@ -175,6 +175,27 @@ fn fallback_policies() {
 }
 
 #[test]
+fn the_last_known_quota_is_found_behind_a_table_for_a_later_slot() {
+    let f = fixture();
+    f.quota(r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#);
+    f.quota(r#"{"front": {"103": {"alice": {"requests": 50.0}}}}"#);
+    f.clock.set(T + 2_000); // slot 102: no table of its own, 103 is ahead
+    let d = f.admit("alice", Fallback::LastKnownThenAllow(3));
+    assert!(!d.is_allowed(), "slot 100's quota, not 103's");
+    assert_eq!(d.basis, Basis::Fallback);
+    f.clock.set(T + 5_000); // slot 105: 103 is the newest, 2 slots back
+    assert!(
+        f.admit("alice", Fallback::LastKnownThenDeny(3))
+            .is_allowed()
+    );
+    f.clock.set(T + 7_000); // slot 107: 103 is 4 slots back
+    assert!(
+        !f.admit("alice", Fallback::LastKnownThenDeny(3))
+            .is_allowed()
+    );
+}
+
+#[test]
 fn the_key_cap_hands_new_users_to_the_fallback() {
     let clock = Arc::new(ManualClock::new(T));
     let store = SlotStore::builder().clock(clock).max_keys(2).build();
