@@ -94,10 +94,7 @@ impl CentralProcess {
 
     /// `kill -9`, and waits for the process to be gone.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill(&mut self.child);
     }
 }
 

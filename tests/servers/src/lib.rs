@@ -94,6 +94,14 @@ pub fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) -> Durat
     start.elapsed()
 }
 
+/// Kills `child` (SIGKILL), if any, and waits for it to be gone.
+fn kill(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// A `redis-server`, no persistence.
 #[derive(Debug)]
 pub struct Redis {
@@ -124,10 +132,7 @@ impl Redis {
 
     /// Kills it (SIGKILL): connections drop, the port refuses.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill(&mut self.child);
     }
 
     /// Starts it again on the same port, empty.

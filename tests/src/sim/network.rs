@@ -58,10 +58,7 @@ pub(super) struct Network {
 impl Network {
     /// Sends `event` at `at`; it arrives after a delay drawn from `delay_ms`.
     pub(super) fn send(&mut self, rng: &mut Rng, delay_ms: (i64, i64), at: i64, event: Event) {
-        let when = at + rng.range(delay_ms);
-        self.seq += 1;
-        self.queue.push(Reverse((when, self.seq)));
-        self.events.insert(self.seq, event);
+        self.send_all(rng, delay_ms, at, [event]);
     }
 
     /// Sends `events` back to back, as on one stream: they arrive together

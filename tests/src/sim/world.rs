@@ -367,7 +367,11 @@ impl<'a> World<'a> {
             }
             let mut r = n.store.collect(slot_now - 1);
             r.node_id = format!("node-{i}");
-            n.kept.push(r.clone());
+            // Only a central that goes away is sent kept reports: without
+            // an outage no copy is made (scenario 13's are of 10,000 users).
+            if self.scenario.outage.is_some() {
+                n.kept.push(r.clone());
+            }
             if n.id.is_some() && self.rng.unit() >= self.scenario.loss {
                 let event = Event::Report {
                     node: i,

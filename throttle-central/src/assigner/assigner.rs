@@ -74,10 +74,11 @@ pub struct Assigner<F: QuotaFormat = Messages> {
     lacking: BTreeMap<NodeId, Lacking>,
     /// Per service, the last slot re-assigned once every report was in.
     reassigned: BTreeMap<String, i64>,
-    /// Per service, the slot after the current one, assigned when a hold
-    /// ended (its tick may have been skipped), for the next re-assign to
-    /// push too.
-    released: BTreeMap<String, i64>,
+    /// Per service, assigned when a hold ended, for its next re-assign
+    /// to push rather than assign again: the current slot, and the next
+    /// one when the policy leads (the tick that would have assigned it
+    /// was skipped while holding).
+    released: BTreeMap<String, Option<i64>>,
     /// The [`LimitSource::version`] of the limits applied last.
     limits_applied: Option<u64>,
 }
@@ -204,7 +205,7 @@ impl<F: QuotaFormat> Assigner<F> {
         let current = self.ledger.config().slot.slot_at(now_ms);
         let mut pushes = Vec::new();
         // A restored ledger grants once the nodes' reports are back.
-        let holding = self.ledger.holding(now_ms);
+        let holding = self.ledger.holding();
         for service in held.into_iter().filter(|_| !holding) {
             if self
                 .ledger
@@ -334,7 +335,7 @@ impl<F: QuotaFormat> Assigner<F> {
         now_ms: i64,
     ) -> Result<Answer<F::Quota>, ReportError> {
         let (filed, reported) = self.file_inner(node, report, now_ms)?;
-        if self.ledger.holding(now_ms) {
+        if self.ledger.holding() {
             // Nothing granted yet: the node keeps its last quotas.
             let quota = F::render(self.rendering(node), [], &[], Some(report.slot_number()));
             return Ok(Answer {
@@ -486,8 +487,16 @@ impl<F: QuotaFormat> Assigner<F> {
         // The tick of this slot assigned nothing while holding: the next
         // slot's grants go out with the re-assign, so the nodes do not
         // carry what is left of this slot into the next.
-        self.released = self.ledger.assign(now_ms);
-        self.released.retain(|_, slot| *slot != current);
+        let assigned = self.ledger.assign(now_ms);
+        self.released = services
+            .iter()
+            .map(|s| {
+                (
+                    s.clone(),
+                    assigned.get(s).copied().filter(|&n| n != current),
+                )
+            })
+            .collect();
         Filed {
             complete: services,
             ingested,
@@ -513,12 +522,17 @@ impl<F: QuotaFormat> Assigner<F> {
         mut each: impl FnMut(NodeId, F::Quota),
     ) {
         let current = self.ledger.config().slot.slot_at(now_ms);
-        if self.ledger.holding(now_ms) || !self.ledger.reassign(service, current, now_ms) {
+        // Assigned already when a hold ended just now.
+        let released = self.released.remove(service);
+        let assigned = match released {
+            Some(_) => true,
+            None => !self.ledger.holding() && self.ledger.reassign(service, current, now_ms),
+        };
+        if !assigned {
             return;
         }
         metrics::counter!("throttle_central_reassigns_total").increment(1);
-        let next = self.released.remove(service);
-        let slots = std::iter::once(current).chain(next);
+        let slots = std::iter::once(current).chain(released.flatten());
         for slot in slots {
             for (&node, (_, services)) in &self.nodes {
                 if services.contains(service) {
@@ -581,7 +595,7 @@ impl<F: QuotaFormat> Assigner<F> {
         self.refresh_limits(now_ms);
         self.released.clear();
         self.ledger.release(now_ms);
-        if self.ledger.holding(now_ms) {
+        if self.ledger.holding() {
             // Restored, the nodes' reports not all back: they keep their
             // last quotas a while longer.
             self.ledger.forget(now_ms);

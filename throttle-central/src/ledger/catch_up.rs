@@ -9,7 +9,8 @@
 //! slots. So a restored ledger grants nothing (its nodes keep deciding on
 //! their last quotas) until every node that reported the checkpoint's
 //! newest slot has reported the slot before the current one, or until
-//! [`hold_ms`] passed, for nodes that do not come back.
+//! [`hold_ms`] passed (ended by the next report or tick), for nodes that
+//! do not come back.
 //!
 //! Meanwhile the restored buckets hold the refill of the whole time the
 //! central was away, above their capacity if need be (`Bucket::restore`):
@@ -54,9 +55,12 @@ impl CatchUp {
 
 impl Ledger {
     /// Whether grants are held: the ledger was restored and still waits
-    /// for the reports of a node its checkpoint names.
-    pub fn holding(&self, now_ms: i64) -> bool {
-        self.catch_up.as_ref().is_some_and(|c| now_ms < c.until_ms)
+    /// for the reports of a node its checkpoint names. Only
+    /// [`Ledger::release`] ends a hold, its time included (the assigner
+    /// calls it on every report and tick), so no grant is made from a
+    /// bucket not yet capped again.
+    pub fn holding(&self) -> bool {
+        self.catch_up.is_some()
     }
 
     /// Notes that `node` filed data slot `slot`: caught up if that is the
