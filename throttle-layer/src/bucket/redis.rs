@@ -34,7 +34,8 @@ pub enum Unavailable {
 /// server's clock is the time (`TIME`), so the processes' clocks need not
 /// agree. A bucket's key expires when the bucket would be full again: idle
 /// keys vanish. Blocked keys carry a mark in the same hash and never
-/// expire.
+/// expire. On an injected clock ([`RedisStoreBuilder::clock`]) keys do not
+/// expire: that clock's time says nothing of the server's.
 ///
 /// The connection is made lazily and remade by redis-rs's
 /// `ConnectionManager` after a failure. A decision waits at most the
@@ -103,7 +104,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Decides on `clock`'s time instead of the server's (tests).
+    /// Decides on `clock`'s time instead of the server's (tests); keys
+    /// then do not expire, since the server's time would decide that.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
