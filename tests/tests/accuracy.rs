@@ -172,3 +172,20 @@ fn failing_open_through_an_outage_bursts_then_starves() {
     assert!(around.highest_slot > 2.5, "{around:?}");
     assert!(around.lowest_slot < 0.01, "{around:?}");
 }
+
+/// Users new to every node, all at once, at 3x the `*` rate: told the
+/// default quota, each node holds them to its share from their first
+/// request; without it they get twice the rate in their first slot.
+#[test]
+fn newcomers_are_held_to_the_every_user_rate_from_their_first_slot() {
+    let run = |told| {
+        let scenario = sim::newcomers("newcomers", told);
+        let trace = sim::run_traced(&scenario, Box::new(|_| Box::new(Projected::new())));
+        within_2_percent(&trace.outcome);
+        sim::FirstSlots::of(&scenario, &trace)
+    };
+    let told = run(true);
+    assert!(told.worst <= 1.05, "{told:?}");
+    let untold = run(false);
+    assert!(untold.mean >= 1.5, "the control: {untold:?}");
+}

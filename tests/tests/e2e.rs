@@ -467,6 +467,69 @@ per_minute = { requests = 3000 }
     );
 }
 
+/// A user new to every node is limited from their first request: until
+/// the central has seen them reported and sent their quota, each node
+/// applies the default quota, the `*` rule's rate split over the nodes.
+/// Without it each node lets such a user through unlimited for a slot or
+/// two (here 250% of the rate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_user_is_held_to_the_every_user_rate_from_the_first_request() {
+    let toml = r#"
+[[limit]]
+service = "front"
+user = "*"
+per_second = { requests = 600 }
+burst_seconds = 0.1
+"#;
+    let _alone = LOADED.lock().await;
+    let cluster = Cluster::start(3, SLOT_MS, limits(toml), Fallback::default())
+        .await
+        .unwrap();
+    cluster.connected().await;
+    let addrs: Vec<_> = cluster.nodes.iter().map(|n| n.addr).collect();
+    // A user that is not limited yet keeps the default from going out.
+    let warm = Load::new(addrs.clone(), "/");
+    for node in 0..3 {
+        warm.flow("warm", node, 10.0);
+    }
+    warm.run(Duration::from_millis(500)).await;
+    let start = cluster.current_slot();
+    let newcomers = ["new-1", "new-2", "new-3"];
+    for user in newcomers {
+        let load = Load::new(addrs.clone(), "/");
+        for node in 0..3 {
+            load.flow(user, node, 500.0);
+        }
+        load.run(Duration::from_millis(700)).await;
+    }
+    cluster.slots(3).await;
+    let to = cluster.current_slot();
+    let sums = cluster.monitor(Subject::ConsumptionSum).await;
+    let per_slot_limit = 600.0 * f64::from(SLOT_MS) / 1000.0;
+    for user in newcomers {
+        let slots = per_slot(&sums, "front", user, "requests", start, to);
+        let first = slots.iter().position(|&n| n > 0).expect("admitted");
+        // The first two slots: the one the user arrived in, and the next,
+        // which the central assigned before it saw them.
+        let worst = slots[first..first + 2].iter().copied().max().unwrap_or(0);
+        let ratio = worst as f64 / per_slot_limit;
+        println!(
+            "{user}: first slots {:?}, worst {ratio:.2} of the rate",
+            &slots[first..first + 4]
+        );
+        assert!(
+            ratio <= 1.10,
+            "{user}: {worst} of {per_slot_limit} in a first slot; {slots:?}"
+        );
+        let total: i64 = slots.iter().sum();
+        let held = total as f64 / (600.0 * 0.7);
+        assert!(
+            (0.8..=1.2).contains(&held),
+            "{user}: {total} over 0.7 s; {slots:?}"
+        );
+    }
+}
+
 /// The status of `GET /` as `user` on the node at `addr`.
 async fn status_as(addr: std::net::SocketAddr, user: &str) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

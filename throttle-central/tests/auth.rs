@@ -110,10 +110,12 @@ async fn first(
 
 /// The next message on `inbound` but block lists (a new stream hears one
 /// per service, empty ones included).
-async fn not_blocks(inbound: &mut Streaming<v1::CentralMessage>) -> Option<central_message::Kind> {
+async fn not_blocks_or_limits(
+    inbound: &mut Streaming<v1::CentralMessage>,
+) -> Option<central_message::Kind> {
     loop {
         match inbound.message().await.unwrap().and_then(|m| m.kind) {
-            Some(central_message::Kind::Blocks(_)) => continue,
+            Some(central_message::Kind::Blocks(_) | central_message::Kind::Limits(_)) => continue,
             other => return other,
         }
     }
@@ -182,7 +184,7 @@ async fn only_a_valid_signature_for_an_allowed_node_id_is_heard() {
     let mut inbound = inbound.expect("the right key opens a stream");
     let welcome = inbound.message().await.unwrap().and_then(|m| m.kind);
     assert!(matches!(welcome, Some(central_message::Kind::Welcome(_))));
-    let answer = tokio::time::timeout(Duration::from_secs(5), not_blocks(&mut inbound))
+    let answer = tokio::time::timeout(Duration::from_secs(5), not_blocks_or_limits(&mut inbound))
         .await
         .unwrap();
     assert!(
@@ -212,7 +214,7 @@ async fn a_second_stream_of_a_node_id_replaces_the_first() {
     let mut first_stream = first_stream.unwrap();
     // Welcome, then the answer to its report: it is connected.
     first_stream.message().await.unwrap().unwrap();
-    not_blocks(&mut first_stream).await;
+    not_blocks_or_limits(&mut first_stream).await;
     let (_tx2, second) = exchange(
         addr,
         "web-1",

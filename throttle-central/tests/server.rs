@@ -132,15 +132,15 @@ fn report(node: &str, slot: i64, consumption: &str, rejection: &str) -> v1::Repo
 }
 
 impl Node {
-    /// The next message but block lists (a new stream hears one per
-    /// service, empty ones included).
+    /// The next message but block lists and limits (a new stream hears
+    /// one of each per service, empty ones included).
     async fn recv(&mut self) -> Result<central_message::Kind, tonic::Status> {
         let mut kind = loop {
             let m = tokio::time::timeout(Duration::from_secs(5), self.inbound.message())
                 .await
                 .expect("no message within 5 s")?;
             match m.and_then(|m| m.kind).expect("stream ended") {
-                central_message::Kind::Blocks(_) => continue,
+                central_message::Kind::Blocks(_) | central_message::Kind::Limits(_) => continue,
                 kind => break kind,
             }
         };

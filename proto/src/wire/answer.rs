@@ -32,6 +32,8 @@ pub enum Answer {
     NotLeader(v1::NotLeader),
     /// The users of a service blocked now.
     Blocks(v1::Blocks),
+    /// A service's limits.
+    Limits(v1::Limits),
 }
 
 impl Message for Answer {
@@ -44,6 +46,7 @@ impl Message for Answer {
                 prost::encoding::message::encode(CENTRAL_MESSAGE_NOT_LEADER, n, buf);
             }
             Self::Blocks(b) => prost::encoding::message::encode(CENTRAL_MESSAGE_BLOCKS, b, buf),
+            Self::Limits(l) => prost::encoding::message::encode(CENTRAL_MESSAGE_LIMITS, l, buf),
         }
     }
 
@@ -73,6 +76,7 @@ impl Message for Answer {
             }
             CENTRAL_MESSAGE_NOT_LEADER => merge_oneof!(self, Self::NotLeader, wire_type, buf, ctx),
             CENTRAL_MESSAGE_BLOCKS => merge_oneof!(self, Self::Blocks, wire_type, buf, ctx),
+            CENTRAL_MESSAGE_LIMITS => merge_oneof!(self, Self::Limits, wire_type, buf, ctx),
             _ => skip_field(wire_type, tag, buf, ctx)?,
         }
         Ok(())
@@ -87,6 +91,7 @@ impl Message for Answer {
                 prost::encoding::message::encoded_len(CENTRAL_MESSAGE_NOT_LEADER, n)
             }
             Self::Blocks(b) => prost::encoding::message::encoded_len(CENTRAL_MESSAGE_BLOCKS, b),
+            Self::Limits(l) => prost::encoding::message::encoded_len(CENTRAL_MESSAGE_LIMITS, l),
         }
     }
 

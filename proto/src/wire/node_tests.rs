@@ -253,6 +253,13 @@ proptest! {
             Kind::Welcome(v1::Welcome { slot_ms: 1000, epoch, accepts: vec![crate::PACKED_REPORTS.into()], incarnation: epoch }),
             Kind::NotLeader(v1::NotLeader { leader: leader.clone() }),
             Kind::Blocks(v1::Blocks { service: leader.clone(), users: vec![leader.clone(), "b".into()] }),
+            Kind::Limits(v1::Limits {
+                service: leader.clone(),
+                default_quota: [(leader.clone(), 33.5)].into(),
+                every: vec![v1::Allowance { resource: "requests".into(), window_seconds: 60, amount: 6000.0 }],
+                users: vec![v1::UserLimits { user: leader.clone(), allowances: Vec::new(), default_quota: [("requests".into(), 3.0)].into() }],
+                users_truncated: false,
+            }),
         ] {
             let bytes = v1::CentralMessage { kind: Some(kind.clone()) }.encode_to_vec();
             let answer = Answer::decode(&bytes[..]).expect("valid");
@@ -261,6 +268,7 @@ proptest! {
                 (Kind::Welcome(w), Answer::Welcome(a)) => prop_assert_eq!(&w, a),
                 (Kind::NotLeader(n), Answer::NotLeader(a)) => prop_assert_eq!(&n, a),
                 (Kind::Blocks(b), Answer::Blocks(a)) => prop_assert_eq!(&b, a),
+                (Kind::Limits(l), Answer::Limits(a)) => prop_assert_eq!(&l, a),
                 (kind, answer) => prop_assert!(false, "{kind:?} read as {answer:?}"),
             }
             prop_assert_eq!(answer.encode_to_vec(), bytes);

@@ -30,6 +30,7 @@ fn main() {
     if !only.starts_with('A') {
         limits(&only);
         outages(&only);
+        newcomers(&only);
     }
     if only.is_empty() || only.starts_with('A') {
         apps(&only);
@@ -139,6 +140,48 @@ fn limits(only: &str) {
                 started.elapsed().as_millis(),
             );
         }
+    }
+}
+
+/// Users new to every node, with and without the default quota.
+fn newcomers(only: &str) {
+    const NAME: &str = "18 newcomers at 3x over 10 nodes";
+    if !NAME.starts_with(only) {
+        return;
+    }
+    println!(
+        "\n{} users arrive one after the other, each at 3x the `*` rate (1,000/s) over all 10 nodes at",
+        sim::NEWCOMERS
+    );
+    println!(
+        "once, 300 ms into a slot; policy projected. First slots: the more of a newcomer's first two"
+    );
+    println!("slots / rate, worst and mean over them; a resident user's windows as above.\n");
+    println!(
+        "| {:<34} | {:<28} | {:>11} | {:>10} | {:>10} | {:>10} |",
+        "scenario", "nodes", "first worst", "first mean", "window min", "window max"
+    );
+    println!(
+        "|{:-<36}|{:-<30}|{:->13}|{:->12}|{:->12}|{:->12}|",
+        "", "", "", "", "", ""
+    );
+    for (told, nodes) in [
+        (true, "told the default quota"),
+        (false, "unlimited until their row"),
+    ] {
+        let scenario = sim::newcomers(NAME, told);
+        let trace = sim::run_traced(&scenario, Box::new(|_| Box::new(Projected::new())));
+        let first = sim::FirstSlots::of(&scenario, &trace);
+        let o = trace.outcome;
+        println!(
+            "| {:<34} | {:<28} | {:>10.1}% | {:>9.1}% | {:>9.1}% | {:>9.1}% |",
+            NAME,
+            nodes,
+            first.worst * 100.0,
+            first.mean * 100.0,
+            o.window_min * 100.0,
+            o.window_max * 100.0
+        );
     }
 }
 

@@ -15,6 +15,7 @@
 
 mod measure;
 mod network;
+mod newcomers;
 mod outage;
 mod scenarios;
 mod world;
@@ -23,6 +24,7 @@ use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::LimitSet;
 use throttle_layer::store::Fallback;
 
+pub use newcomers::{FirstSlots, NEWCOMERS, newcomers};
 pub use outage::{Comeback, Outage, OutageOutcome};
 pub(crate) use scenarios::base;
 pub use scenarios::{every_user, outages, scenario, scenarios};
@@ -91,6 +93,10 @@ pub struct Scenario {
     pub fallback: Fallback,
     /// A time when no central answers.
     pub outage: Option<Outage>,
+    /// The central tells the nodes its limits, whose default quota holds
+    /// a user a node has no quota row for yet; false: such a user is not
+    /// limited until their row arrives.
+    pub default_quota: bool,
 }
 
 /// What a run admitted, per user and slot.

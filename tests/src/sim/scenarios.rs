@@ -36,6 +36,7 @@ pub(crate) fn base(name: &'static str, seed: u64, users: Vec<User>, nodes: usize
         limits: None,
         fallback: Fallback::default(),
         outage: None,
+        default_quota: true,
     }
 }
 

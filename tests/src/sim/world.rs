@@ -39,6 +39,8 @@ struct SimNode {
     generation: Option<u32>,
     /// The reports its reporter keeps.
     kept: Kept,
+    /// The limits the central last told it.
+    told: Option<Arc<v1::Limits>>,
 }
 
 /// The requests offered and admitted, as the run goes.
@@ -132,6 +134,7 @@ fn new_node(clock: &Arc<ManualClock>, resource: &str) -> SimNode {
         up: false,
         generation: None,
         kept: Kept::default(),
+        told: None,
     }
 }
 
@@ -203,6 +206,7 @@ impl<'a> World<'a> {
             for (to, q) in self.central.tick(now) {
                 self.push(to, now, q);
             }
+            self.tell(now);
             let measured = &self.scenario.users[0];
             let ledger = self.central.ledger_mut();
             let resource = self.scenario.resource.0;
@@ -281,9 +285,12 @@ impl<'a> World<'a> {
             .connect(&name, &[SERVICE.to_string()], Accepts::NONE, now);
         let n = &mut self.nodes[i];
         n.id = Some(id);
+        n.told = None;
         for (_, q) in pushes {
             n.store.apply_quota(&q);
         }
+        self.tell(now);
+        let n = &mut self.nodes[i];
         let all = n.generation.is_some_and(|g| g != self.generation);
         n.generation = Some(self.generation);
         let replay = n.kept.replay(all);
@@ -344,6 +351,26 @@ impl<'a> World<'a> {
             .collect();
         for (to, q) in pushes {
             self.push(to, now, q);
+        }
+    }
+
+    /// Sends each connected node the central's limits, where they are not
+    /// the ones it last sent it (unless the scenario leaves them out).
+    /// They arrive at once: drawing delays for them would move every
+    /// later draw of the run, and so every scenario's numbers.
+    fn tell(&mut self, now: i64) {
+        if !self.scenario.default_quota {
+            return;
+        }
+        let Some(told) = self.central.ledger_mut().told(SERVICE, now) else {
+            return;
+        };
+        for n in &mut self.nodes {
+            if n.id.is_none() || n.told.as_ref().is_some_and(|t| Arc::ptr_eq(t, &told)) {
+                continue;
+            }
+            n.store.set_limits(v1::Limits::clone(&told));
+            n.told = Some(told.clone());
         }
     }
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::HttpState;
-use crate::limits::{EVERY_USER, Limit, resolve};
+use crate::limits::{EVERY_USER, Limit, limited_resources, resolve};
 
 #[derive(Debug, Deserialize)]
 pub(super) struct LimitsQuery {
@@ -63,14 +63,7 @@ fn applies(rules: &[Limit], user: &str) -> Value {
         (None, Some(_)) => Some(EVERY_USER),
         (None, None) => None,
     };
-    let mut resources: Vec<&str> = own
-        .into_iter()
-        .chain(every)
-        .flat_map(Limit::resources)
-        .collect();
-    resources.sort_unstable();
-    resources.dedup();
-    let buckets: Map<String, Value> = resources
+    let buckets: Map<String, Value> = limited_resources(own, every)
         .into_iter()
         .map(|r| {
             let resolved = resolve(own, every, r);

@@ -107,6 +107,7 @@ impl Ledger {
                     kept: QuotaHistory::default(),
                     spare: None,
                     named_policy: false,
+                    told: Default::default(),
                 },
             );
         }
@@ -160,6 +161,7 @@ impl Ledger {
     pub fn apply_limits(&mut self, service: &str, limits: &[Limit], now_ms: i64) {
         let svc = self.service_mut(service);
         svc.state.rules = ServiceRules::new(limits);
+        svc.told.rules_changed();
         for limit in limits.iter().filter(|l| !l.is_every_user()) {
             for resource in limit.resources() {
                 svc.state.find_or_insert(&limit.user, resource, now_ms);

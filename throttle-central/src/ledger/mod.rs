@@ -50,6 +50,8 @@
 //! - `periods`: keys limited over several periods;
 //! - `dropped`: entries of a report left out, counted per reason;
 //! - `page`: monitor answers a page at a time;
+//! - `told`: what the nodes are told of a service's limits (the default
+//!   quota for users new to a node, every rule's allowances);
 //! - `service`: one service's state, policy and book of assignments;
 //! - `views`: typed answers to monitor questions;
 //! - `ledger`: the [`Ledger`] itself.
@@ -70,6 +72,7 @@ mod service;
 mod source;
 mod state;
 mod sums;
+mod told;
 mod views;
 
 #[cfg(test)]
@@ -86,6 +89,7 @@ pub use ledger::{Ledger, PolicyFactory};
 pub use page::{Cursor, Page, Paged};
 pub use source::{FromNode, ReportSource};
 pub use state::{Key, NodeUsage, ServiceState};
+pub use told::MAX_TOLD_USERS;
 pub use views::{
     BucketView, KeyView, NodeEntry, QuotaRow, QuotaSlot, ServiceRows, SlotRange, SumRow,
 };

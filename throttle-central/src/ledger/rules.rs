@@ -38,6 +38,16 @@ impl ServiceRules {
         self.own.contains_key(user)
     }
 
+    /// The rule of every user without one of their own, if any.
+    pub(crate) fn every(&self) -> Option<&Limit> {
+        self.every.as_ref()
+    }
+
+    /// The users with a rule of their own, and their rules, in no order.
+    pub(crate) fn own(&self) -> impl Iterator<Item = (&str, &Limit)> {
+        self.own.iter().map(|(u, l)| (u.as_str(), l))
+    }
+
     /// Whether any rule limits anyone.
     pub(crate) fn is_empty(&self) -> bool {
         self.own.is_empty() && self.every.is_none()

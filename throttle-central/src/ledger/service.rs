@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::state::ServiceState;
+use super::told::Told;
 use crate::policy::{Assignment, Granted, Policy, QuotaHistory};
 
 /// One service of the ledger.
@@ -22,6 +23,8 @@ pub(crate) struct Service {
     /// The policy was named by the limits, not built by the ledger's
     /// factory.
     pub(crate) named_policy: bool,
+    /// What its nodes are told of its limits.
+    pub(crate) told: Told,
 }
 
 impl Service {

@@ -89,7 +89,7 @@ pub use file::FileLimits;
 pub use hierarchy::{
     App, DEFAULT_APP_BURST_SECONDS, HIERARCHICAL, Hierarchy, MAX_PRIORITY, NO_APP_PRIORITY,
 };
-pub use period::{Allowance, Period, Resolved, resolve};
+pub use period::{Allowance, Period, Resolved, limited_resources, resolve};
 pub use set::{LimitSet, Snapshots, StaticLimits};
 
 /// Seconds' worth of rate a bucket holds when a limit does not say.

@@ -93,3 +93,16 @@ pub fn resolve(own: Option<&Limit>, every: Option<&Limit>, resource: &str) -> Re
     }
     out
 }
+
+/// The resources a user whose own rule is `own` (if any) is limited in,
+/// where the `*` rule is `every` (if any): each once, in order.
+pub fn limited_resources<'a>(own: Option<&'a Limit>, every: Option<&'a Limit>) -> Vec<&'a str> {
+    let mut resources: Vec<&str> = own
+        .into_iter()
+        .chain(every)
+        .flat_map(Limit::resources)
+        .collect();
+    resources.sort_unstable();
+    resources.dedup();
+    resources
+}

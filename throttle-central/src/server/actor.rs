@@ -1,7 +1,7 @@
 //! The ledger's task: it owns the [`Assigner`] and carries out every
 //! [`Command`], so no stream ever waits on a lock held by another.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +18,7 @@ use super::blocks::SentBlocks;
 use super::command::{Command, Outgoing, Snapshot};
 use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
+use super::told::{SentLimits, ToldNow};
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
 use crate::ledger::{FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange};
 use crate::limits::blocked_at;
@@ -42,6 +43,8 @@ struct Conn {
     drop_log: Throttled,
     /// The block lists this stream was last sent.
     blocks: SentBlocks,
+    /// The limits this stream was last sent.
+    limits: SentLimits,
 }
 
 /// Counts and logs what the ledger did with a report of `node_id`: one
@@ -270,9 +273,12 @@ impl Actor {
             ahead,
             drop_log: Throttled::new(),
             blocks: SentBlocks::default(),
+            limits: SentLimits::default(),
         };
         self.conns.insert(conn, c);
         self.sync_blocks(Some(conn));
+        // Every stream: a node more makes each one's default share less.
+        self.sync_limits();
         gauge!("throttle_central_connections").set(self.conns.len() as f64);
         if !pushes.is_empty() || self.assigner.is_packed(node) != was_packed {
             // A service was re-assigned, or the node's quotas
@@ -499,6 +505,27 @@ impl Actor {
             *c.ahead.ready.lock() = None;
         }
         self.sync_blocks(None);
+        self.sync_limits();
+    }
+
+    /// Sends every stream the limits of its node's services that changed
+    /// since it was last sent them.
+    fn sync_limits(&mut self) {
+        let now = self.clock.now_ms();
+        let services: BTreeSet<String> = (self.conns.values())
+            .filter_map(|c| self.assigner.services_of(c.node))
+            .flatten()
+            .cloned()
+            .collect();
+        let ledger = self.assigner.ledger_mut();
+        let told: ToldNow = (services.into_iter())
+            .filter_map(|s| ledger.told(&s, now).map(|l| (s, l)))
+            .collect();
+        for c in self.conns.values_mut() {
+            if let Some(services) = self.assigner.services_of(c.node) {
+                c.limits.sync(&c.tx, services.iter(), &told);
+            }
+        }
     }
 
     /// Sends stream `only` (every stream, if `None`) the block lists of

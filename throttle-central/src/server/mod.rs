@@ -11,6 +11,7 @@
 //! - `stream`: a node stream's task, and the gRPC service;
 //! - `auth`: a stream's credentials, checked before it is read;
 //! - `blocks`: block lists carried to the nodes;
+//! - `told`: limits carried to the nodes (the default quota, allowances);
 //! - `ahead`: answers rendered ahead of filing;
 //! - `received`: a report as it reaches the ledger's task;
 //! - `command`: what the ledger's task is asked;
@@ -31,6 +32,7 @@ mod monitor;
 mod received;
 mod stream;
 mod timers;
+mod told;
 
 pub(crate) use actor::Actor;
 pub(crate) use command::{Command, ask};

@@ -168,7 +168,7 @@ fn admit(cfg: &Config, head: RequestHead<'_>, user: &str, delay: u64) -> Outcome
         cfg.service.admit(user, &cfg.costs, cfg.fallback)
     };
     let decision = admission.decision;
-    if decision.basis != Basis::Quota && decision.basis != Basis::Unlimited {
+    if matches!(decision.basis, Basis::Fallback | Basis::AtCap) {
         cfg.fallback_decisions.increment(1);
     }
     if !decision.is_allowed() {

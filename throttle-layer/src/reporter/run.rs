@@ -368,6 +368,7 @@ impl Run {
                 msg = inbound.message() => match msg {
                     Ok(Some(Answer::Quota(q))) => self.quota(q),
                     Ok(Some(Answer::Blocks(b))) => self.cfg.store.set_blocked(&b.service, b.users),
+                    Ok(Some(Answer::Limits(l))) => self.cfg.store.set_limits(l),
                     Ok(Some(Answer::NotLeader(nl))) => {
                         self.follow(nl.leader);
                         break;

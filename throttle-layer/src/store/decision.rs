@@ -207,7 +207,9 @@ impl ServiceStore {
             self.at_cap.increment(1);
             return None;
         }
-        let entry = UserLock::new(UserState::new(slot));
+        let mut state = UserState::new(slot);
+        self.give_default_row(&mut state, user, slot);
+        let entry = UserLock::new(state);
         match users.try_insert(user.into(), entry, guard) {
             Ok(entry) => Some(entry),
             Err(e) => {
@@ -279,7 +281,11 @@ impl ServiceStore {
         let users = self.user_map();
         let guard = with_users!(users, map => map.guard());
         let mut st = with_users!(users, map => self.locked(map, &guard, user, slot))?;
-        st.roll(slot, user, &self.overflow);
+        // `UserState::roll`, with the user's default row given in a new
+        // slot.
+        if st.slot < slot {
+            self.roll_on(&mut st, slot, user);
+        }
         Some(f(&mut st))
     }
 

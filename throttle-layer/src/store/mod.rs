@@ -9,7 +9,11 @@
 //!   quota for the current slot the [`Fallback`] decides (by default: the
 //!   last quota the central sent, for up to 60 slots, then allow as the
 //!   original); with a quota table for the slot but no row for the user,
-//!   the user is not limited; otherwise, for every resource of the user's
+//!   the user is not limited, unless the central's
+//!   [`Limits`](throttle_proto::v1::Limits) give them a default quota (the
+//!   share of their rule, or of the `*` rule, the central gives this
+//!   node), which then stands as their row until their own comes (see
+//!   `default_row`); otherwise, for every resource of the user's
 //!   quota, a quota below 1 or this slot's consumption above the quota counts
 //!   one rejection for that resource and refuses the request. An admitted
 //!   request's fixed costs are added in the same step.
@@ -70,14 +74,18 @@
 //! ```
 
 //!
-//! The files: `decision` (the request path), `user` (a user's counts and
+//! The files: `decision` (the request path), `default_row` (the default
+//! quota of a user without a row), `limits` ([`ServiceLimits`], the
+//! central's limits as this node holds them), `user` (a user's counts and
 //! rows), `users` (the map of users), `service` ([`ServiceStore`]), `quota`
 //! (installing quotas), `collect` (reports), `slot_store` ([`SlotStore`]).
 
 mod blocked;
 mod collect;
 mod decision;
+mod default_row;
 mod fallback;
+mod limits;
 mod quota;
 mod resource;
 mod service;
@@ -90,6 +98,7 @@ mod tests;
 
 pub use decision::{Admission, Basis, Decision, Tightest};
 pub use fallback::{Fallback, FallbackParseError};
+pub use limits::{Allowance, Allowances, ServiceLimits};
 pub use resource::{MAX_RESOURCES, ResourceId};
 pub use service::{ServiceStore, UserHandle};
 pub use slot_store::{SlotStore, StoreBuilder};

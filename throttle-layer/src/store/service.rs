@@ -1,7 +1,7 @@
 //! [`ServiceStore`]: one service's users, resources and quota ring.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -9,9 +9,10 @@ use compact_str::CompactString;
 use metrics::counter;
 use parking_lot::Mutex;
 use throttle_clock::{Clock, SlotLength};
-use throttle_proto::MAX_NAME_LEN;
+use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::blocked::Blocked;
+use super::limits::ServiceLimits;
 use super::resource::MAX_RESOURCES;
 use super::resource::ResourceId;
 use super::user::Overflow;
@@ -55,6 +56,10 @@ pub struct ServiceStore {
     pub(super) at_cap: metrics::Counter,
     /// The users the central has blocked.
     pub(super) blocked: Blocked,
+    /// The service's limits, as the central sent them last.
+    pub(super) limits: ArcSwap<ServiceLimits>,
+    /// Whether `limits` has a default quota: checked first.
+    pub(super) has_default: AtomicBool,
 }
 
 impl ServiceStore {
@@ -71,6 +76,21 @@ impl ServiceStore {
         self.blocked.set(users);
         metrics::gauge!("throttle_blocked_users", "service" => self.name.to_string())
             .set(count as f64);
+    }
+
+    /// Makes `limits` the service's limits (the central's `Limits`).
+    pub fn set_limits(&self, limits: v1::Limits) {
+        let _g = self.register.lock();
+        let limits = ServiceLimits::from_message(limits, |r| self.resource_locked(r));
+        let has_default = limits.has_default();
+        self.limits.store(Arc::new(limits));
+        self.has_default.store(has_default, Ordering::Release);
+    }
+
+    /// The service's limits, as the central sent them last (none yet:
+    /// empty).
+    pub fn limits(&self) -> Arc<ServiceLimits> {
+        self.limits.load_full()
     }
 
     /// How many users are blocked.

@@ -1,13 +1,14 @@
 //! [`SlotStore`]: the node's services, and how to build one.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use metrics::counter;
 use parking_lot::Mutex;
 use throttle_clock::{Clock, CoarseClock, SlotLength};
+use throttle_proto::v1;
 
 use super::blocked::Blocked;
 use super::service::ServiceStore;
@@ -102,6 +103,8 @@ impl SlotStore {
             overflow: Mutex::new(Overflow::default()),
             at_cap: counter!("throttle_keys_at_cap_total", "service" => name.to_string()),
             blocked: Blocked::default(),
+            limits: ArcSwap::default(),
+            has_default: AtomicBool::new(false),
         });
         services.push(s.clone());
         self.shared.registered.send_replace(services.len());
@@ -136,6 +139,15 @@ impl SlotStore {
         let services = self.shared.services.lock();
         if let Some(s) = named(&services, service) {
             s.set_blocked(users);
+        }
+    }
+
+    /// Makes `limits` its service's limits, if the store serves it (as
+    /// [`SlotStore::set_blocked`]).
+    pub fn set_limits(&self, limits: v1::Limits) {
+        let services = self.shared.services.lock();
+        if let Some(s) = named(&services, &limits.service) {
+            s.set_limits(limits);
         }
     }
 

@@ -234,8 +234,9 @@ impl UserState {
     }
 
     /// Moves the counters on to `slot`, keeping the last slot's counts for
-    /// the reporter.
-    #[inline]
+    /// the reporter (the store rolls with [`ServiceStore::roll_on`](super::ServiceStore),
+    /// which also gives the user their default row).
+    #[cfg(test)]
     pub(super) fn roll(&mut self, slot: i64, user: &str, overflow: &Mutex<Overflow>) {
         if self.slot < slot {
             self.roll_on(slot, user, overflow);

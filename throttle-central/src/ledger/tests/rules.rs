@@ -188,3 +188,52 @@ proptest! {
         }
     }
 }
+
+/// The nodes are told the `*` rule's rate for a slot split over the
+/// service's nodes (its tightest period), every user's allowances, and
+/// the same message while nothing changes.
+#[test]
+fn nodes_are_told_the_every_user_share_and_each_rules_allowances() {
+    let mut l = keeping(5);
+    let mut limits = rules(
+        "[[limit]]\nservice = \"front\"\nuser = \"*\"\nper_second = { requests = 100 }\nper_minute = { requests = 3000 }\n",
+    );
+    limits.extend(rules(
+        "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_day = { requests = 1000000 }\n",
+    ));
+    l.apply_limits("front", &limits, T);
+    for node in ["n1", "n2", "n3", "n4"] {
+        let id = l.node_id(node);
+        l.connect(id, ["front"], T);
+    }
+    let told = l.told("front", T).unwrap();
+    // 3,000 a minute is 50/s, tighter than 100/s: a quarter of 50.
+    assert_eq!(told.default_quota["requests"], 12.5);
+    let windows = |a: &[v1::Allowance]| {
+        a.iter()
+            .map(|a| (a.window_seconds, a.amount))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(windows(&told.every), [(1, 100.0), (60, 3000.0)]);
+    assert_eq!(told.users.len(), 1);
+    assert_eq!(told.users[0].user, "alice");
+    assert_eq!(
+        windows(&told.users[0].allowances),
+        [(1, 100.0), (60, 3000.0), (86_400, 1e6)]
+    );
+    assert!(
+        Arc::ptr_eq(&told, &l.told("front", T + 1_000).unwrap()),
+        "unchanged"
+    );
+    // The same rules applied again: the same message.
+    l.apply_limits("front", &limits, T);
+    assert!(Arc::ptr_eq(&told, &l.told("front", T).unwrap()));
+    // Nodes that neither report nor connect stop counting after 5 slots.
+    l.ingest(&report("n1", 107, "{}", "{}"), T + 7_000).unwrap();
+    let later = l.told("front", T + 7_000).unwrap();
+    assert_eq!(later.default_quota["requests"], 50.0, "n1 alone: {later:?}");
+    assert!(
+        l.told("back", T).is_none(),
+        "a service the ledger does not know"
+    );
+}

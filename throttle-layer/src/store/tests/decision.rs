@@ -434,3 +434,51 @@ fn a_quota_read_in_place_installs_what_the_decoded_one_does() {
     }
     assert!(!decide(&a, "back", "carol").0, "carol has no quota");
 }
+
+/// With a default quota from the central, a user the slot's table has no
+/// row for is held to it (the `*` rule's share of this node) instead of
+/// let through; their own row, once it comes, decides instead; without a
+/// table for the slot the fallback decides as before.
+#[test]
+fn a_user_without_a_row_is_held_to_the_default_quota() {
+    let f = fixture();
+    f.quota(r#"{"front": {"100": {"alice": {"requests": 10.0}}}}"#);
+    f.store.set_limits(v1::Limits {
+        service: "front".into(),
+        default_quota: [("requests".to_string(), 2.5)].into(),
+        ..v1::Limits::default()
+    });
+    let newcomer: Vec<_> = (0..4).map(|_| f.admit("zoe", Fallback::Allow)).collect();
+    let allowed = newcomer.iter().filter(|d| d.is_allowed()).count();
+    assert_eq!(
+        allowed, 3,
+        "used 0, 1, 2 are not above 2 whole units: {newcomer:?}"
+    );
+    assert!(
+        newcomer.iter().all(|d| d.basis == Basis::Quota),
+        "a row for the slot"
+    );
+    let refused = newcomer[3].tightest.expect("names the resource");
+    assert_eq!((refused.resource, refused.quota), (f.requests, 2.0));
+    // Her own row replaces the default.
+    f.quota(r#"{"front": {"100": {"alice": {"requests": 10.0}, "zoe": {"requests": 50.0}}}}"#);
+    assert!(f.admit("zoe", Fallback::Allow).is_allowed());
+    // Known from the slot before, still without a row of her own in the
+    // next slot's table: the default again.
+    f.quota(r#"{"front": {"101": {"alice": {"requests": 10.0}}}}"#);
+    f.clock.set(T + 1_000);
+    let next: Vec<_> = (0..4)
+        .map(|_| f.admit("zoe", Fallback::Allow).is_allowed())
+        .collect();
+    assert_eq!(next, [true, true, true, false]);
+    // No table for the slot: the fallback, not the default.
+    f.clock.set(T + 5_000);
+    assert_eq!(f.admit("yann", Fallback::Allow).basis, Basis::Fallback);
+    // Limits without a default quota: a user without a row is not limited.
+    f.quota(r#"{"front": {"105": {"alice": {"requests": 10.0}}}}"#);
+    f.store.set_limits(v1::Limits {
+        service: "front".into(),
+        ..v1::Limits::default()
+    });
+    assert_eq!(f.admit("xena", Fallback::Allow).basis, Basis::Unlimited);
+}
