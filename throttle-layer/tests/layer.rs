@@ -723,3 +723,59 @@ async fn a_blocked_user_is_refused_whatever_their_quota() {
     let res = app.oneshot(get_as("mallory", "/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK, "unblocked");
 }
+
+/// With the central's limits known, a refusal's `RateLimit-Policy` and
+/// `X-RateLimit-Limit` carry the user's configured limit and its window
+/// (the shortest, where a rule sets several), not this node's share of
+/// the slot; a byte resource says so (`qu`); a gRPC refusal names the
+/// limit and its period.
+#[tokio::test]
+async fn refusals_carry_the_configured_limit_and_its_window() {
+    let (_, store) = store();
+    let app = hello()
+        .route("/pkg.Svc/Call", post(|| async { "never" }))
+        .layer(builder(&store).traffic_down().build().unwrap());
+    quota(
+        &store,
+        r#"{"front": {"100": {"alice": {"requests": 0.0}, "bob": {"requests": 5.0, "traffic_down": 0.0}}}}"#,
+    );
+    let allowance = |resource: &str, window_seconds, amount| v1::Allowance {
+        resource: resource.into(),
+        window_seconds,
+        amount,
+    };
+    store.set_limits(v1::Limits {
+        service: "front".into(),
+        every: vec![
+            allowance("requests", 60, 6000.0),
+            allowance("requests", 1, 100.0),
+        ],
+        users: vec![v1::UserLimits {
+            user: "bob".into(),
+            allowances: vec![allowance("traffic_down", 1, 52_428_800.0)],
+            default_quota: Default::default(),
+        }],
+        ..v1::Limits::default()
+    });
+    let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = res.headers();
+    assert_eq!(h["ratelimit-policy"], r#""requests";q=100;w=1"#);
+    assert_eq!(h["x-ratelimit-limit"], "100");
+    let res = app.clone().oneshot(get_as("bob", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        res.headers()["ratelimit-policy"],
+        r#""traffic_down";q=52428800;w=1;qu="content-bytes""#
+    );
+    let res = app
+        .clone()
+        .oneshot(call_as_alice(Method::POST, "application/grpc"))
+        .await
+        .unwrap();
+    let message = res.headers()["grpc-message"].to_str().unwrap().to_owned();
+    assert_eq!(
+        message,
+        "rate limit exceeded: requests (100 per second) of service front exhausted"
+    );
+}

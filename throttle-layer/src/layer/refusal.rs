@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::config::Config;
 use super::refusal_cache::Figures;
-use crate::store::Decision;
+use crate::store::{Decision, ResourceId};
 use crate::user::RequestHead;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -58,6 +58,7 @@ pub(crate) fn is_grpc(head: RequestHead<'_>) -> bool {
 pub(crate) fn reject(
     cfg: &Config,
     req: RequestHead<'_>,
+    user: &str,
     decision: &Decision,
 ) -> (Parts, &'static [u8]) {
     let slot = cfg.store.slot_length();
@@ -73,10 +74,15 @@ pub(crate) fn reject(
         ),
         None => (0, 0),
     };
+    let configured = named.and_then(|t| configured(cfg, user, t.resource));
     let figures = Figures {
         grpc,
         resource: named.map(|t| t.resource),
-        limit,
+        // The configured limit where the central's limits give one: the
+        // same on every response, as the IETF draft means `q`; else this
+        // node's share of the slot.
+        limit: configured.map_or(limit, |(amount, _)| amount),
+        configured,
         remaining,
         reset_secs: if grpc {
             0
@@ -99,6 +105,13 @@ pub(crate) fn reject(
     } else {
         (res, HTTP_BODY)
     }
+}
+
+/// `user`'s configured limit of `resource` with the shortest window:
+/// (amount, window in seconds).
+fn configured(cfg: &Config, user: &str, resource: ResourceId) -> Option<(u64, u32)> {
+    let allowance = cfg.service.configured(user, resource)?;
+    Some((allowance.amount.floor() as u64, allowance.window_seconds))
 }
 
 /// The head for `figures`: its status and [`headers`].
@@ -125,12 +138,11 @@ fn headers(cfg: &Config, figures: &Figures) -> HeaderMap {
         let mut message = String::from("rate limit exceeded");
         match &resource {
             Some(name) => {
-                let _ = write!(
-                    message,
-                    ": {} of service {} exhausted",
-                    name,
-                    cfg.service.name()
-                );
+                let _ = write!(message, ": {name}");
+                if let Some((amount, window)) = figures.configured {
+                    let _ = write!(message, " ({amount} per {})", period(window));
+                }
+                let _ = write!(message, " of service {} exhausted", cfg.service.name());
             }
             None => {
                 let _ = write!(message, ": no quota for service {}", cfg.service.name());
@@ -148,13 +160,21 @@ fn headers(cfg: &Config, figures: &Figures) -> HeaderMap {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     if let Some(name) = resource {
-        let window = u64::from(cfg.store.slot_length().as_ms())
-            .div_ceil(1000)
-            .max(1);
+        let window = figures.configured.map_or_else(
+            || {
+                u64::from(cfg.store.slot_length().as_ms())
+                    .div_ceil(1000)
+                    .max(1)
+            },
+            |(_, w)| u64::from(w),
+        );
         // Each value is written once and handed over without a copy.
         let mut policy = sf_string(&name);
         let mut ratelimit = policy.clone();
         let _ = write!(policy, ";q={};w={window}", figures.limit);
+        if [cfg.traffic_up, cfg.traffic_down].contains(&figures.resource) {
+            policy.push_str(";qu=\"content-bytes\"");
+        }
         let _ = write!(
             ratelimit,
             ";r={};t={}",
@@ -170,6 +190,15 @@ fn headers(cfg: &Config, figures: &Figures) -> HeaderMap {
         h.insert(X_RESET, reset);
     }
     h
+}
+
+/// A window's name: `second`, `minute`, `hour`, `day`, or `N s`.
+fn period(window_seconds: u32) -> String {
+    crate::store::Allowance {
+        window_seconds,
+        amount: 0.0,
+    }
+    .period()
 }
 
 /// A number as a header value; the usual small ones (a reset in 1 s, none

@@ -175,7 +175,7 @@ fn admit(cfg: &Config, head: RequestHead<'_>, user: &str, delay: u64) -> Outcome
         if cfg.shadow {
             cfg.shadow_rejected.increment(1);
         } else {
-            let (response, body) = reject(cfg, head, &decision);
+            let (response, body) = reject(cfg, head, user, &decision);
             return Outcome::Refuse(response, body);
         }
     }

@@ -98,6 +98,11 @@ impl ServiceLimits {
         }
     }
 
+    /// Whether the limits say nothing of anyone.
+    pub fn is_empty(&self) -> bool {
+        self.default_row.is_none() && self.every.is_empty() && self.users.is_empty()
+    }
+
     /// What limits `user`: their own allowances, else those of every user
     /// (empty when neither is known).
     pub fn of(&self, user: &str) -> &[(Arc<str>, Allowance)] {

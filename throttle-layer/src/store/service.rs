@@ -12,7 +12,7 @@ use throttle_clock::{Clock, SlotLength};
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::blocked::Blocked;
-use super::limits::ServiceLimits;
+use super::limits::{Allowance, ServiceLimits};
 use super::resource::MAX_RESOURCES;
 use super::resource::ResourceId;
 use super::user::Overflow;
@@ -91,6 +91,18 @@ impl ServiceStore {
     /// empty).
     pub fn limits(&self) -> Arc<ServiceLimits> {
         self.limits.load_full()
+    }
+
+    /// `user`'s configured allowance of `resource` with the shortest
+    /// window, if the central's limits give one. Without a reference
+    /// count or a copy: a refusal asks.
+    pub fn configured(&self, user: &str, resource: ResourceId) -> Option<Allowance> {
+        let limits = self.limits.load();
+        if limits.is_empty() {
+            return None;
+        }
+        let names = self.resources.load();
+        limits.shortest(user, names.get(resource.index())?)
     }
 
     /// How many users are blocked.
