@@ -115,7 +115,11 @@ async fn not_blocks_or_limits(
 ) -> Option<central_message::Kind> {
     loop {
         match inbound.message().await.unwrap().and_then(|m| m.kind) {
-            Some(central_message::Kind::Blocks(_) | central_message::Kind::Limits(_)) => continue,
+            Some(
+                central_message::Kind::Blocks(_)
+                | central_message::Kind::Limits(_)
+                | central_message::Kind::Bound(_),
+            ) => continue,
             other => return other,
         }
     }

@@ -140,7 +140,9 @@ impl Node {
                 .await
                 .expect("no message within 5 s")?;
             match m.and_then(|m| m.kind).expect("stream ended") {
-                central_message::Kind::Blocks(_) | central_message::Kind::Limits(_) => continue,
+                central_message::Kind::Blocks(_)
+                | central_message::Kind::Limits(_)
+                | central_message::Kind::Bound(_) => continue,
                 kind => break kind,
             }
         };

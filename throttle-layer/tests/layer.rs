@@ -779,3 +779,45 @@ async fn refusals_carry_the_configured_limit_and_its_window() {
         "rate limit exceeded: requests (100 per second) of service front exhausted"
     );
 }
+
+/// A user the central says is bound by their per-minute quota is refused
+/// naming it.
+#[tokio::test]
+async fn a_refusal_names_the_period_that_binds() {
+    let (_, store) = store();
+    let app = hello()
+        .route("/pkg.Svc/Call", post(|| async { "never" }))
+        .layer(builder(&store).build().unwrap());
+    quota(&store, ALICE_HAS_NONE);
+    let allowance = |window_seconds, amount| v1::Allowance {
+        resource: "requests".into(),
+        window_seconds,
+        amount,
+    };
+    store.set_limits(v1::Limits {
+        service: "front".into(),
+        every: vec![allowance(1, 100.0), allowance(60, 3000.0)],
+        ..v1::Limits::default()
+    });
+    store.set_bound(v1::Bound {
+        service: "front".into(),
+        keys: vec![v1::BoundKey {
+            user: "alice".into(),
+            resource: "requests".into(),
+            window_seconds: 60,
+        }],
+    });
+    let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
+    assert_eq!(
+        res.headers()["ratelimit-policy"],
+        r#""requests";q=3000;w=60"#
+    );
+    let res = app
+        .oneshot(call_as_alice(Method::POST, "application/grpc"))
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()["grpc-message"].to_str().unwrap(),
+        "rate limit exceeded: requests (3000 per minute) of service front exhausted"
+    );
+}

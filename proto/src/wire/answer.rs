@@ -34,6 +34,8 @@ pub enum Answer {
     Blocks(v1::Blocks),
     /// A service's limits.
     Limits(v1::Limits),
+    /// A service's users bound by a longer period.
+    Bound(v1::Bound),
 }
 
 impl Message for Answer {
@@ -47,6 +49,7 @@ impl Message for Answer {
             }
             Self::Blocks(b) => prost::encoding::message::encode(CENTRAL_MESSAGE_BLOCKS, b, buf),
             Self::Limits(l) => prost::encoding::message::encode(CENTRAL_MESSAGE_LIMITS, l, buf),
+            Self::Bound(b) => prost::encoding::message::encode(CENTRAL_MESSAGE_BOUND, b, buf),
         }
     }
 
@@ -77,6 +80,7 @@ impl Message for Answer {
             CENTRAL_MESSAGE_NOT_LEADER => merge_oneof!(self, Self::NotLeader, wire_type, buf, ctx),
             CENTRAL_MESSAGE_BLOCKS => merge_oneof!(self, Self::Blocks, wire_type, buf, ctx),
             CENTRAL_MESSAGE_LIMITS => merge_oneof!(self, Self::Limits, wire_type, buf, ctx),
+            CENTRAL_MESSAGE_BOUND => merge_oneof!(self, Self::Bound, wire_type, buf, ctx),
             _ => skip_field(wire_type, tag, buf, ctx)?,
         }
         Ok(())
@@ -92,6 +96,7 @@ impl Message for Answer {
             }
             Self::Blocks(b) => prost::encoding::message::encoded_len(CENTRAL_MESSAGE_BLOCKS, b),
             Self::Limits(l) => prost::encoding::message::encoded_len(CENTRAL_MESSAGE_LIMITS, l),
+            Self::Bound(b) => prost::encoding::message::encoded_len(CENTRAL_MESSAGE_BOUND, b),
         }
     }
 

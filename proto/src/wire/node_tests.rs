@@ -260,6 +260,10 @@ proptest! {
                 users: vec![v1::UserLimits { user: leader.clone(), allowances: Vec::new(), default_quota: [("requests".into(), 3.0)].into() }],
                 users_truncated: false,
             }),
+            Kind::Bound(v1::Bound {
+                service: leader.clone(),
+                keys: vec![v1::BoundKey { user: leader.clone(), resource: "requests".into(), window_seconds: 60 }],
+            }),
         ] {
             let bytes = v1::CentralMessage { kind: Some(kind.clone()) }.encode_to_vec();
             let answer = Answer::decode(&bytes[..]).expect("valid");
@@ -269,6 +273,7 @@ proptest! {
                 (Kind::NotLeader(n), Answer::NotLeader(a)) => prop_assert_eq!(&n, a),
                 (Kind::Blocks(b), Answer::Blocks(a)) => prop_assert_eq!(&b, a),
                 (Kind::Limits(l), Answer::Limits(a)) => prop_assert_eq!(&l, a),
+                (Kind::Bound(b), Answer::Bound(a)) => prop_assert_eq!(&b, a),
                 (kind, answer) => prop_assert!(false, "{kind:?} read as {answer:?}"),
             }
             prop_assert_eq!(answer.encode_to_vec(), bytes);

@@ -50,12 +50,14 @@
 //! - `periods`: keys limited over several periods;
 //! - `dropped`: entries of a report left out, counted per reason;
 //! - `page`: monitor answers a page at a time;
+//! - `bound`: the keys a longer period binds, for the nodes' refusals;
 //! - `told`: what the nodes are told of a service's limits (the default
 //!   quota for users new to a node, every rule's allowances);
 //! - `service`: one service's state, policy and book of assignments;
 //! - `views`: typed answers to monitor questions;
 //! - `ledger`: the [`Ledger`] itself.
 
+mod bound;
 mod catch_up;
 mod checkpoint;
 mod config;
@@ -78,6 +80,7 @@ mod views;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use bound::MAX_BOUND_KEYS;
 pub use catch_up::hold_ms;
 pub use checkpoint::{CheckpointError, Restoration};
 pub use config::{LedgerConfig, MAX_AMOUNT, MAX_KEYS, ReportError};

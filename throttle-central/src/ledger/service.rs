@@ -25,6 +25,8 @@ pub(crate) struct Service {
     pub(crate) named_policy: bool,
     /// What its nodes are told of its limits.
     pub(crate) told: Told,
+    /// Its keys bound by a longer period, as last read.
+    pub(crate) bound: Option<std::sync::Arc<throttle_proto::v1::Bound>>,
 }
 
 impl Service {

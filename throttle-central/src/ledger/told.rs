@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use throttle_proto::v1;
 
+use super::bound::window_seconds;
 use super::ledger::Ledger;
 use super::rules::ServiceRules;
-use crate::limits::{Limit, Period, limited_resources, resolve};
+use crate::limits::{Limit, limited_resources, resolve};
 
 /// Most users with a rule of their own one [`v1::Limits`] lists.
 pub const MAX_TOLD_USERS: usize = 100_000;
@@ -129,8 +130,4 @@ fn allowances(own: Option<&Limit>, every: Option<&Limit>) -> Vec<v1::Allowance> 
         }
     }
     out
-}
-
-fn window_seconds(period: Period) -> u32 {
-    period.seconds() as u32
 }

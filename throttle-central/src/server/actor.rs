@@ -18,7 +18,7 @@ use super::blocks::SentBlocks;
 use super::command::{Command, Outgoing, Snapshot};
 use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
-use super::told::{SentLimits, ToldNow};
+use super::told::{Sent, SentLimits, ToldNow};
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
 use crate::ledger::{FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange};
 use crate::limits::blocked_at;
@@ -45,6 +45,8 @@ struct Conn {
     blocks: SentBlocks,
     /// The limits this stream was last sent.
     limits: SentLimits,
+    /// The keys bound by a longer period this stream was last sent.
+    bound: Sent<v1::Bound>,
 }
 
 /// Counts and logs what the ledger did with a report of `node_id`: one
@@ -274,6 +276,7 @@ impl Actor {
             drop_log: Throttled::new(),
             blocks: SentBlocks::default(),
             limits: SentLimits::default(),
+            bound: Sent::default(),
         };
         self.conns.insert(conn, c);
         self.sync_blocks(Some(conn));
@@ -508,8 +511,9 @@ impl Actor {
         self.sync_limits();
     }
 
-    /// Sends every stream the limits of its node's services that changed
-    /// since it was last sent them.
+    /// Sends every stream the limits of its node's services, and their
+    /// keys bound by a longer period, that changed since it was last sent
+    /// them.
     fn sync_limits(&mut self) {
         let now = self.clock.now_ms();
         let services: BTreeSet<String> = (self.conns.values())
@@ -518,12 +522,16 @@ impl Actor {
             .cloned()
             .collect();
         let ledger = self.assigner.ledger_mut();
-        let told: ToldNow = (services.into_iter())
-            .filter_map(|s| ledger.told(&s, now).map(|l| (s, l)))
+        let told: ToldNow = (services.iter())
+            .filter_map(|s| ledger.told(s, now).map(|l| (s.clone(), l)))
+            .collect();
+        let bound: ToldNow<v1::Bound> = (services.into_iter())
+            .filter_map(|s| ledger.bound(&s).map(|b| (s, b)))
             .collect();
         for c in self.conns.values_mut() {
             if let Some(services) = self.assigner.services_of(c.node) {
                 c.limits.sync(&c.tx, services.iter(), &told);
+                c.bound.sync(&c.tx, services.iter(), &bound);
             }
         }
     }

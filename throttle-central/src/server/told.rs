@@ -1,8 +1,9 @@
-//! Limits carried to the nodes ([`v1::Limits`]): a new stream is sent, per
-//! service of its node, what the ledger tells of its limits (an empty one
-//! too: a node that reconnects forgets limits lifted while it was away),
-//! and after that each service's whenever the ledger's is another one. A
-//! send that finds the stream's queue full is tried again at the next tick.
+//! Limits carried to the nodes ([`v1::Limits`], and [`v1::Bound`]): a new
+//! stream is sent, per service of its node, what the ledger tells of its
+//! limits (an empty one too: a node that reconnects forgets limits lifted
+//! while it was away), and after that each service's whenever the ledger's
+//! is another one. A send that finds the stream's queue full is tried
+//! again at the next tick.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,22 +15,51 @@ use throttle_proto::wire::Outbound;
 use super::command::Outgoing;
 
 /// Service -> what its nodes are told now.
-pub(super) type ToldNow = BTreeMap<String, Arc<v1::Limits>>;
+pub(super) type ToldNow<T = v1::Limits> = BTreeMap<String, Arc<T>>;
 
-/// What one stream was last sent, per service.
-#[derive(Debug, Default)]
-pub(super) struct SentLimits {
-    sent: BTreeMap<String, Arc<v1::Limits>>,
+/// What one stream was last sent of a kind of message, per service.
+#[derive(Debug)]
+pub(super) struct Sent<T> {
+    sent: BTreeMap<String, Arc<T>>,
 }
 
-impl SentLimits {
-    /// Queues on `tx` the limits of each of `services` (in `now`) that are
-    /// not the ones this stream was last sent.
+impl<T> Default for Sent<T> {
+    fn default() -> Self {
+        Self {
+            sent: BTreeMap::new(),
+        }
+    }
+}
+
+/// The limits one stream was last sent.
+pub(super) type SentLimits = Sent<v1::Limits>;
+
+/// A message the ledger tells the nodes per service.
+pub(super) trait Told: Clone {
+    /// It as a message's kind.
+    fn kind(self) -> central_message::Kind;
+}
+
+impl Told for v1::Limits {
+    fn kind(self) -> central_message::Kind {
+        central_message::Kind::Limits(self)
+    }
+}
+
+impl Told for v1::Bound {
+    fn kind(self) -> central_message::Kind {
+        central_message::Kind::Bound(self)
+    }
+}
+
+impl<T: Told> Sent<T> {
+    /// Queues on `tx` the message of each of `services` (in `now`) that is
+    /// not the one this stream was last sent.
     pub(super) fn sync<'a>(
         &mut self,
         tx: &Outgoing,
         services: impl Iterator<Item = &'a String>,
-        now: &ToldNow,
+        now: &ToldNow<T>,
     ) {
         for service in services {
             let Some(limits) = now.get(service) else {
@@ -42,7 +72,7 @@ impl SentLimits {
             {
                 continue;
             }
-            let kind = central_message::Kind::Limits(v1::Limits::clone(limits));
+            let kind = T::clone(limits).kind();
             let message = Outbound::Message(v1::CentralMessage { kind: Some(kind) });
             if tx.try_send(Ok(message)).is_ok() {
                 self.sent.insert(service.clone(), limits.clone());

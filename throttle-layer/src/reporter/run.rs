@@ -369,6 +369,7 @@ impl Run {
                     Ok(Some(Answer::Quota(q))) => self.quota(q),
                     Ok(Some(Answer::Blocks(b))) => self.cfg.store.set_blocked(&b.service, b.users),
                     Ok(Some(Answer::Limits(l))) => self.cfg.store.set_limits(l),
+                    Ok(Some(Answer::Bound(b))) => self.cfg.store.set_bound(b),
                     Ok(Some(Answer::NotLeader(nl))) => {
                         self.follow(nl.leader);
                         break;

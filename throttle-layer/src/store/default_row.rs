@@ -4,8 +4,8 @@
 //! [`Limits`](throttle_proto::v1::Limits) gives this node.
 //!
 //! The share is installed as the user's row for the slot when the user
-//! enters it (first seen, or first seen again in a new slot), with the
-//! highest version, so it stands for any table of the slot that has no
+//! enters it (first seen, or first seen again in a new slot) and the
+//! slot's table is there, with the highest version, so it stands for any table of the slot that has no
 //! row for the user; the user's own row, when a table brings one,
 //! replaces it. The request path is untouched: it reads a row as always.
 
@@ -28,9 +28,12 @@ impl ServiceStore {
     }
 
     /// Installs `user`'s default row for `slot` in `st`, if the service
-    /// has one for them and `st` holds no row for the slot.
+    /// has one for them, a table for the slot is installed, and `st` holds
+    /// no row for the slot. Without a table the fallback decides, and the
+    /// last known row it reads must stay: a row for the slot would push it
+    /// out.
     pub(super) fn give_default_row(&self, st: &mut UserState, user: &str, slot: i64) {
-        if !self.has_default.load(Ordering::Acquire) {
+        if !self.has_default.load(Ordering::Acquire) || self.quota_version(slot).is_none() {
             return;
         }
         let has_row = (0..ROWS_PER_USER)

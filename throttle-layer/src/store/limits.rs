@@ -117,6 +117,47 @@ impl ServiceLimits {
             .find(|(r, _)| &**r == resource)
             .map(|(_, a)| *a)
     }
+
+    /// The allowance of `user`'s `resource` over `window_seconds`.
+    pub fn over(&self, user: &str, resource: &str, window_seconds: u32) -> Option<Allowance> {
+        self.of(user)
+            .iter()
+            .find(|(r, a)| &**r == resource && a.window_seconds == window_seconds)
+            .map(|(_, a)| *a)
+    }
+}
+
+/// A service's keys bound now by a longer period than their shortest
+/// ([`v1::Bound`]): user -> (resource, window in seconds).
+#[derive(Debug, Default)]
+pub struct Bound {
+    keys: HashMap<Box<str>, BoundResources, foldhash::fast::RandomState>,
+}
+
+/// A user's bound resources, each with its window in seconds.
+type BoundResources = Vec<(Box<str>, u32)>;
+
+impl Bound {
+    /// The keys of `msg`.
+    pub(super) fn from_message(msg: v1::Bound) -> Self {
+        let mut keys: HashMap<Box<str>, BoundResources, _> = HashMap::default();
+        for k in msg.keys {
+            let entry = keys.entry(k.user.into_boxed_str()).or_default();
+            entry.push((k.resource.into_boxed_str(), k.window_seconds));
+        }
+        Self { keys }
+    }
+
+    /// The window binding `user`'s `resource`, if a longer one does.
+    pub fn window(&self, user: &str, resource: &str) -> Option<u32> {
+        let list = self.keys.get(user)?;
+        list.iter().find(|(r, _)| &**r == resource).map(|(_, w)| *w)
+    }
+
+    /// Whether no key is bound by a longer period.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
 }
 
 /// The row of `quotas`, `None` if it limits nothing this service counts.

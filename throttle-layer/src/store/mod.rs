@@ -98,7 +98,7 @@ mod tests;
 
 pub use decision::{Admission, Basis, Decision, Tightest};
 pub use fallback::{Fallback, FallbackParseError};
-pub use limits::{Allowance, Allowances, ServiceLimits};
+pub use limits::{Allowance, Allowances, Bound, ServiceLimits};
 pub use resource::{MAX_RESOURCES, ResourceId};
 pub use service::{ServiceStore, UserHandle};
 pub use slot_store::{SlotStore, StoreBuilder};

@@ -12,7 +12,7 @@ use throttle_clock::{Clock, SlotLength};
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::blocked::Blocked;
-use super::limits::{Allowance, ServiceLimits};
+use super::limits::{Allowance, Bound, ServiceLimits};
 use super::resource::MAX_RESOURCES;
 use super::resource::ResourceId;
 use super::user::Overflow;
@@ -60,6 +60,8 @@ pub struct ServiceStore {
     pub(super) limits: ArcSwap<ServiceLimits>,
     /// Whether `limits` has a default quota: checked first.
     pub(super) has_default: AtomicBool,
+    /// The keys bound now by a longer period, as the central sent them.
+    pub(super) bound: ArcSwap<Bound>,
 }
 
 impl ServiceStore {
@@ -93,16 +95,31 @@ impl ServiceStore {
         self.limits.load_full()
     }
 
-    /// `user`'s configured allowance of `resource` with the shortest
-    /// window, if the central's limits give one. Without a reference
-    /// count or a copy: a refusal asks.
+    /// `user`'s configured allowance of `resource` that binds now: the one
+    /// the central says binds, else the one with the shortest window; if
+    /// the central's limits give one. Without a reference count or a
+    /// copy: a refusal asks.
     pub fn configured(&self, user: &str, resource: ResourceId) -> Option<Allowance> {
         let limits = self.limits.load();
         if limits.is_empty() {
             return None;
         }
         let names = self.resources.load();
-        limits.shortest(user, names.get(resource.index())?)
+        let name = names.get(resource.index())?;
+        let bound = self.bound.load();
+        if !bound.is_empty()
+            && let Some(window) = bound.window(user, name)
+            && let Some(allowance) = limits.over(user, name, window)
+        {
+            return Some(allowance);
+        }
+        limits.shortest(user, name)
+    }
+
+    /// Makes `bound` the service's keys bound by a longer period (the
+    /// central's `Bound`).
+    pub fn set_bound(&self, bound: v1::Bound) {
+        self.bound.store(Arc::new(Bound::from_message(bound)));
     }
 
     /// How many users are blocked.

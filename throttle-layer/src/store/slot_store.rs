@@ -105,6 +105,7 @@ impl SlotStore {
             blocked: Blocked::default(),
             limits: ArcSwap::default(),
             has_default: AtomicBool::new(false),
+            bound: ArcSwap::default(),
         });
         services.push(s.clone());
         self.shared.registered.send_replace(services.len());
@@ -148,6 +149,15 @@ impl SlotStore {
         let services = self.shared.services.lock();
         if let Some(s) = named(&services, &limits.service) {
             s.set_limits(limits);
+        }
+    }
+
+    /// Makes `bound` its service's keys bound by a longer period, if the
+    /// store serves it.
+    pub fn set_bound(&self, bound: v1::Bound) {
+        let services = self.shared.services.lock();
+        if let Some(s) = named(&services, &bound.service) {
+            s.set_bound(bound);
         }
     }
 

@@ -237,3 +237,42 @@ fn nodes_are_told_the_every_user_share_and_each_rules_allowances() {
         "a service the ledger does not know"
     );
 }
+
+/// A user who spent their per-minute quota is bound by it: the nodes are
+/// told so, and told again when it no longer binds.
+#[test]
+fn a_key_bound_by_its_longer_period_is_told() {
+    let mut l = keeping(5);
+    l.apply_limits(
+        "front",
+        &rules("[[limit]]\nservice = \"front\"\nuser = \"minute\"\nper_second = { requests = 1000 }\nper_minute = { requests = 3000 }\n"),
+        T,
+    );
+    l.assign(T);
+    let before = l.bound("front").unwrap();
+    assert!(before.keys.is_empty(), "{before:?}");
+    l.ingest(
+        &report("n1", 101, r#"{"minute": {"requests": 2990}}"#, "{}"),
+        T + 1_000,
+    )
+    .unwrap();
+    l.assign(T + 1_500);
+    let bound = l.bound("front").unwrap();
+    let keys: Vec<_> = bound
+        .keys
+        .iter()
+        .map(|k| (k.user.as_str(), k.resource.as_str(), k.window_seconds))
+        .collect();
+    assert_eq!(keys, [("minute", "requests", 60)]);
+    assert!(Arc::ptr_eq(&bound, &l.bound("front").unwrap()), "unchanged");
+    // The per-minute quota lifted: the per-second bucket binds.
+    l.apply_limits(
+        "front",
+        &rules(
+            "[[limit]]\nservice = \"front\"\nuser = \"minute\"\nper_second = { requests = 1000 }\n",
+        ),
+        T + 2_000,
+    );
+    l.assign(T + 2_000);
+    assert!(l.bound("front").unwrap().keys.is_empty());
+}

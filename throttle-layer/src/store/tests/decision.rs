@@ -482,3 +482,31 @@ fn a_user_without_a_row_is_held_to_the_default_quota() {
     });
     assert_eq!(f.admit("xena", Fallback::Allow).basis, Basis::Unlimited);
 }
+
+/// Without a table for the slot (the central away), a user entering the
+/// slot gets no default row: the last known row stays, and the fallback
+/// reads it.
+#[test]
+fn no_default_row_pushes_out_the_last_known_one() {
+    let f = fixture();
+    f.store.set_limits(v1::Limits {
+        service: "front".into(),
+        default_quota: [("requests".to_string(), 100.0)].into(),
+        ..v1::Limits::default()
+    });
+    f.quota(r#"{"front": {"100": {"alice": {"requests": 1.0}}}}"#);
+    assert!(
+        f.admit("alice", Fallback::LastKnownThenAllow(60))
+            .is_allowed()
+    );
+    f.clock.set(T + 3_000);
+    let d: Vec<_> = (0..3)
+        .map(|_| f.admit("alice", Fallback::LastKnownThenAllow(60)))
+        .collect();
+    assert!(d.iter().all(|d| d.basis == Basis::Fallback), "{d:?}");
+    assert_eq!(
+        d.iter().filter(|d| d.is_allowed()).count(),
+        2,
+        "her last quota, 1: {d:?}"
+    );
+}
