@@ -51,5 +51,5 @@ pub use layer::{Throttle, ThrottleLayer, ThrottleLayerBuilder};
 pub use reporter::Reporter;
 pub use store::{Fallback, SlotStore};
 pub use tokio_clock::TokioClock;
-pub use usage::Usage;
+pub use usage::{Exhausted, Usage};
 pub use user::{MissingUser, RequestHead, UserKey};

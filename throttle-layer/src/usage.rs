@@ -17,6 +17,20 @@
 //! }
 //! ```
 //!
+//! [`Usage::try_take`] checks the user's quota of a resource before the
+//! work it pays for, and takes the amount if it has room; refused, its
+//! [`Exhausted`] is a 429 in axum:
+//!
+//! ```
+//! use throttle_layer::{Exhausted, Usage};
+//!
+//! async fn export(usage: Usage) -> Result<&'static str, Exhausted> {
+//!     usage.try_take("database_read", 500)?;
+//!     // ... read the 500 rows
+//!     Ok("export")
+//! }
+//! ```
+//!
 //! In a tonic handler: `request.extensions().get::<Usage>()`.
 
 use crate::store::UserHandle;
@@ -51,9 +65,63 @@ impl Usage {
         }
     }
 
+    /// Takes `amount` of `resource` now if the user's quota of it has
+    /// room (as the layer admits a request: the quota at least 1 and not
+    /// yet exceeded), for a handler to check before the work it pays for;
+    /// refused, nothing is taken and one rejection of the resource is
+    /// counted. Without a quota for the slot, a user, or room for one
+    /// more resource in the service, the amount is taken (or nothing
+    /// is): the layer decided the request itself. A negative amount is
+    /// ignored, with a warning.
+    ///
+    /// # Errors
+    ///
+    /// [`Exhausted`], which axum turns into a 429.
+    pub fn try_take(&self, resource: &str, amount: i64) -> Result<(), Exhausted> {
+        let Some(h) = &self.handle else { return Ok(()) };
+        if amount < 0 {
+            tracing::warn!(resource, amount, "negative usage ignored");
+            return Ok(());
+        }
+        let Some(id) = h.service().resource(resource) else {
+            return Ok(());
+        };
+        h.service()
+            .try_take(h.user(), id, amount)
+            .map_err(|t| Exhausted {
+                resource: resource.to_owned(),
+                quota: t.quota,
+                used: t.used,
+            })
+    }
+
     /// The user the amounts count for, if the request had one.
     pub fn user(&self) -> Option<&str> {
         self.handle.as_ref().map(UserHandle::user)
+    }
+}
+
+/// What [`Usage::try_take`] refused: the resource, and this node's quota
+/// of it for the slot and what it has used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{resource} exhausted: {used} used of a quota of {quota} this slot")]
+pub struct Exhausted {
+    /// The resource.
+    pub resource: String,
+    /// This node's quota of it for the slot.
+    pub quota: f64,
+    /// What it used of it in the slot.
+    pub used: i64,
+}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for Exhausted {
+    fn into_response(self) -> axum::response::Response {
+        (
+            http::StatusCode::TOO_MANY_REQUESTS,
+            format!("Too Many Requests: {self}\n"),
+        )
+            .into_response()
     }
 }
 

@@ -821,3 +821,54 @@ async fn a_refusal_names_the_period_that_binds() {
         "rate limit exceeded: requests (3000 per minute) of service front exhausted"
     );
 }
+
+/// A handler takes an amount before the work it pays for: allowed while
+/// the user's quota of that resource is not yet exceeded (as a request
+/// costing it would be), refused with a 429 naming it after, with one
+/// rejection counted and nothing charged; a resource the quota does not
+/// limit is always taken.
+#[tokio::test]
+async fn a_handler_takes_an_amount_before_its_work() {
+    let (clock, store) = store();
+    quota(
+        &store,
+        r#"{"front": {"100": {"alice": {"requests": 100.0, "database_read": 6.0}}}}"#,
+    );
+    let layer = builder(&store).handler_usage().build().unwrap();
+    let app = Router::new()
+        .route(
+            "/search",
+            get(|usage: Usage| async move {
+                usage.try_take("cache_read", 1_000)?;
+                // Three pages of 5 rows: 0 and 5 are not above 6; 10 is.
+                for _ in 0..3 {
+                    usage.try_take("database_read", 5)?;
+                }
+                Ok::<_, throttle_layer::Exhausted>("found")
+            }),
+        )
+        .layer(layer);
+    let res = app
+        .clone()
+        .oneshot(get_as("alice", "/search"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        body,
+        "Too Many Requests: database_read exhausted: 10 used of a quota of 6 this slot\n"
+    );
+    // The layer refuses the next request itself: database_read is spent.
+    let res = app
+        .clone()
+        .oneshot(get_as("alice", "/search"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    clock.set(T + 1_000);
+    let r = store.collect(100);
+    assert_eq!(amount(&r.consumption, "alice", "database_read"), 10);
+    assert_eq!(amount(&r.rejection, "alice", "database_read"), 2);
+    assert_eq!(amount(&r.consumption, "alice", "cache_read"), 1_000);
+}

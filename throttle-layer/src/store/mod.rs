@@ -78,7 +78,8 @@
 //! quota of a user without a row), `limits` ([`ServiceLimits`], the
 //! central's limits as this node holds them), `user` (a user's counts and
 //! rows), `users` (the map of users), `service` ([`ServiceStore`]), `quota`
-//! (installing quotas), `collect` (reports), `slot_store` ([`SlotStore`]).
+//! (installing quotas), `collect` (reports), `take` (amounts a handler
+//! takes before its work), `slot_store` ([`SlotStore`]).
 
 mod blocked;
 mod collect;
@@ -90,6 +91,7 @@ mod quota;
 mod resource;
 mod service;
 mod slot_store;
+mod take;
 mod user;
 mod users;
 
