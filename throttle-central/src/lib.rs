@@ -17,12 +17,15 @@
 //!   how quotas are written onto the wire (`assigner::render`);
 //! - [`policy`]: how a service's tokens are split between nodes;
 //! - [`ledger`]: buckets, distribution, per-slot sums; [`bucket`],
-//!   [`limits`]: the token bucket and where limits come from.
+//!   [`limits`]: the token bucket and where limits come from; [`state`]:
+//!   where checkpoints are kept; `atomic_file`: a file replaced whole (the
+//!   limits file's edits, the checkpoint file).
 //!
 //! Everything from the assigner down is plain synchronous code with an
 //! injected clock.
 
 pub mod assigner;
+mod atomic_file;
 pub mod bucket;
 mod central;
 pub mod election;

@@ -8,40 +8,56 @@ use std::sync::Arc;
 
 use throttle_proto::v1;
 
+use super::ids::KeyId;
 use super::ledger::Ledger;
 use crate::limits::Period;
 
 /// Most keys one [`v1::Bound`] lists.
 pub const MAX_BOUND_KEYS: usize = 100_000;
 
+/// A service's bound keys as last read: each key's id, generation and
+/// binding window, and the message built from them.
+#[derive(Debug, Default)]
+pub(crate) struct Bound {
+    keys: Vec<(KeyId, u32, u32)>,
+    message: Option<Arc<v1::Bound>>,
+}
+
 impl Ledger {
     /// The keys of `service` bound now by a longer period than their
-    /// shortest; `None` for a service the ledger does not know.
+    /// shortest; `None` for a service the ledger does not know. Asked
+    /// every tick: the keys are compared by id first, and the message is
+    /// built (names copied) only when they changed.
     pub fn bound(&mut self, service: &str) -> Option<Arc<v1::Bound>> {
         let svc = self.services.get_mut(service)?;
         let state = &svc.state;
-        let mut keys: Vec<v1::BoundKey> = (state.several.iter())
-            .map(|&id| state.key(id))
-            .filter(|key| {
+        let keys: Vec<(KeyId, u32, u32)> = (state.several.iter())
+            .map(|&id| (id, state.key(id)))
+            .filter(|(_, key)| {
                 let shortest = key.buckets().map(|(p, _)| p).min();
                 shortest.is_some_and(|p| p != key.period())
             })
-            .map(|key| v1::BoundKey {
-                user: key.user().to_owned(),
-                resource: key.resource().to_owned(),
-                window_seconds: window_seconds(key.period()),
-            })
+            .map(|(id, key)| (id, key.generation(), window_seconds(key.period())))
             .take(MAX_BOUND_KEYS)
             .collect();
-        keys.sort_unstable_by(|a, b| (&a.user, &a.resource).cmp(&(&b.user, &b.resource)));
-        match &svc.bound {
-            Some(old) if old.keys == keys => {}
-            _ => {
-                let service = service.to_owned();
-                svc.bound = Some(Arc::new(v1::Bound { service, keys }));
-            }
+        let bound = &mut svc.bound;
+        if bound.message.is_none() || bound.keys != keys {
+            let mut listed: Vec<v1::BoundKey> = (keys.iter())
+                .map(|&(id, _, window_seconds)| v1::BoundKey {
+                    user: state.key(id).user().to_owned(),
+                    resource: state.key(id).resource().to_owned(),
+                    window_seconds,
+                })
+                .collect();
+            listed.sort_unstable_by(|a, b| (&a.user, &a.resource).cmp(&(&b.user, &b.resource)));
+            let service = service.to_owned();
+            bound.message = Some(Arc::new(v1::Bound {
+                service,
+                keys: listed,
+            }));
+            bound.keys = keys;
         }
-        svc.bound.clone()
+        bound.message.clone()
     }
 }
 

@@ -108,7 +108,7 @@ impl Ledger {
                     spare: None,
                     named_policy: false,
                     told: Default::default(),
-                    bound: None,
+                    bound: Default::default(),
                 },
             );
         }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::bound::Bound;
 use super::state::ServiceState;
 use super::told::Told;
 use crate::policy::{Assignment, Granted, Policy, QuotaHistory};
@@ -26,7 +27,7 @@ pub(crate) struct Service {
     /// What its nodes are told of its limits.
     pub(crate) told: Told,
     /// Its keys bound by a longer period, as last read.
-    pub(crate) bound: Option<std::sync::Arc<throttle_proto::v1::Bound>>,
+    pub(crate) bound: Bound,
 }
 
 impl Service {

@@ -103,26 +103,7 @@ impl FileLimits {
         let io = |e: std::io::Error| EditError::Io(format!("{}: {e}", path.display()));
         let text = std::fs::read_to_string(path).map_err(io)?;
         let new = change(&text)?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default();
-        let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-        let written = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
-            std::io::Write::write_all(&mut f, new.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            // The rename itself is durable once the directory is synced.
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map_err(io)?;
+        crate::atomic_file::replace(path, new.as_bytes()).map_err(io)?;
         self.file.reload()?;
         Ok(())
     }

@@ -35,24 +35,24 @@ impl<T> Default for Sent<T> {
 pub(super) type SentLimits = Sent<v1::Limits>;
 
 /// A message the ledger tells the nodes per service.
-pub(super) trait Told: Clone {
+pub(super) trait PerService: Clone {
     /// It as a message's kind.
     fn kind(self) -> central_message::Kind;
 }
 
-impl Told for v1::Limits {
+impl PerService for v1::Limits {
     fn kind(self) -> central_message::Kind {
         central_message::Kind::Limits(self)
     }
 }
 
-impl Told for v1::Bound {
+impl PerService for v1::Bound {
     fn kind(self) -> central_message::Kind {
         central_message::Kind::Bound(self)
     }
 }
 
-impl<T: Told> Sent<T> {
+impl<T: PerService> Sent<T> {
     /// Queues on `tx` the message of each of `services` (in `now`) that is
     /// not the one this stream was last sent.
     pub(super) fn sync<'a>(

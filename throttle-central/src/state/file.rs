@@ -29,18 +29,6 @@ impl FileState {
     }
 }
 
-/// Writes `bytes` to `path` by way of a file beside it.
-fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut partial = path.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
-    let mut file = std::fs::File::create(&partial)?;
-    file.write_all(bytes)?;
-    file.sync_data()?;
-    std::fs::rename(&partial, path)
-}
-
 /// Runs file work `f` on `path` off the runtime's workers.
 async fn blocking<T: Send + 'static>(
     path: &Path,
@@ -64,7 +52,10 @@ impl StateStore for FileState {
 
     fn save(&self, checkpoint: Bytes) -> BoxFuture<'_, Result<(), StateError>> {
         Box::pin(async move {
-            let written = blocking(&self.path, move |path| replace(path, &checkpoint)).await;
+            let written = blocking(&self.path, move |path| {
+                crate::atomic_file::replace(path, &checkpoint)
+            })
+            .await;
             written.map_err(|e| self.error(e))
         })
     }

@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::config::Config;
 use super::refusal_cache::Figures;
-use crate::store::{Decision, ResourceId};
+use crate::store::{Decision, ResourceId, period_name};
 use crate::user::RequestHead;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -82,7 +82,7 @@ pub(crate) fn reject(
         // same on every response, as the IETF draft means `q`; else this
         // node's share of the slot.
         limit: configured.map_or(limit, |(amount, _)| amount),
-        configured,
+        window: configured.map(|(_, window)| window),
         remaining,
         reset_secs: if grpc {
             0
@@ -107,7 +107,8 @@ pub(crate) fn reject(
     }
 }
 
-/// `user`'s configured limit of `resource` with the shortest window:
+/// `user`'s configured limit of `resource` that binds (see
+/// [`ServiceStore::configured`](crate::store::ServiceStore::configured)):
 /// (amount, window in seconds).
 fn configured(cfg: &Config, user: &str, resource: ResourceId) -> Option<(u64, u32)> {
     let allowance = cfg.service.configured(user, resource)?;
@@ -139,8 +140,8 @@ fn headers(cfg: &Config, figures: &Figures) -> HeaderMap {
         match &resource {
             Some(name) => {
                 let _ = write!(message, ": {name}");
-                if let Some((amount, window)) = figures.configured {
-                    let _ = write!(message, " ({amount} per {})", period(window));
+                if let Some(window) = figures.window {
+                    let _ = write!(message, " ({} per {})", figures.limit, period_name(window));
                 }
                 let _ = write!(message, " of service {} exhausted", cfg.service.name());
             }
@@ -160,13 +161,13 @@ fn headers(cfg: &Config, figures: &Figures) -> HeaderMap {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     if let Some(name) = resource {
-        let window = figures.configured.map_or_else(
+        let window = figures.window.map_or_else(
             || {
                 u64::from(cfg.store.slot_length().as_ms())
                     .div_ceil(1000)
                     .max(1)
             },
-            |(_, w)| u64::from(w),
+            u64::from,
         );
         // Each value is written once and handed over without a copy.
         let mut policy = sf_string(&name);
@@ -190,15 +191,6 @@ fn headers(cfg: &Config, figures: &Figures) -> HeaderMap {
         h.insert(X_RESET, reset);
     }
     h
-}
-
-/// A window's name: `second`, `minute`, `hour`, `day`, or `N s`.
-fn period(window_seconds: u32) -> String {
-    crate::store::Allowance {
-        window_seconds,
-        amount: 0.0,
-    }
-    .period()
 }
 
 /// A number as a header value; the usual small ones (a reset in 1 s, none

@@ -22,10 +22,10 @@ pub(crate) struct Figures {
     pub(crate) limit: u64,
     pub(crate) remaining: u64,
     pub(crate) reset_secs: u64,
-    /// The user's configured limit of the resource with the shortest
-    /// window, as the central's limits give it: (amount, window in
-    /// seconds).
-    pub(crate) configured: Option<(u64, u32)>,
+    /// The window, in seconds, of the user's configured limit that
+    /// `limit` is, when the central's limits give one (else `limit` is
+    /// this node's share of the slot).
+    pub(crate) window: Option<u32>,
 }
 
 /// The last refusal's head and its figures; see the [`refusal`](super::refusal) module docs.

@@ -5,9 +5,10 @@
 //!
 //! The share is installed as the user's row for the slot when the user
 //! enters it (first seen, or first seen again in a new slot) and the
-//! slot's table is there, with the highest version, so it stands for any table of the slot that has no
-//! row for the user; the user's own row, when a table brings one,
-//! replaces it. The request path is untouched: it reads a row as always.
+//! slot's table is there, with the highest version, so it stands for any
+//! table of the slot that has no row for the user; the user's own row,
+//! when a table brings one, replaces it. The request path is untouched:
+//! it reads a row as always.
 
 use std::sync::atomic::Ordering;
 

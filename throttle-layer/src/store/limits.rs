@@ -3,9 +3,11 @@
 //! node), and what each user is configured for, which refusals and
 //! rate-limit headers name.
 //!
-//! Read on the request path only for a user without a row, one atomic
-//! load; replaced whole when the central sends a new one.
+//! Read when a user enters a slot without a row (for the default quota)
+//! and when a refusal is built, never by an allowed request with a row;
+//! replaced whole when the central sends a new one.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -24,16 +26,21 @@ pub struct Allowance {
 }
 
 impl Allowance {
-    /// The period's name as the limits file writes it (`second`,
-    /// `minute`, `hour`, `day`), or `N s`.
-    pub fn period(&self) -> String {
-        match self.window_seconds {
-            1 => "second".into(),
-            60 => "minute".into(),
-            3_600 => "hour".into(),
-            86_400 => "day".into(),
-            n => format!("{n} s"),
-        }
+    /// The period's name ([`period_name`]).
+    pub fn period(&self) -> Cow<'static, str> {
+        period_name(self.window_seconds)
+    }
+}
+
+/// A window's name as the limits file writes it (`second`, `minute`,
+/// `hour`, `day`), or `N s`.
+pub fn period_name(window_seconds: u32) -> Cow<'static, str> {
+    match window_seconds {
+        1 => "second".into(),
+        60 => "minute".into(),
+        3_600 => "hour".into(),
+        86_400 => "day".into(),
+        n => format!("{n} s").into(),
     }
 }
 

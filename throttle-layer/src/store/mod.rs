@@ -100,7 +100,7 @@ mod tests;
 
 pub use decision::{Admission, Basis, Decision, Tightest};
 pub use fallback::{Fallback, FallbackParseError};
-pub use limits::{Allowance, Allowances, Bound, ServiceLimits};
+pub use limits::{Allowance, Allowances, Bound, ServiceLimits, period_name};
 pub use resource::{MAX_RESOURCES, ResourceId};
 pub use service::{ServiceStore, UserHandle};
 pub use slot_store::{SlotStore, StoreBuilder};

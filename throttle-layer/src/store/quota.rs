@@ -9,7 +9,7 @@ use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::resource::MAX_RESOURCES;
 use super::service::{QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, VERSION_MASK};
-use super::slot_store::{SlotStore, named};
+use super::slot_store::SlotStore;
 use super::user::{UserState, whole_units};
 use super::users::{UserLock, Users, with_users};
 
@@ -180,8 +180,10 @@ impl SlotStore {
         if !self.installable(name, slot, now) {
             return;
         }
-        let service = named(&self.shared.services.lock(), name).cloned();
-        if !service.is_some_and(|s| s.copy_table(slot, from, now)) {
+        if !self
+            .served(name)
+            .is_some_and(|s| s.copy_table(slot, from, now))
+        {
             counter!("throttle_quota_refs_missing_total").increment(1);
             tracing::warn!(service = %name, slot, from, "quota refers to a table this node does not hold; ignored");
         }

@@ -133,21 +133,23 @@ impl SlotStore {
             .collect()
     }
 
-    /// Blocks `users` of `service`, if the store serves it (a list the
+    /// The store of service `name`, if one is registered (a message the
     /// central sends for a service this process does not serve is
-    /// dropped).
+    /// dropped). The list's lock is let go before the caller uses it.
+    pub(super) fn served(&self, name: &str) -> Option<Arc<ServiceStore>> {
+        named(&self.shared.services.lock(), name).cloned()
+    }
+
+    /// Blocks `users` of `service`, if the store serves it.
     pub fn set_blocked(&self, service: &str, users: Vec<String>) {
-        let services = self.shared.services.lock();
-        if let Some(s) = named(&services, service) {
+        if let Some(s) = self.served(service) {
             s.set_blocked(users);
         }
     }
 
-    /// Makes `limits` its service's limits, if the store serves it (as
-    /// [`SlotStore::set_blocked`]).
+    /// Makes `limits` its service's limits, if the store serves it.
     pub fn set_limits(&self, limits: v1::Limits) {
-        let services = self.shared.services.lock();
-        if let Some(s) = named(&services, &limits.service) {
+        if let Some(s) = self.served(&limits.service) {
             s.set_limits(limits);
         }
     }
@@ -155,8 +157,7 @@ impl SlotStore {
     /// Makes `bound` its service's keys bound by a longer period, if the
     /// store serves it.
     pub fn set_bound(&self, bound: v1::Bound) {
-        let services = self.shared.services.lock();
-        if let Some(s) = named(&services, &bound.service) {
+        if let Some(s) = self.served(&bound.service) {
             s.set_bound(bound);
         }
     }
