@@ -15,7 +15,8 @@
 //!
 //! Besides the generated code this crate holds what both sides must agree on:
 //!
-//! - [`etcd`]: a client of etcd's API, for the central's election;
+//! - [`etcd`]: a client of etcd's API, for the central's election,
+//!   checkpoints and limits;
 //! - [`auth`]: how a node signs its stream with an access key and secret;
 //! - [`legacy`]: the JSON documents of the original system and their lossless
 //!   conversion to and from the protobuf messages.
@@ -48,8 +49,8 @@ pub mod v1 {
 }
 
 /// A client of etcd's v3 API (package `etcdserverpb`), as much of it as
-/// the central's leader election uses: leases, ranges, puts, deletes and
-/// transactions. Generated from `etcd/etcd.proto` without `protoc`.
+/// the central uses: leases, ranges, puts, deletes, transactions and
+/// watches. Generated from `etcd/etcd.proto` without `protoc`.
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 pub mod etcd {
     tonic::include_proto!("etcdserverpb");
@@ -64,6 +65,23 @@ pub const MAX_NAME_LEN: usize = 256;
 pub fn f32_at_most(x: f64) -> f32 {
     let f = x as f32;
     if f64::from(f) > x { f.next_down() } else { f }
+}
+
+/// `e` and its sources, outermost first, for the log lines of both sides:
+/// tonic's own message is only "transport error", the cause ("Connection
+/// refused") is further down.
+pub fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// The crate version, sent in [`v1::Hello::version`].

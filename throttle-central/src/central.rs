@@ -29,10 +29,11 @@ use crate::http::{self, HttpState};
 use crate::keys::NodeKeys;
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
-use crate::limits::{FileLimits, LimitSet, LimitSource};
+use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource};
 use crate::net::{self, ConnectionLimits, ServerTls};
 use crate::server::{
-    Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, reloader, ticker,
+    Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, follow_etcd, reloader,
+    ticker,
 };
 use crate::state::StateStore;
 
@@ -41,7 +42,7 @@ pub struct CentralBuilder {
     ledger: LedgerConfig,
     max_message_bytes: usize,
     limits: Arc<dyn LimitSource>,
-    reload: Option<Arc<FileLimits>>,
+    editable: Option<Editable>,
     keys: Option<Arc<NodeKeys>>,
     leadership: Arc<dyn Leadership>,
     clock: Arc<dyn Clock>,
@@ -78,7 +79,7 @@ impl Central {
             ledger: LedgerConfig::default(),
             max_message_bytes: 64 * 1024 * 1024,
             limits: Arc::new(LimitSet::new()),
-            reload: None,
+            editable: None,
             keys: None,
             leadership: Arc::new(AlwaysLeader),
             clock: Arc::new(SystemClock),
@@ -156,7 +157,15 @@ impl CentralBuilder {
     /// every 250 ms); a change is assigned and pushed at once.
     pub fn limits_file(mut self, file: Arc<FileLimits>) -> Self {
         self.limits = file.clone();
-        self.reload = Some(file);
+        self.editable = Some(Editable::File(file));
+        self
+    }
+
+    /// Limits kept in etcd ([`EtcdLimits`]), followed with a watch; a
+    /// change is assigned and pushed at once.
+    pub fn limits_etcd(mut self, etcd: Arc<EtcdLimits>) -> Self {
+        self.limits = etcd.clone();
+        self.editable = Some(Editable::Etcd(etcd));
         self
     }
 
@@ -262,9 +271,20 @@ impl CentralBuilder {
             slot,
             stop_rx.clone(),
         )));
-        if let Some(file) = self.reload.clone() {
-            let tick = Some(commands.clone());
-            tasks.push(tokio::spawn(reloader(file, tick, slot, stop_rx.clone())));
+        match self.editable.clone() {
+            Some(Editable::File(file)) => {
+                let tick = Some(commands.clone());
+                tasks.push(tokio::spawn(reloader(file, tick, slot, stop_rx.clone())));
+            }
+            Some(Editable::Etcd(etcd)) => {
+                tasks.push(tokio::spawn(follow_etcd(
+                    etcd,
+                    commands.clone(),
+                    slot,
+                    stop_rx.clone(),
+                )));
+            }
+            None => {}
         }
         match &self.keys {
             Some(keys) => {
@@ -316,7 +336,7 @@ impl CentralBuilder {
                 leadership: self.leadership,
                 metrics: self.metrics,
                 token: self.http_token,
-                limits_file: self.reload.clone(),
+                editable: self.editable.clone(),
                 monitor_places: HttpState::monitor_places(),
             };
             if let Some(http_addr) = http_addr {

@@ -33,9 +33,9 @@ pub(crate) struct HttpState {
     pub(crate) metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The bearer token every route but `/healthz` requires, if any.
     pub(crate) token: Option<Arc<str>>,
-    /// The limits file the admin API edits, if the limits are read from
-    /// one.
-    pub(crate) limits_file: Option<Arc<crate::limits::FileLimits>>,
+    /// The limits the admin API edits, if they are read from a file or
+    /// etcd.
+    pub(crate) editable: Option<crate::limits::Editable>,
     /// Places for monitor questions being answered.
     pub(crate) monitor_places: Arc<Semaphore>,
 }

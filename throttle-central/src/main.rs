@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use throttle_central::Central;
 use throttle_central::election::{ElectionConfig, Running};
 use throttle_central::keys::NodeKeys;
 use throttle_central::ledger::PolicyFactory;
-use throttle_central::limits::FileLimits;
+use throttle_central::limits::{EtcdLimits, FileLimits};
 use throttle_central::net::{ConnectionLimits, ServerTls};
 use throttle_central::policy::{Projected, by_name};
 use throttle_central::state::{EtcdState, FileState, StateStore};
+use throttle_central::{Central, CentralBuilder};
 use throttle_clock::SlotLength;
 
 /// Central node of throttle: holds one token bucket per (service, user,
@@ -34,10 +34,12 @@ struct Args {
     /// HTTP address of the monitor API, /metrics and /healthz.
     #[arg(long, env = "THROTTLE_CENTRAL_HTTP", default_value = "127.0.0.1:7076")]
     http: SocketAddr,
-    /// TOML file of limits, reloaded when it changes. Without it nobody is
-    /// limited (every request is allowed) but consumption is still summed.
+    /// TOML file of limits, reloaded when it changes; or `etcd:///KEY`
+    /// (with `--etcd`): the same document kept in etcd at KEY, watched, so
+    /// every central reads the same. Without it nobody is limited (every
+    /// request is allowed) but consumption is still summed.
     #[arg(long, env = "THROTTLE_CENTRAL_LIMITS")]
-    limits: Option<PathBuf>,
+    limits: Option<String>,
     /// Slot length in milliseconds; every node must use the same.
     #[arg(long, env = "THROTTLE_CENTRAL_SLOT_MS", default_value_t = 1000)]
     slot_ms: u32,
@@ -165,15 +167,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!(path = %path.display(), keys = keys.current().len(), "node keys");
         builder = builder.node_keys(Arc::new(keys));
     }
-    match &args.limits {
-        Some(path) => {
-            let file = FileLimits::open(path)
-                .with_context(|| format!("loading limits from {}", path.display()))?;
-            tracing::info!(path = %path.display(), entries = file.current().len(), "limits loaded");
-            builder = builder.limits_file(Arc::new(file));
-        }
-        None => tracing::warn!("no --limits given: nobody is limited, every request is allowed"),
-    }
+    builder = limits(&args, builder).await?;
     let grpc = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding gRPC address {}", args.listen))?;
@@ -203,6 +197,33 @@ async fn main() -> anyhow::Result<()> {
         running.resign().await;
     }
     Ok(())
+}
+
+/// `builder` with the limits of `--limits`: a file, or a key in etcd.
+async fn limits(args: &Args, builder: CentralBuilder) -> anyhow::Result<CentralBuilder> {
+    let Some(limits) = &args.limits else {
+        tracing::warn!("no --limits given: nobody is limited, every request is allowed");
+        return Ok(builder);
+    };
+    let Some(rest) = limits.strip_prefix("etcd://") else {
+        let file =
+            FileLimits::open(limits).with_context(|| format!("loading limits from {limits}"))?;
+        tracing::info!(path = %limits, entries = file.current().len(), "limits loaded");
+        return Ok(builder.limits_file(Arc::new(file)));
+    };
+    anyhow::ensure!(
+        rest.starts_with('/') && rest.len() > 1,
+        "--limits {limits:?}: write etcd:///KEY (three slashes: the endpoints come from --etcd)"
+    );
+    anyhow::ensure!(
+        !args.etcd.is_empty(),
+        "--limits {limits:?} needs --etcd: the endpoints of the etcd that keeps them"
+    );
+    let etcd = EtcdLimits::open(args.etcd.clone(), rest)
+        .await
+        .with_context(|| format!("loading limits from {limits}"))?;
+    tracing::info!(key = %rest, entries = etcd.current().len(), "limits loaded from etcd");
+    Ok(builder.limits_etcd(Arc::new(etcd)))
 }
 
 /// The checkpoint's store, with `--state`.

@@ -91,4 +91,18 @@ fn refuses_bad_flags_and_bad_limits() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("line 1") && err.contains("requests"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
+    // Limits in etcd: the key's form, and the endpoints from --etcd.
+    for (limits, says) in [
+        ("etcd://10.0.0.1/throttle", "etcd:///KEY"),
+        ("etcd:///throttle/limits", "needs --etcd"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_throttle-central"))
+            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args(["--limits", limits])
+            .output()
+            .expect("runs");
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{limits}: {err}");
+    }
 }

@@ -2,11 +2,10 @@
 //! (one user's rule), `PUT` and `DELETE /v1/blocks/{service}/{user}` and
 //! `GET /v1/blocks` (block lists).
 //! A change is written to the limits file (atomically, keeping the rest of
-//! it as it was) and applied at once, so the file stays the one source of
-//! the limits and a change survives a restart. Behind the bearer token
+//! it as it was), or to the limits kept in etcd (a compare-and-swap on the
+//! key), and applied at once, so the document stays the one source of the
+//! limits and a change survives a restart. Behind the bearer token
 //! when one is set.
-
-use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -16,7 +15,7 @@ use serde_json::{Value, json};
 use throttle_clock::{Clock, SystemClock};
 
 use super::{HttpState, error};
-use crate::limits::{EditError, FileLimits, LimitSource, edit_block, edit_rule};
+use crate::limits::{EditError, Editable, LimitSource, edit_block, edit_rule};
 
 /// Edits one user's entry of a service in a file's text.
 type Editor = fn(&str, &str, &str, Option<&Value>) -> Result<String, EditError>;
@@ -29,10 +28,11 @@ fn answer(result: Result<Response, Refusal>) -> Response {
     result.unwrap_or_else(|(status, why)| error(status, why))
 }
 
-/// The file to edit, or why there is none.
-fn file(state: &HttpState) -> Result<Arc<FileLimits>, Refusal> {
-    state.limits_file.clone().ok_or_else(|| {
-        let why = "the limits are not read from a file (--limits): there is nothing to edit";
+/// The limits to edit, or why there are none.
+fn file(state: &HttpState) -> Result<Editable, Refusal> {
+    state.editable.clone().ok_or_else(|| {
+        let why =
+            "the limits are not read from a file or etcd (--limits): there is nothing to edit";
         (StatusCode::CONFLICT, why.into())
     })
 }
@@ -205,10 +205,9 @@ async fn delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Runs `editor` on `file` off the runtime's workers (it reads, writes and
-/// syncs files).
+/// Runs `editor` on the limits `file`.
 async fn edit(
-    file: Arc<FileLimits>,
+    file: Editable,
     editor: Editor,
     service: &str,
     user: &str,
@@ -216,13 +215,12 @@ async fn edit(
 ) -> Result<(), Refusal> {
     let (service, user) = (service.to_owned(), user.to_owned());
     let change = move |text: &str| editor(text, &service, &user, body.as_ref());
-    let done = tokio::task::spawn_blocking(move || file.edit(change)).await;
-    match done {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e @ (EditError::Body(_) | EditError::Invalid(_)))) => {
+    match file.edit(Box::new(change)).await {
+        Ok(()) => Ok(()),
+        Err(e @ (EditError::Body(_) | EditError::Invalid(_))) => {
             Err((StatusCode::BAD_REQUEST, e.to_string()))
         }
-        Ok(Err(e)) => Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+        Err(e @ EditError::Etcd(_)) => Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
         Err(e) => Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     }
 }

@@ -57,6 +57,9 @@ pub enum EditError {
     /// The file could not be read or written.
     #[error("limits file: {0}")]
     Io(String),
+    /// The limits kept in etcd could not be read or written.
+    #[error("limits in etcd: {0}")]
+    Etcd(String),
 }
 
 /// `text` with `user`'s own rule of `service` replaced by `rule` (a JSON

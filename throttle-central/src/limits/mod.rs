@@ -40,6 +40,8 @@
 //! - `parse`: the TOML form, and per-service settings
 //!   (`[service.front] policy = "classic"`);
 //! - `set`: [`LimitSet`], [`StaticLimits`]; `file`: [`FileLimits`];
+//!   `etcd`: [`EtcdLimits`], the same document kept in etcd; `editable`:
+//!   which of the two the admin API writes;
 //! - `edit`: one user's rule edited in a file's text ([`edit_rule`]);
 //! - `block`: block lists (`[[block]]`), [`Block`];
 //! - `hierarchy`: a capacity shared by applications ([`Hierarchy`]);
@@ -68,6 +70,8 @@
 mod amount;
 mod block;
 mod edit;
+mod editable;
+mod etcd;
 mod file;
 mod hierarchy;
 mod parse;
@@ -85,6 +89,8 @@ use serde::Serialize;
 
 pub use block::{Block, Blocks, blocked_at};
 pub use edit::{EditError, edit_block, edit_rule};
+pub(crate) use editable::Editable;
+pub use etcd::{EtcdLimits, MAX_DOCUMENT_BYTES};
 pub use file::FileLimits;
 pub use hierarchy::{
     App, DEFAULT_APP_BURST_SECONDS, HIERARCHICAL, Hierarchy, MAX_PRIORITY, NO_APP_PRIORITY,
@@ -250,6 +256,15 @@ pub enum LimitsError {
     Empty {
         /// The file.
         path: PathBuf,
+    },
+    /// The limits kept in etcd could not be read, or its value is not a
+    /// document ([`EtcdLimits`]).
+    #[error("limits in etcd key {key}: {message}")]
+    Etcd {
+        /// The key.
+        key: String,
+        /// What went wrong.
+        message: String,
     },
     /// An entry is valid TOML but not a valid limit.
     #[error("invalid limit at line {line} ({service}/{user}): {message}")]

@@ -39,4 +39,4 @@ pub(crate) use command::{Command, ask};
 pub(crate) use keeper::Keeper;
 pub use monitor::{Connection, Connections, MonitorView, Subject};
 pub(crate) use stream::CentralService;
-pub(crate) use timers::{reloader, ticker};
+pub(crate) use timers::{follow_etcd, reloader, ticker};

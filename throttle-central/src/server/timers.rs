@@ -1,4 +1,5 @@
-//! The ledger's timers: the mid-slot tick, and the limits file's reloads.
+//! The ledger's timers: the mid-slot tick, the limits file's reloads, and
+//! the watch of limits kept in etcd.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::command::Command;
 use crate::keys::NodeKeys;
-use crate::limits::FileLimits;
+use crate::limits::{EtcdLimits, FileLimits};
 
 /// Ticks the ledger at every mid-slot.
 pub(crate) async fn ticker(
@@ -124,4 +125,23 @@ pub(crate) async fn reloader<F: Reloadable>(
             Err(e) => tracing::error!(error = %e, what = F::WHAT, "reload task failed"),
         }
     }
+}
+
+/// Follows the limits kept in etcd until `stop`; a change sends the
+/// ledger's task a tick (so new limits are assigned at once). A watch that
+/// fails is started again after a slot (at least 100 ms, at most 1 s).
+pub(crate) async fn follow_etcd(
+    etcd: Arc<EtcdLimits>,
+    commands: mpsc::Sender<Command>,
+    slot: SlotLength,
+    stop: watch::Receiver<bool>,
+) {
+    // A tick lost to a full queue is made up by the next slot's own.
+    let changed = move || {
+        let _ = commands.try_send(Command::Tick);
+    };
+    let retry = slot
+        .as_duration()
+        .clamp(Duration::from_millis(100), Duration::from_secs(1));
+    etcd.follow(changed, retry, stop).await;
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use throttle_proto::auth::Signed;
+use throttle_proto::causes;
 use throttle_proto::wire::client::central_client::CentralClient;
 use throttle_proto::wire::{Answer, Inbound};
 use tokio::sync::mpsc;
@@ -44,22 +45,6 @@ pub(super) enum OpenError {
     NoWelcome,
     #[error("credentials cannot go in gRPC metadata (not visible ASCII)")]
     Credentials,
-}
-
-/// `e` and its sources, outermost first: tonic's own message is only
-/// "transport error", the cause ("Connection refused") is further down.
-pub(super) fn causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.ends_with(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
-    }
-    text
 }
 
 /// Puts `signed` in a stream's request metadata.
