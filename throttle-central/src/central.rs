@@ -337,6 +337,7 @@ impl CentralBuilder {
                 metrics: self.metrics,
                 token: self.http_token,
                 editable: self.editable.clone(),
+                slot_ms: slot.as_ms(),
                 monitor_places: HttpState::monitor_places(),
             };
             if let Some(http_addr) = http_addr {

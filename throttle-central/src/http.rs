@@ -1,9 +1,11 @@
 //! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits` (`limits`),
-//! `/metrics`, `/healthz`; and the admin API on one user's rule, `GET`,
+//! `/metrics`, `/healthz`; the page that draws it, `/dashboard`
+//! (`dashboard`); and the admin API on one user's rule, `GET`,
 //! `PUT`, `DELETE /v1/limits/{service}/{user}` (`admin`). It asks the ledger's task ([`crate::server`])
 //! and renders the typed answers as JSON ([`monitor`]).
 
 mod admin;
+mod dashboard;
 mod limits;
 pub(crate) mod monitor;
 mod token;
@@ -36,6 +38,8 @@ pub(crate) struct HttpState {
     /// The limits the admin API edits, if they are read from a file or
     /// etcd.
     pub(crate) editable: Option<crate::limits::Editable>,
+    /// The slot length, for the dashboard.
+    pub(crate) slot_ms: u32,
     /// Places for monitor questions being answered.
     pub(crate) monitor_places: Arc<Semaphore>,
 }
@@ -106,7 +110,10 @@ pub(crate) fn router(state: HttpState) -> Router {
     if let Some(token) = state.token.clone() {
         guarded = guarded.route_layer(axum::middleware::from_fn_with_state(token, token::require));
     }
-    guarded.route("/healthz", get(healthz)).with_state(state)
+    guarded
+        .route("/healthz", get(healthz))
+        .merge(dashboard::routes())
+        .with_state(state)
 }
 
 fn error(status: StatusCode, message: String) -> Response {
@@ -203,6 +210,7 @@ async fn healthz(State(state): State<HttpState>) -> Response {
         "role": l.role(),
         "leader_address": l.leader(),
         "epoch": l.epoch(),
+        "slot_ms": state.slot_ms,
     }))
     .into_response()
 }

@@ -1,11 +1,13 @@
 //! Real servers the tests start from the binaries on `PATH` (Redis, etcd), each
 //! on a 127.0.0.1 ephemeral port with a temporary directory, stopped when
-//! dropped. Without the binary a test skips, saying why, unless
+//! dropped, and headless Chromium ([`Chromium`]). Without the binary a test skips, saying why, unless
 //! `THROTTLE_REQUIRE_SERVERS=1` (as CI sets), where it fails. Also our own
 //! central node as a process ([`CentralProcess`]).
 
 mod central;
+mod chromium;
 pub use central::CentralProcess;
+pub use chromium::Chromium;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,139 @@
+//! The central's dashboard in a real headless Chromium: a central with a
+//! bearer token and two real nodes on 127.0.0.1, alice offered six times
+//! her limit and bob under his; the page, opened with the token, draws
+//! both against their limits with alice's refusals, and lists the nodes and
+//! the central's role. A screenshot goes to `target/tmp/dashboard.png`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use throttle_central::Central;
+use throttle_central::limits::{LimitSet, StaticLimits};
+use throttle_examples::load::Load;
+use throttle_layer::Fallback;
+use throttle_test_servers::Chromium;
+use throttle_tests::{CentralFactory, Cluster};
+
+const TOKEN: &str = "dashboard-token";
+const SLOT_MS: u32 = 100;
+
+const LIMITS: &str = r#"
+[[limit]]
+service = "front"
+user = "alice"
+per_second = { requests = 50 }
+burst_seconds = 1
+
+[[limit]]
+service = "front"
+user = "*"
+per_second = { requests = 200 }
+"#;
+
+/// The opening tag of the first element with `marker` in it, and what
+/// follows up to `end`.
+fn element<'a>(dom: &'a str, marker: &str, end: &str) -> &'a str {
+    let at = dom
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker} in {dom}"));
+    let start = dom[..at].rfind('<').unwrap_or(at);
+    let stop = dom[at..].find(end).map_or(dom.len(), |e| at + e);
+    &dom[start..stop]
+}
+
+/// The value of attribute `name` in the first tag of `html`.
+fn attr<'a>(html: &'a str, name: &str) -> &'a str {
+    let tag = &html[..html.find('>').unwrap_or(html.len())];
+    let key = format!(" {name}=\"");
+    let at = tag
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {tag}"))
+        + key.len();
+    &tag[at..at + tag[at..].find('"').unwrap_or(0)]
+}
+
+fn number(html: &str, name: &str) -> f64 {
+    attr(html, name)
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} in {html}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
+    let test = "the_dashboard_draws_users_against_their_limits_and_the_nodes";
+    let (Some(browser), Some(stranger)) = (Chromium::start(test), Chromium::start(test)) else {
+        return;
+    };
+    let limits = Arc::new(StaticLimits::new(LimitSet::from_toml(LIMITS).unwrap()));
+    let central: CentralFactory =
+        Arc::new(move || Central::builder().limits(limits.clone()).http_token(TOKEN));
+    let cluster = Cluster::start_with(2, SLOT_MS, central, Fallback::Allow)
+        .await
+        .unwrap();
+    cluster.connected().await;
+    let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
+    load.flow("alice", 0, 150.0);
+    load.flow("alice", 1, 150.0);
+    load.flow("bob", 1, 40.0);
+    let running = tokio::spawn(async move { load.run(Duration::from_secs(6)).await });
+    cluster.slots(20).await;
+    let http = cluster.central.as_ref().unwrap().http_addr().unwrap();
+    let page = format!("http://{http}/dashboard");
+    let settle = Duration::from_millis(2500);
+
+    let (with_token, without) = (format!("{page}#token={TOKEN}"), page.clone());
+    let dom = tokio::task::spawn_blocking(move || browser.dom(&with_token, settle));
+    let refused = tokio::task::spawn_blocking(move || stranger.dom(&without, settle));
+    let (dom, refused) = (dom.await.unwrap(), refused.await.unwrap());
+
+    let status = element(&dom, "id=\"status\"", "</span>");
+    assert_eq!(attr(status, "data-state"), "ok", "{status}");
+    assert_eq!(
+        attr(element(&dom, "id=\"role\"", ">"), "data-role"),
+        "single"
+    );
+    assert!(dom.contains("data-service=\"front\""), "{dom}");
+    // alice: limited to 5 a slot, offered 30, refused more than admitted.
+    let alice = element(&dom, "data-user=\"alice\"", "</article>");
+    assert_eq!(number(alice, "data-limit-per-slot"), 5.0, "{alice}");
+    let (admitted, refusals) = (
+        number(alice, "data-admitted"),
+        number(alice, "data-refused"),
+    );
+    assert!(admitted > 0.0 && refusals > admitted, "{alice}");
+    assert!(admitted <= 5.0 * 60.0 + 50.0, "over her limit: {alice}");
+    let line = element(alice, "class=\"admitted\"", ">");
+    assert_eq!(attr(line, "points").split(' ').count(), 60, "{line}");
+    assert!(alice.contains("class=\"limit\""), "{alice}");
+    // bob: under the `*` rule's 20 a slot, never refused.
+    let bob = element(&dom, "data-user=\"bob\"", "</article>");
+    assert_eq!(number(bob, "data-limit-per-slot"), 20.0, "{bob}");
+    assert!(number(bob, "data-admitted") > 0.0, "{bob}");
+    assert_eq!(number(bob, "data-refused"), 0.0, "{bob}");
+    let refusals_table = element(&dom, "class=\"refusals\"", "</table>");
+    assert!(
+        refusals_table.contains("data-user=\"alice\""),
+        "{refusals_table}"
+    );
+    assert!(
+        !refusals_table.contains("data-user=\"bob\""),
+        "{refusals_table}"
+    );
+    assert!(dom.contains("data-node=\"node-1\"") && dom.contains("data-node=\"node-2\""));
+    // Without the token the page says what to do, and shows no data.
+    let status = element(&refused, "id=\"status\"", "</span>");
+    assert_eq!(attr(status, "data-state"), "error", "{status}");
+    assert!(status.contains("needs its token"), "{status}");
+    assert!(!refused.contains("data-user="), "{refused}");
+
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    let browser = Chromium::start(test).unwrap();
+    let url = format!("{page}#token={TOKEN}");
+    let saved = shot.clone();
+    tokio::task::spawn_blocking(move || browser.screenshot(&url, settle, (1280, 900), &saved))
+        .await
+        .unwrap();
+    eprintln!("dashboard screenshot: {}", shot.display());
+    running.await.unwrap();
+}

@@ -1,0 +1,246 @@
+// The central's dashboard: polls the monitor API and draws it. Plain DOM
+// and SVG; names from the API only ever go in as text, never as markup.
+'use strict';
+
+const hash = new URLSearchParams(location.hash.slice(1));
+if (hash.get('token')) localStorage.setItem('throttle-token', hash.get('token'));
+const token = localStorage.getItem('throttle-token');
+const EVERY_MS = Number(hash.get('every')) || 1000;
+const TOP = Number(hash.get('top')) || 6;
+const WINDOW = 60;
+const SVG = 'http://www.w3.org/2000/svg';
+// The resource drawn, per service, as the reader last chose it.
+const chosen = {};
+
+async function api(path) {
+  const headers = token ? { authorization: 'Bearer ' + token } : {};
+  const r = await fetch(path, { headers });
+  if (r.status === 401) {
+    throw new Error('this central needs its token: open /dashboard#token=YOUR_TOKEN');
+  }
+  if (!r.ok) throw new Error(path + ': HTTP ' + r.status);
+  return r.json();
+}
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  e.append(...children);
+  return e;
+}
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+
+function short(x) {
+  const a = Math.abs(x);
+  if (a >= 1e9) return (x / 1e9).toFixed(1) + 'G';
+  if (a >= 1e6) return (x / 1e6).toFixed(1) + 'M';
+  if (a >= 1e4) return (x / 1e3).toFixed(1) + 'k';
+  return String(Math.round(x * 10) / 10);
+}
+
+// service -> user -> resource -> Map(slot -> amount), from a sums answer
+// (service -> slot -> user -> resource -> amount).
+function series(sums) {
+  const out = {};
+  for (const [service, slots] of Object.entries(sums)) {
+    for (const [slot, users] of Object.entries(slots)) {
+      for (const [user, resources] of Object.entries(users)) {
+        for (const [resource, amount] of Object.entries(resources)) {
+          const u = ((out[service] ??= {})[user] ??= {});
+          (u[resource] ??= new Map()).set(Number(slot), amount);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+function latestSlot(...answers) {
+  let latest = -Infinity;
+  for (const sums of answers) {
+    for (const slots of Object.values(sums)) {
+      for (const slot of Object.keys(slots)) latest = Math.max(latest, Number(slot));
+    }
+  }
+  return latest;
+}
+
+function total(map, from, to) {
+  let sum = 0;
+  for (const [slot, amount] of map || []) if (slot >= from && slot <= to) sum += amount;
+  return sum;
+}
+
+// Admitted (and refused) per slot against the limit per slot, as lines.
+function chart(admitted, refused, limit, from, to) {
+  const W = 360, H = 110, PAD = 4;
+  let top = limit || 0;
+  for (let s = from; s <= to; s++) {
+    top = Math.max(top, admitted?.get(s) || 0, refused?.get(s) || 0);
+  }
+  top = top * 1.1 || 1;
+  const x = (s) => PAD + ((s - from) / Math.max(1, to - from)) * (W - 2 * PAD);
+  const y = (v) => H - PAD - (v / top) * (H - 2 * PAD);
+  const line = (map, cls) => {
+    const points = [];
+    for (let s = from; s <= to; s++) points.push(x(s).toFixed(1) + ',' + y(map?.get(s) || 0).toFixed(1));
+    return svg('polyline', { class: cls, points: points.join(' ') });
+  };
+  const g = svg('svg', { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: 'img' });
+  g.append(svg('rect', { class: 'frame', x: 0, y: 0, width: W, height: H }));
+  if (limit) {
+    g.append(svg('line', { class: 'limit', x1: PAD, x2: W - PAD, y1: y(limit), y2: y(limit) }));
+  }
+  g.append(line(refused, 'refused'), line(admitted, 'admitted'));
+  const scale = svg('text', { class: 'scale', x: W - PAD, y: 12, 'text-anchor': 'end' });
+  scale.textContent = short(top);
+  g.append(scale);
+  return g;
+}
+
+// One user's card: figures, and the chart of the window.
+function card(name, resource, admitted, refused, bucket, slotSeconds, from, to) {
+  const limit = bucket ? bucket.rate * slotSeconds : null;
+  const last = admitted?.get(to) || 0;
+  const inWindow = total(admitted, from, to);
+  const refusedInWindow = total(refused, from, to);
+  const figures = el('p', { class: 'figures' },
+    `last slot ${short(last)}`, limit == null ? ' (no limit)' : ` of ${short(limit)}`,
+    ` · ${WINDOW} slots: ${short(inWindow)} admitted, ${short(refusedInWindow)} refused`);
+  const article = el('article', {
+    class: 'user',
+    'data-user': name,
+    'data-resource': resource,
+    'data-admitted': inWindow,
+    'data-refused': refusedInWindow,
+    'data-limit-per-slot': limit == null ? '' : limit,
+  }, el('h3', {}, name), figures, chart(admitted, refused, limit, from, to));
+  if (bucket) {
+    article.append(el('p', { class: 'bucket' },
+      `bucket ${short(bucket.level)} of ${short(bucket.capacity)}, ${short(bucket.rate)}/s (${bucket.period})`));
+  }
+  return article;
+}
+
+function resourcesOf(users) {
+  const all = new Set();
+  for (const resources of Object.values(users || {})) for (const r of Object.keys(resources)) all.add(r);
+  return [...all].sort();
+}
+
+function picker(service, resources, current) {
+  const select = el('select', { 'aria-label': 'resource' });
+  for (const r of resources) {
+    const option = el('option', { value: r }, r);
+    if (r === current) option.selected = true;
+    select.append(option);
+  }
+  select.addEventListener('change', () => { chosen[service] = select.value; refresh(); });
+  return select;
+}
+
+function refusalsTable(refused, from, to) {
+  const rows = [];
+  for (const [user, resources] of Object.entries(refused || {})) {
+    for (const [resource, map] of Object.entries(resources)) {
+      const n = total(map, from, to);
+      if (n > 0) rows.push([user, resource, n]);
+    }
+  }
+  rows.sort((a, b) => b[2] - a[2]);
+  if (rows.length === 0) return el('p', { class: 'quiet' }, `nobody refused in the last ${WINDOW} slots`);
+  const body = el('tbody', {}, ...rows.slice(0, 20).map(([user, resource, n]) =>
+    el('tr', { 'data-user': user }, el('td', {}, user), el('td', {}, resource), el('td', { class: 'n' }, short(n)))));
+  return el('table', { class: 'refusals' },
+    el('thead', {}, el('tr', {}, el('th', {}, 'user'), el('th', {}, 'resource'), el('th', {}, 'refused'))), body);
+}
+
+function appsTable(status) {
+  const body = el('tbody');
+  for (const r of status.resources || []) {
+    for (const a of r.apps || []) {
+      body.append(el('tr', {}, el('td', {}, r.resource), el('td', {}, a.name), el('td', { class: 'n' }, short(a.guaranteed)),
+        el('td', { class: 'n' }, short(a.demand)), el('td', { class: 'n' }, short(a.granted)), el('td', { class: 'n' }, short(a.consumed)),
+        el('td', { class: 'n' }, String(a.users))));
+    }
+  }
+  const head = ['resource', 'application', 'guaranteed', 'demand', 'granted', 'consumed', 'users'];
+  return el('table', { class: 'apps' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), body);
+}
+
+function serviceSection(service, admitted, refused, distribution, apps, slotSeconds, from, to) {
+  const resources = resourcesOf(admitted);
+  const resource = chosen[service] && resources.includes(chosen[service])
+    ? chosen[service] : resources.includes('requests') ? 'requests' : resources[0];
+  const users = Object.entries(admitted || {})
+    .map(([user, r]) => [user, total(r[resource], from, to)])
+    .filter(([, n]) => n > 0)
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, TOP);
+  const cards = el('div', { class: 'cards' }, ...users.map(([user]) => card(user, resource,
+    admitted[user]?.[resource], refused?.[user]?.[resource], distribution?.[user]?.[resource]?.bucket,
+    slotSeconds, from, to)));
+  const section = el('section', { class: 'service', 'data-service': service },
+    el('h2', {}, service, ' ', picker(service, resources, resource)),
+    el('p', { class: 'legend' }, el('span', { class: 'key admitted' }, 'admitted'), ' ',
+      el('span', { class: 'key limit' }, 'limit'), ' ', el('span', { class: 'key refused' }, 'refused'),
+      ` per slot over the last ${WINDOW} slots (${short(WINDOW * slotSeconds)} s, to slot ${to}),`,
+      ` the ${TOP} heaviest users of ${resource}`),
+    cards, el('h3', {}, 'Refused'), refusalsTable(refused, from, to));
+  if (apps) section.append(el('h3', {}, 'Applications'), appsTable(apps));
+  return section;
+}
+
+function nodesRows(connections) {
+  return connections.map((c) => el('tr', { 'data-node': c.node_id },
+    el('td', {}, c.node_id), el('td', {}, c.addr || ''), el('td', {}, (c.services || []).join(', ')),
+    el('td', { class: 'n' }, `${Math.round(c.connected_seconds)} s`), el('td', { class: 'n' }, String(c.reports))));
+}
+
+function role(health) {
+  const badge = document.getElementById('role');
+  let text = health.role;
+  if (health.role === 'standby') text += health.leader_address ? ` (leader ${health.leader_address})` : ' (no leader)';
+  if (health.epoch) text += ` · epoch ${health.epoch}`;
+  badge.textContent = text;
+  badge.dataset.role = health.role;
+}
+
+async function refresh() {
+  const status = document.getElementById('status');
+  try {
+    const [health, connections, consumption, rejection, distribution, apps] = await Promise.all([
+      api('/healthz'),
+      api('/v1/monitor/connections'),
+      api('/v1/monitor/consumption_sum?limit=10000'),
+      api('/v1/monitor/rejection_sum?limit=10000'),
+      api('/v1/monitor/distribution?limit=10000'),
+      api('/v1/monitor/apps'),
+    ]);
+    role(health);
+    const slotSeconds = (health.slot_ms || 1000) / 1000;
+    const to = latestSlot(consumption, rejection);
+    const from = to - WINDOW + 1;
+    const admitted = series(consumption);
+    const refused = series(rejection);
+    const services = [...new Set([...Object.keys(admitted), ...Object.keys(distribution)])].sort();
+    const sections = services.map((s) => serviceSection(s, admitted[s], refused[s], distribution[s], apps[s],
+      slotSeconds, from, to));
+    if (sections.length === 0) sections.push(el('p', { class: 'quiet' }, 'no consumption reported yet'));
+    document.getElementById('services').replaceChildren(...sections);
+    document.querySelector('#nodes tbody').replaceChildren(...nodesRows(connections.connections));
+    status.textContent = `updated ${new Date().toLocaleTimeString()}, ${connections.connections.length} node streams, slot ${health.slot_ms} ms`;
+    status.dataset.state = 'ok';
+  } catch (e) {
+    status.textContent = String(e.message || e);
+    status.dataset.state = 'error';
+  }
+}
+
+refresh();
+setInterval(refresh, EVERY_MS);
