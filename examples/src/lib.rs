@@ -7,6 +7,7 @@
 pub mod app;
 pub mod load;
 pub mod logs;
+pub mod metrics;
 pub mod node;
 pub mod serve;
 

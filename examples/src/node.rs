@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
+use throttle_clock::SlotLength;
 use throttle_layer::reporter::ReporterBuilder;
 use throttle_layer::{Reporter, SlotStore};
 
@@ -17,6 +18,9 @@ pub struct ReporterArgs {
     /// Central node gRPC endpoint; repeat for several (the leader is found).
     #[arg(long = "central", default_value = "http://127.0.0.1:7075")]
     pub centrals: Vec<String>,
+    /// Slot length in milliseconds; the central's `--slot-ms`.
+    #[arg(long, env = "THROTTLE_SLOT_MS", default_value_t = 1000)]
+    pub slot_ms: u32,
     /// Node id reported to the central node [default: host name and port].
     #[arg(long)]
     pub node_id: Option<String>,
@@ -57,13 +61,26 @@ impl ReporterArgs {
             .unwrap_or_else(|| default_node_id(port))
     }
 
+    /// A store with slots of `--slot-ms`.
+    ///
+    /// # Errors
+    ///
+    /// A slot length that is not one.
+    pub fn store(&self) -> anyhow::Result<SlotStore> {
+        let slot = SlotLength::from_ms(self.slot_ms).context("invalid --slot-ms")?;
+        Ok(SlotStore::builder().slot(slot).build())
+    }
+
     /// A reporter of `store` as `node_id`, to every `--central`.
     ///
     /// # Errors
     ///
     /// A TLS file that cannot be read.
     pub fn builder(&self, store: &SlotStore, node_id: &str) -> anyhow::Result<ReporterBuilder> {
+        // A twentieth of the slot: 50 ms at the default second.
+        let delay = Duration::from_millis(u64::from(self.slot_ms / 20).max(1));
         let mut reporter = Reporter::builder(store, node_id)
+            .report_delay(delay)
             .report_spread(Duration::from_millis(self.report_spread_ms));
         for c in &self.centrals {
             reporter = reporter.central(c.clone());

@@ -234,8 +234,10 @@ impl CentralBuilder {
         self
     }
 
-    /// Serves `GET /metrics` from this Prometheus recorder.
+    /// Serves `GET /metrics` from this Prometheus recorder, every metric
+    /// described ([`crate::telemetry`]).
     pub fn metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        crate::telemetry::describe();
         self.metrics = Some(handle);
         self
     }
@@ -262,6 +264,9 @@ impl CentralBuilder {
         };
         let (commands, rx) = mpsc::channel(4096);
         let (stop_tx, stop_rx) = watch::channel(false);
+        // An elected central updates it with each change of role.
+        let leads = f64::from(u8::from(self.leadership.is_leader()));
+        metrics::gauge!("throttle_central_leader").set(leads);
         let assigner = Assigner::new(ledger, self.limits.clone());
         let actor = Actor::new(assigner, commands.clone(), self.clock.clone());
         let mut tasks = vec![spawn_ledger(actor.run(rx, stop_rx.clone()))?];

@@ -39,6 +39,7 @@ pub mod net;
 pub mod policy;
 pub mod server;
 pub mod state;
+pub mod telemetry;
 pub mod watched;
 
 pub use central::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral};

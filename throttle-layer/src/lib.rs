@@ -15,6 +15,7 @@
 //! - [`local`]: nginx-style limits decided on this node alone.
 //! - [`bucket`]: token buckets in memory or Redis (feature `redis`), the
 //!   store of the layer's shared limits.
+//! - [`telemetry`]: the metrics a node exports, and their help text.
 //!
 //! # Examples
 //!
@@ -43,6 +44,7 @@ pub mod layer;
 pub mod local;
 pub mod reporter;
 pub mod store;
+pub mod telemetry;
 mod tokio_clock;
 pub mod usage;
 pub mod user;

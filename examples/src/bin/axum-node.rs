@@ -4,7 +4,8 @@
 //! Run with: `cargo run -p throttle-examples --bin axum-node -- --central http://127.0.0.1:7075`
 //!
 //! Then: `curl -H 'x-user: alice' http://127.0.0.1:8080/`, `/download?bytes=N`,
-//! `/db?reads=N`, or `curl -H 'x-user: bob' --data-binary @file http://127.0.0.1:8080/upload`.
+//! `/db?reads=N`, or `curl -H 'x-user: bob' --data-binary @file http://127.0.0.1:8080/upload`;
+//! `/metrics` has the node's metrics in Prometheus' text format.
 //!
 //! `--local-limit "10r/s burst=20 nodelay"` (repeatable) adds an nginx-style
 //! limit decided on this node alone, on every route; `--redis
@@ -19,9 +20,9 @@ use clap::Parser;
 use throttle_examples::app;
 use throttle_examples::node::ReporterArgs;
 use throttle_examples::serve::serve;
+use throttle_layer::Fallback;
 use throttle_layer::bucket::RedisStore;
 use throttle_layer::local::LocalLimit;
-use throttle_layer::{Fallback, SlotStore};
 
 /// A demo app node throttled by throttle.
 #[derive(Debug, Parser)]
@@ -80,7 +81,8 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
     let node_id = args.reporter.node_id(addr.port());
-    let store = SlotStore::default();
+    let store = args.reporter.store()?;
+    let metrics = throttle_examples::metrics::install()?;
     let redis = args
         .redis
         .as_deref()
@@ -95,7 +97,8 @@ async fn main() -> anyhow::Result<()> {
         shared: args.shared_limits,
         redis,
     };
-    let router = app::router_with(&store, args.fallback, &limits)?;
+    let router = app::router_with(&store, args.fallback, &limits)?
+        .merge(throttle_examples::metrics::router(metrics));
     let _reporter = match args.no_central {
         true => None,
         false => Some(args.reporter.builder(&store, &node_id)?.spawn()?),

@@ -15,7 +15,7 @@ use throttle_examples::hello::greeter_client::GreeterClient;
 use throttle_examples::hello::greeter_server::{Greeter, GreeterServer};
 use throttle_examples::hello::{HelloReply, HelloRequest};
 use throttle_examples::node::ReporterArgs;
-use throttle_layer::{SlotStore, ThrottleLayer, UserKey};
+use throttle_layer::{ThrottleLayer, UserKey};
 use tonic::{Request, Response, Status};
 
 /// A gRPC greeter throttled by throttle, or a client for it.
@@ -36,6 +36,10 @@ struct Args {
     /// Client: how many calls, 50 ms apart.
     #[arg(long, default_value_t = 10)]
     requests: u32,
+    /// Serve the node's metrics, in Prometheus' text format, on
+    /// `http://ADDR/metrics`.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
     /// Log filter, e.g. `info` or `throttle_layer=debug`.
     #[arg(long, default_value = "info")]
     log: String,
@@ -102,7 +106,20 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
     let node_id = args.reporter.node_id(addr.port());
-    let store = SlotStore::default();
+    let store = args.reporter.store()?;
+    let metrics = throttle_examples::metrics::install()?;
+    if let Some(at) = args.metrics {
+        let listener = tokio::net::TcpListener::bind(at)
+            .await
+            .with_context(|| format!("binding --metrics {at}"))?;
+        let router = throttle_examples::metrics::router(metrics);
+        tokio::spawn(throttle_examples::serve::serve(
+            listener,
+            router,
+            std::future::pending(),
+        ));
+        println!("tonic-node metrics on http://{at}/metrics");
+    }
     let layer = ThrottleLayer::builder(&store, "front")
         .user(UserKey::header("x-user"))
         .build()?;

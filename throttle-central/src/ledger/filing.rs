@@ -20,6 +20,43 @@ pub struct Ingested {
     pub entries: usize,
     /// Entries left out, with why.
     pub dropped: Dropped,
+    /// What the entries applied add up to, per service and resource:
+    /// (service, resource, consumed, rejected), for the
+    /// `throttle_central_consumed_total` and `_rejected_total` metrics.
+    pub totals: Vec<(String, String, i64, i64)>,
+}
+
+impl Ingested {
+    /// Adds `sums` (resource, amount) of `service` to [`Ingested::totals`].
+    fn add_totals(&mut self, service: &str, is_rejection: bool, sums: &[(&str, i64)]) {
+        for &(resource, amount) in sums {
+            let found = self
+                .totals
+                .iter()
+                .position(|(s, r, ..)| s == service && r == resource);
+            let i = found.unwrap_or_else(|| {
+                let row = (service.to_owned(), resource.to_owned(), 0, 0);
+                self.totals.push(row);
+                self.totals.len() - 1
+            });
+            let row = &mut self.totals[i];
+            let sum = if is_rejection { &mut row.3 } else { &mut row.2 };
+            *sum = sum.saturating_add(amount);
+        }
+    }
+}
+
+/// Adds `amount` of `resource` to `sums`. A usage names its resources
+/// once (packed) or per user with the same few names, so this is a short
+/// scan, pointers compared first.
+fn add_sum<'r>(sums: &mut SmallVec<[(&'r str, i64); 4]>, resource: &'r str, amount: i64) {
+    let found = sums
+        .iter_mut()
+        .find(|(r, _)| std::ptr::eq(*r, resource) || *r == resource);
+    match found {
+        Some((_, sum)) => *sum = sum.saturating_add(amount),
+        None => sums.push((resource, amount)),
+    }
 }
 
 /// Where a usage's entries are filed: by which node, for which data slot,
@@ -140,6 +177,7 @@ impl ServiceState {
         let mut ids: SmallVec<[KeyId; 8]> = SmallVec::new();
         let (last, mut next) = self.take_recent(at);
         let mut place = 0;
+        let mut sums: SmallVec<[(&str, i64); 4]> = SmallVec::new();
         for (user, amounts) in users {
             checked_entries(service, user, amounts, at, &mut entries, out);
             let listed = last.as_ref().and_then(|l| l.find(&mut place, user));
@@ -161,12 +199,14 @@ impl ServiceState {
             }
             let (keys, column) = self.keys_and_sums(column_at);
             let id_bound = keys.len();
-            for (&id, &(_, amount)) in ids.iter().zip(&entries) {
+            for (&id, &(resource, amount)) in ids.iter().zip(&entries) {
                 keys[id.index()].file(at, amount);
                 column.add(id, usize::from(at.is_rejection), amount, id_bound);
+                add_sum(&mut sums, resource, amount);
                 out.entries += 1;
             }
         }
+        out.add_totals(service, at.is_rejection, &sums);
         if let Some(next) = next {
             self.recent.insert(at.node, next);
             self.recent_spare = last;

@@ -55,6 +55,17 @@ struct Conn {
 fn count_filed(out: &Ingested, node_id: &str, slot: i64, log: &Throttled, now_ms: i64) {
     counter!("throttle_central_reports_total").increment(1);
     counter!("throttle_central_report_entries_total").increment(out.entries as u64);
+    for (service, resource, consumed, rejected) in &out.totals {
+        let labels = [("service", service.clone()), ("resource", resource.clone())];
+        for (name, amount) in [
+            ("throttle_central_consumed_total", consumed),
+            ("throttle_central_rejected_total", rejected),
+        ] {
+            if *amount > 0 {
+                counter!(name, &labels).increment(u64::try_from(*amount).unwrap_or(0));
+            }
+        }
+    }
     if out.duplicate {
         counter!("throttle_central_duplicate_reports_total").increment(1);
         tracing::debug!(%node_id, slot, "duplicate report ignored");

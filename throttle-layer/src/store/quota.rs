@@ -168,6 +168,8 @@ impl SlotStore {
     {
         if self.installable(name, slot, now) {
             self.service(name).apply(slot, users, now);
+            counter!("throttle_quota_tables_installed_total", "service" => name.to_owned())
+                .increment(1);
         }
     }
 
@@ -180,10 +182,13 @@ impl SlotStore {
         if !self.installable(name, slot, now) {
             return;
         }
-        if !self
+        if self
             .served(name)
             .is_some_and(|s| s.copy_table(slot, from, now))
         {
+            counter!("throttle_quota_tables_installed_total", "service" => name.to_owned())
+                .increment(1);
+        } else {
             counter!("throttle_quota_refs_missing_total").increment(1);
             tracing::warn!(service = %name, slot, from, "quota refers to a table this node does not hold; ignored");
         }

@@ -279,3 +279,24 @@ fn new_keys_past_the_cap_are_refused_until_idle_ones_are_forgotten() {
         .unwrap();
     assert_eq!((out.entries, out.dropped.total()), (1, 0));
 }
+
+#[test]
+fn a_report_adds_up_per_service_and_resource_what_it_filed() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    let r = report(
+        "n1",
+        100,
+        r#"{"alice": {"requests": 3, "traffic_down": 700}, "bob": {"requests": 4}, "neg": {"requests": -1}}"#,
+        r#"{"alice": {"requests": 9}}"#,
+    );
+    let out = l.ingest(&r, T).unwrap();
+    let mut totals = out.totals.clone();
+    totals.sort();
+    let row = |r: &str, c, j| ("front".to_owned(), r.to_owned(), c, j);
+    assert_eq!(
+        totals,
+        vec![row("requests", 7, 9), row("traffic_down", 700, 0)]
+    );
+    // A duplicate adds nothing.
+    assert!(l.ingest(&r, T).unwrap().totals.is_empty());
+}
