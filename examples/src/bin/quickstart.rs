@@ -29,8 +29,12 @@ struct Args {
     #[arg(long, default_value_t = 500.0)]
     offered: f64,
     /// Log filter. The reporters' complaints when the central node goes
-    /// away at the end are expected here, hence quiet by default.
-    #[arg(long, default_value = "warn,throttle_layer::reporter=error")]
+    /// away at the end, and the central's warning that it checks no node
+    /// keys, are expected here, hence quiet by default.
+    #[arg(
+        long,
+        default_value = "warn,throttle_layer::reporter=error,throttle_central::central=error"
+    )]
     log: String,
 }
 
@@ -81,7 +85,9 @@ fn sum(row: &std::collections::BTreeMap<(String, usize), Tally>, user: &str) -> 
         })
 }
 
-fn print_row(second: i64, row: &std::collections::BTreeMap<(String, usize), Tally>) {
+/// Prints the row of `second` (seconds since the load started), marked if
+/// the load shifted during it.
+fn print_row(second: i64, row: &std::collections::BTreeMap<(String, usize), Tally>, shift: bool) {
     let heavy = sum(row, HEAVY);
     let light = sum(row, LIGHT);
     let per_node: Vec<String> = (0..NODES)
@@ -93,14 +99,33 @@ fn print_row(second: i64, row: &std::collections::BTreeMap<(String, usize), Tall
         })
         .collect();
     println!(
-        "{second:>11} {:>8} {:>9} {:>6} {} {:>9} {:>9}",
+        "{second:>6} {:>8} {:>9} {:>6} {} {:>9} {:>9}{}",
         heavy.offered,
         heavy.admitted,
         HEAVY_LIMIT,
         per_node.join(" "),
         heavy.rejected,
         light.rejected,
+        if shift { "   <- load shifts" } else { "" },
     );
+}
+
+/// The current Unix second, as the load generator keys its tallies.
+fn unix_second() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Prints the rows of `tallies` after `printed` up to the last complete
+/// second (`upto`, not included), the first (partial) second left out.
+fn print_rows(tallies: &Tallies, start: i64, shift: Option<i64>, printed: &mut i64, upto: i64) {
+    for (&second, row) in tallies.range(*printed + 1..upto) {
+        if second > start {
+            print_row(second - start, row, Some(second) == shift);
+        }
+        *printed = second;
+    }
 }
 
 #[tokio::main]
@@ -118,25 +143,27 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..NODES {
         nodes.push(start_node(central.grpc_addr(), i).await?);
     }
+    let http = central
+        .http_addr()
+        .map_or_else(String::new, |a| a.to_string());
     println!(
-        "central node: grpc {}  monitor http://{}/v1/monitor/quota",
-        central.grpc_addr(),
-        central
-            .http_addr()
-            .map_or_else(String::new, |a| a.to_string())
+        "central node: grpc {}  dashboard http://{http}/dashboard",
+        central.grpc_addr()
     );
     for (i, n) in nodes.iter().enumerate() {
         println!("node-{}: http://{n}/", i + 1);
     }
     println!(
         "{HEAVY} offers {} req/s (limit {HEAVY_LIMIT}) split 60/30/10 over the nodes, 10/30/60 after {} s; \
-         {LIGHT} offers {LIGHT_OFFERED} req/s (limit {LIGHT_LIMIT}).\n",
+         {LIGHT} offers {LIGHT_OFFERED} req/s (limit {LIGHT_LIMIT}).\n\
+         t is seconds since the load started (the partial first and last seconds left out); \
+         {HEAVY}'s bucket holds 2 s of her rate, so her first second may pass her limit.\n",
         args.offered,
         args.seconds / 2
     );
     println!(
-        "{:>11} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9}",
-        "second",
+        "{:>6} {:>8} {:>9} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9}",
+        "t (s)",
         "offered",
         "admitted",
         "limit",
@@ -155,40 +182,40 @@ async fn main() -> anyhow::Result<()> {
     for n in 0..NODES {
         load.flow(LIGHT, n, LIGHT_OFFERED / NODES as f64);
     }
+    let start = unix_second();
     let runner = {
         let load = load.clone();
         let seconds = args.seconds;
         tokio::spawn(async move { load.run(Duration::from_secs(seconds)).await })
     };
-    let mut printed = 0i64;
+    let (mut printed, mut shift) = (start - 1, None);
     for s in 0..args.seconds {
         tokio::time::sleep(Duration::from_secs(1)).await;
         if s + 1 == args.seconds / 2 {
             for (n, f) in heavy.iter().enumerate() {
                 f.set_rate(args.offered * skew[NODES - 1 - n]);
             }
+            // The row that shows it: the second most of the change falls in.
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            shift = Some((ms + 500) / 1000);
         }
         // A second is complete once the next one has started.
-        let tallies = load.tallies();
-        let complete: Vec<_> = tallies
-            .iter()
-            .rev()
-            .skip(1)
-            .rev()
-            .filter(|(s, _)| **s > printed)
-            .collect();
-        for (second, row) in complete {
-            print_row(*second, row);
-            printed = *second;
-        }
+        print_rows(&load.tallies(), start, shift, &mut printed, unix_second());
     }
     runner.await?;
+    // The second the load ended in is partial: left out.
     let tallies: Tallies = load.tallies();
-    for (second, row) in tallies.iter().filter(|(s, _)| **s > printed) {
-        print_row(*second, row);
-    }
+    let last = tallies.keys().next_back().copied().unwrap_or(start);
+    print_rows(&tallies, start, shift, &mut printed, last);
     summary(&tallies);
     central.shutdown().await;
+    println!(
+        "\nThe dashboard at http://{http}/dashboard drew this while it ran (--seconds 120 \
+         to look longer). Next: the README's \"Running the central node\" runs the central \
+         and a node as programs, with your own limits."
+    );
     Ok(())
 }
 
