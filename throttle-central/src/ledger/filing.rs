@@ -1,11 +1,13 @@
 //! Filing a report: buckets charged, distribution and sums updated.
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 use throttle_proto::v1;
 
 use super::config::ReportError;
 use super::dropped::{DropReason, Dropped};
-use super::ids::{KeyId, NodeId, valid_name};
+use super::ids::{KeyId, Name, NodeId, valid_name};
 use super::ledger::Ledger;
 use super::recent::NodeUsers;
 use super::source::ReportSource;
@@ -28,8 +30,9 @@ pub struct Ingested {
 
 impl Ingested {
     /// Adds `sums` (resource, amount) of `service` to [`Ingested::totals`].
-    fn add_totals(&mut self, service: &str, is_rejection: bool, sums: &[(&str, i64)]) {
-        for &(resource, amount) in sums {
+    fn add_totals(&mut self, service: &str, is_rejection: bool, sums: &[(Name, i64)]) {
+        for (resource, amount) in sums {
+            let (resource, amount) = (&**resource, *amount);
             let found = self
                 .totals
                 .iter()
@@ -46,16 +49,20 @@ impl Ingested {
     }
 }
 
-/// Adds `amount` of `resource` to `sums`. A usage names its resources
-/// once (packed) or per user with the same few names, so this is a short
-/// scan, pointers compared first.
-fn add_sum<'r>(sums: &mut SmallVec<[(&'r str, i64); 4]>, resource: &'r str, amount: i64) {
-    let found = sums
-        .iter_mut()
-        .find(|(r, _)| std::ptr::eq(*r, resource) || *r == resource);
-    match found {
-        Some((_, sum)) => *sum = sum.saturating_add(amount),
-        None => sums.push((resource, amount)),
+/// Adds `amount` of `key`'s resource, a user's `nth` entry, to `sums`.
+/// Resource names are interned per service, so the few a usage has are
+/// told apart by pointer (the key was just charged: this reads nothing
+/// new), and users list them in the same order, so the `nth` sum is tried
+/// first.
+fn add_sum(sums: &mut SmallVec<[(Name, i64); 4]>, nth: usize, key: &Key, amount: i64) {
+    let same = |r: &(Name, i64)| Arc::ptr_eq(&r.0.0, &key.resource.0);
+    let at = match sums.get(nth) {
+        Some(r) if same(r) => Some(nth),
+        _ => sums.iter().position(same),
+    };
+    match at {
+        Some(i) => sums[i].1 = sums[i].1.saturating_add(amount),
+        None => sums.push((key.resource.clone(), amount)),
     }
 }
 
@@ -177,7 +184,7 @@ impl ServiceState {
         let mut ids: SmallVec<[KeyId; 8]> = SmallVec::new();
         let (last, mut next) = self.take_recent(at);
         let mut place = 0;
-        let mut sums: SmallVec<[(&str, i64); 4]> = SmallVec::new();
+        let mut sums: SmallVec<[(Name, i64); 4]> = SmallVec::new();
         for (user, amounts) in users {
             checked_entries(service, user, amounts, at, &mut entries, out);
             let listed = last.as_ref().and_then(|l| l.find(&mut place, user));
@@ -199,10 +206,11 @@ impl ServiceState {
             }
             let (keys, column) = self.keys_and_sums(column_at);
             let id_bound = keys.len();
-            for (&id, &(resource, amount)) in ids.iter().zip(&entries) {
-                keys[id.index()].file(at, amount);
+            for (nth, (&id, &(_, amount))) in ids.iter().zip(&entries).enumerate() {
+                let key = &mut keys[id.index()];
+                key.file(at, amount);
+                add_sum(&mut sums, nth, key, amount);
                 column.add(id, usize::from(at.is_rejection), amount, id_bound);
-                add_sum(&mut sums, resource, amount);
                 out.entries += 1;
             }
         }
