@@ -1,6 +1,7 @@
 //! A file read again when it changes: the limits, the node keys. The last
 //! good version stays in force while an edit is broken, and the error is
-//! kept for the monitor. Both are TOML, read by [`parse_toml`].
+//! kept for the monitor ([`Published`], which limits kept in etcd use
+//! too). Both are TOML, read by [`parse_toml`].
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -25,18 +26,65 @@ pub trait FileFormat: Sized + Send + Sync + fmt::Debug + 'static {
     fn unreadable(path: &Path, error: &std::io::Error) -> Self::Error;
 }
 
+/// The version in force of something read again and again (a file, an
+/// etcd key), a number that changes with it, and why the last read
+/// failed: what a reader of the limits or node keys asks.
+#[derive(Debug)]
+pub struct Published<T> {
+    current: ArcSwap<T>,
+    /// Bumped after each new version.
+    version: AtomicU64,
+    error: ArcSwap<Option<String>>,
+}
+
+impl<T> Published<T> {
+    /// `value` in force, as version 0.
+    pub fn new(value: T) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(value),
+            version: AtomicU64::new(0),
+            error: ArcSwap::from_pointee(None),
+        }
+    }
+
+    /// Puts `value` in force, and forgets the last error.
+    pub fn publish(&self, value: T) {
+        self.current.store(Arc::new(value));
+        // After the store: whoever sees the new version sees the value.
+        self.version.fetch_add(1, Ordering::Release);
+        self.error.store(Arc::new(None));
+    }
+
+    /// Records why the last read failed; the version in force stays.
+    pub fn fail(&self, error: String) {
+        self.error.store(Arc::new(Some(error)));
+    }
+
+    /// The version in force.
+    pub fn current(&self) -> Arc<T> {
+        self.current.load_full()
+    }
+
+    /// A number that changes whenever the version in force does.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Why the last read failed, if it did.
+    pub fn last_error(&self) -> Option<String> {
+        (**self.error.load()).clone()
+    }
+}
+
 /// A file of `T`, read again by [`Watched::reload`] or [`Watched::poll`].
 #[derive(Debug)]
 pub struct Watched<T> {
     path: PathBuf,
-    current: ArcSwap<T>,
-    /// Bumped after each new version.
-    version: AtomicU64,
+    published: Published<T>,
     /// The text last applied, good or broken.
     text: parking_lot::Mutex<Option<String>>,
     /// A changed text read once, applied when read the same again.
     pending: parking_lot::Mutex<Option<String>>,
-    error: ArcSwap<Option<String>>,
 }
 
 impl<T: FileFormat> Watched<T> {
@@ -48,11 +96,9 @@ impl<T: FileFormat> Watched<T> {
     pub fn open(path: impl Into<PathBuf>, empty: T) -> Result<Self, T::Error> {
         let this = Self {
             path: path.into(),
-            current: ArcSwap::from_pointee(empty),
-            version: AtomicU64::new(0),
+            published: Published::new(empty),
             text: parking_lot::Mutex::new(None),
             pending: parking_lot::Mutex::new(None),
-            error: ArcSwap::from_pointee(None),
         };
         this.reload()?;
         Ok(this)
@@ -102,7 +148,7 @@ impl<T: FileFormat> Watched<T> {
     fn read(&self) -> Result<String, T::Error> {
         std::fs::read_to_string(&self.path).map_err(|e| {
             let e = T::unreadable(&self.path, &e);
-            self.error.store(Arc::new(Some(e.to_string())));
+            self.published.fail(e.to_string());
             e
         })
     }
@@ -118,13 +164,11 @@ impl<T: FileFormat> Watched<T> {
         *last = Some(text);
         match parsed {
             Ok(value) => {
-                self.current.store(Arc::new(value));
-                self.version.fetch_add(1, Ordering::Release);
-                self.error.store(Arc::new(None));
+                self.published.publish(value);
                 Ok(true)
             }
             Err(e) => {
-                self.error.store(Arc::new(Some(e.to_string())));
+                self.published.fail(e.to_string());
                 Err(e)
             }
         }
@@ -132,17 +176,17 @@ impl<T: FileFormat> Watched<T> {
 
     /// The version in force.
     pub fn current(&self) -> Arc<T> {
-        self.current.load_full()
+        self.published.current()
     }
 
     /// A number that changes whenever the content does.
     pub fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+        self.published.version()
     }
 
     /// Why the last read failed, if it did.
     pub fn last_error(&self) -> Option<String> {
-        (**self.error.load()).clone()
+        self.published.last_error()
     }
 }
 

@@ -15,10 +15,8 @@
 //! change: the one that lost reads the key again and edits that.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use futures_util::StreamExt;
 use throttle_proto::causes;
 use throttle_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -36,6 +34,7 @@ use tonic::transport::Channel;
 use super::{EditError, LimitSet, LimitsError, Snapshots};
 use crate::election::connect;
 use crate::log::Throttled;
+use crate::watched::Published;
 
 /// The largest document written: etcd refuses requests over 1.5 MiB
 /// unless started with a larger `--max-request-bytes`.
@@ -61,13 +60,10 @@ struct Value {
 pub struct EtcdLimits {
     endpoints: Vec<String>,
     key: String,
-    current: ArcSwap<LimitSet>,
-    /// Bumped after each new set.
-    version: AtomicU64,
+    published: Published<LimitSet>,
     /// The revision last applied or refused: a value is parsed once.
     /// -1 before the first read.
     seen: parking_lot::Mutex<i64>,
-    error: ArcSwap<Option<String>>,
     /// The channel of the last request that went through.
     channel: parking_lot::Mutex<Option<Channel>>,
 }
@@ -84,10 +80,8 @@ impl EtcdLimits {
         let this = Self {
             endpoints,
             key: key.to_owned(),
-            current: ArcSwap::from_pointee(LimitSet::new()),
-            version: AtomicU64::new(0),
+            published: Published::new(LimitSet::new()),
             seen: parking_lot::Mutex::new(-1),
-            error: ArcSwap::from_pointee(None),
             channel: parking_lot::Mutex::new(None),
         };
         let value = this
@@ -110,7 +104,7 @@ impl EtcdLimits {
 
     /// The limits in force.
     pub fn current(&self) -> Arc<LimitSet> {
-        self.current.load_full()
+        self.published.current()
     }
 
     fn etcd_error(&self, message: String) -> LimitsError {
@@ -194,13 +188,11 @@ impl EtcdLimits {
                 if set.is_empty() {
                     tracing::warn!(key = %self.key, "the limits in etcd list none: nobody is limited");
                 }
-                self.current.store(Arc::new(set));
-                self.version.fetch_add(1, Ordering::Release);
-                self.error.store(Arc::new(None));
+                self.published.publish(set);
                 Ok(true)
             }
             Err(e) => {
-                self.error.store(Arc::new(Some(e.to_string())));
+                self.published.fail(e.to_string());
                 Err(e)
             }
         }
@@ -384,14 +376,14 @@ impl EtcdLimits {
 
 impl Snapshots for EtcdLimits {
     fn snapshot(&self) -> Arc<LimitSet> {
-        self.current.load_full()
+        self.published.current()
     }
 
     fn snapshot_version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+        self.published.version()
     }
 
     fn snapshot_error(&self) -> Option<String> {
-        (**self.error.load()).clone()
+        self.published.last_error()
     }
 }

@@ -4,13 +4,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use super::hierarchy::{HIERARCHICAL, Hierarchy};
 use super::{Block, Blocks, Limit, LimitSource, LimitsError};
+use crate::watched::Published;
 
 /// A snapshot of limits: service -> user (or `*`) -> rule.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -129,37 +128,40 @@ impl LimitSource for LimitSet {
 }
 
 /// Limits that change only when the embedder says so.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StaticLimits {
-    set: Arc<ArcSwap<LimitSet>>,
-    /// Bumped after each replacement (see [`LimitSource::version`]).
-    version: Arc<AtomicU64>,
+    /// Its version bumped after each replacement (see
+    /// [`LimitSource::version`]).
+    set: Arc<Published<LimitSet>>,
+}
+
+impl Default for StaticLimits {
+    fn default() -> Self {
+        Self::new(LimitSet::new())
+    }
 }
 
 impl StaticLimits {
     /// Serves `set`.
     pub fn new(set: LimitSet) -> Self {
         Self {
-            set: Arc::new(ArcSwap::from_pointee(set)),
-            version: Arc::default(),
+            set: Arc::new(Published::new(set)),
         }
     }
 
     /// Replaces the limits; the central applies them at its next slot.
     pub fn replace(&self, set: LimitSet) {
-        self.set.store(Arc::new(set));
-        // After the store: whoever sees the new version sees the new set.
-        self.version.fetch_add(1, Ordering::Release);
+        self.set.publish(set);
     }
 }
 
 impl Snapshots for StaticLimits {
     fn snapshot(&self) -> Arc<LimitSet> {
-        self.set.load_full()
+        self.set.current()
     }
 
     fn snapshot_version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+        self.set.version()
     }
 }
 
