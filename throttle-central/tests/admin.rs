@@ -10,7 +10,8 @@ use serde_json::Value;
 use throttle_central::limits::{FileLimits, LimitSet};
 use throttle_central::{Central, RunningCentral, Subject};
 use throttle_clock::SlotLength;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod common;
 
 const SLOT_MS: u32 = 100;
 const TOKEN: &str = "s3cret-token";
@@ -34,22 +35,8 @@ async fn call(
     body: &str,
     token: bool,
 ) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let auth = if token {
-        format!("authorization: Bearer {TOKEN}\r\n")
-    } else {
-        String::new()
-    };
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: t\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let status = out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|x| x.1.to_owned());
-    (status, body.unwrap_or_default())
+    let answer = common::request(addr, method, path, body, token.then_some(TOKEN)).await;
+    (answer.status, answer.body)
 }
 
 /// carol's bucket rate for requests, as the ledger holds it.

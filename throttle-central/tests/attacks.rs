@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use throttle_clock::{Clock, SlotLength, SystemClock};
 use throttle_proto::v1::central_client::CentralClient;
 use throttle_proto::v1::{self, central_message, node_message};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+
+mod common;
 
 const SLOT_MS: u32 = 1000;
 
@@ -103,14 +104,8 @@ impl Program {
 
 /// `GET path`: the status, the head and the body.
 async fn get(http: SocketAddr, path: &str) -> (u16, String, String) {
-    let mut s = tokio::net::TcpStream::connect(http).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n");
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let status = out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (status, head.to_owned(), body.to_owned())
+    let answer = common::get(http, path).await;
+    (answer.status, answer.head, answer.body)
 }
 
 /// The path of the `Link` to the next page in `head`, if any.

@@ -16,6 +16,8 @@ use throttle_proto::v1::{self, central_message, node_message};
 use tokio::sync::mpsc;
 use tonic::{Code, Streaming};
 
+mod common;
+
 const SLOT_MS: u32 = 100;
 const SECRET: &str = "0123456789abcdef0123";
 const KEYS: &str = r#"
@@ -277,16 +279,7 @@ async fn a_second_stream_of_a_node_id_replaces_the_first() {
 }
 
 async fn http_get(addr: SocketAddr, path: &str, token: Option<&str>) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let auth = token
-        .map(|t| format!("authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let request = format!("GET {path} HTTP/1.1\r\nhost: t\r\n{auth}connection: close\r\n\r\n");
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out[9..12].parse().unwrap()
+    common::request(addr, "GET", path, "", token).await.status
 }
 
 #[tokio::test]

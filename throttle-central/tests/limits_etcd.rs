@@ -15,7 +15,8 @@ use throttle_clock::SlotLength;
 use throttle_proto::etcd::kv_client::KvClient;
 use throttle_proto::etcd::{PutRequest, RangeRequest};
 use throttle_test_servers::Etcd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod common;
 
 const SLOT_MS: u32 = 100;
 const KEY: &str = "/throttle/limits";
@@ -56,17 +57,8 @@ async fn get(etcd: &Etcd) -> String {
 
 /// `method path` with `body`; the status and body.
 async fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let status = out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|x| x.1.to_owned());
-    (status, body.unwrap_or_default())
+    let answer = common::request(addr, method, path, body, None).await;
+    (answer.status, answer.body)
 }
 
 /// `user`'s bucket rate for requests in `front`, as the ledger holds it.

@@ -13,9 +13,10 @@ use throttle_proto::legacy::report_from_json;
 use throttle_proto::v1::central_client::CentralClient;
 use throttle_proto::v1::{self, central_message, node_message};
 use throttle_proto::{PACKED_QUOTAS, QUOTA_REFS};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tonic::Streaming;
+
+mod common;
 
 const SLOT_MS: u32 = 100;
 
@@ -724,13 +725,8 @@ fn next_link(response: &str) -> Option<String> {
 }
 
 async fn http_get_all(addr: SocketAddr, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
+    let answer = common::get(addr, path).await;
+    format!("{}\r\n\r\n{}", answer.head, answer.body)
 }
 
 #[tokio::test]
