@@ -173,7 +173,8 @@ function appsTable(status) {
   return el('table', { class: 'apps' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), body);
 }
 
-function serviceSection(service, admitted, refused, distribution, apps, slotSeconds, from, to) {
+// The resource drawn for `service` and its heaviest users over the window.
+function heaviest(service, admitted, from, to) {
   const resources = resourcesOf(admitted);
   const resource = chosen[service] && resources.includes(chosen[service])
     ? chosen[service] : resources.includes('requests') ? 'requests' : resources[0];
@@ -181,8 +182,26 @@ function serviceSection(service, admitted, refused, distribution, apps, slotSeco
     .map(([user, r]) => [user, total(r[resource], from, to)])
     .filter(([, n]) => n > 0)
     .sort((a, b) => b[1] - a[1])
-    .slice(0, TOP);
-  const cards = el('div', { class: 'cards' }, ...users.map(([user]) => card(user, resource,
+    .slice(0, TOP)
+    .map(([user]) => user);
+  return { service, resources, resource, users };
+}
+
+// The buckets of the users drawn: one small question per user, not the
+// whole distribution (a page of it costs the ledger's task its rows).
+async function bucketsOf(shown) {
+  const asks = shown.flatMap(({ service, users }) => users.map((user) =>
+    api(`/v1/monitor/distribution?service=${encodeURIComponent(service)}&user=${encodeURIComponent(user)}`)));
+  const buckets = {};
+  for (const answer of await Promise.all(asks)) {
+    for (const [service, users] of Object.entries(answer)) Object.assign(buckets[service] ??= {}, users);
+  }
+  return buckets;
+}
+
+function serviceSection(shown, admitted, refused, distribution, apps, slotSeconds, from, to) {
+  const { service, resources, resource, users } = shown;
+  const cards = el('div', { class: 'cards' }, ...users.map((user) => card(user, resource,
     admitted[user]?.[resource], refused?.[user]?.[resource], distribution?.[user]?.[resource]?.bucket,
     slotSeconds, from, to)));
   const section = el('section', { class: 'service', 'data-service': service },
@@ -214,12 +233,11 @@ function role(health) {
 async function refresh() {
   const status = document.getElementById('status');
   try {
-    const [health, connections, consumption, rejection, distribution, apps] = await Promise.all([
+    const [health, connections, consumption, rejection, apps] = await Promise.all([
       api('/healthz'),
       api('/v1/monitor/connections'),
       api('/v1/monitor/consumption_sum?limit=10000'),
       api('/v1/monitor/rejection_sum?limit=10000'),
-      api('/v1/monitor/distribution?limit=10000'),
       api('/v1/monitor/apps'),
     ]);
     role(health);
@@ -228,9 +246,11 @@ async function refresh() {
     const from = to - WINDOW + 1;
     const admitted = series(consumption);
     const refused = series(rejection);
-    const services = [...new Set([...Object.keys(admitted), ...Object.keys(distribution)])].sort();
-    const sections = services.map((s) => serviceSection(s, admitted[s], refused[s], distribution[s], apps[s],
-      slotSeconds, from, to));
+    const services = [...new Set([...Object.keys(admitted), ...Object.keys(refused)])].sort();
+    const shown = services.map((s) => heaviest(s, admitted[s], from, to));
+    const buckets = await bucketsOf(shown);
+    const sections = shown.map((h) => serviceSection(h, admitted[h.service] || {}, refused[h.service],
+      buckets[h.service], apps[h.service], slotSeconds, from, to));
     if (sections.length === 0) sections.push(el('p', { class: 'quiet' }, 'no consumption reported yet'));
     document.getElementById('services').replaceChildren(...sections);
     document.querySelector('#nodes tbody').replaceChildren(...nodesRows(connections.connections));
