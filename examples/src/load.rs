@@ -63,7 +63,8 @@ pub struct Load {
     tallies: Arc<Mutex<Tallies>>,
 }
 
-fn unix_second() -> i64 {
+/// The current Unix second: what [`Tallies`] are keyed by.
+pub fn unix_second() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)

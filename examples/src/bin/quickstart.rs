@@ -14,7 +14,7 @@ use clap::Parser;
 use throttle_central::Central;
 use throttle_central::limits::{LimitSet, StaticLimits};
 use throttle_examples::app;
-use throttle_examples::load::{Load, Tallies, Tally};
+use throttle_examples::load::{Load, Tallies, Tally, unix_second};
 use throttle_layer::{Fallback, Reporter, SlotStore};
 
 /// Runs a central node, three app nodes and a load generator, and shows
@@ -108,13 +108,6 @@ fn print_row(second: i64, row: &std::collections::BTreeMap<(String, usize), Tall
         light.rejected,
         if shift { "   <- load shifts" } else { "" },
     );
-}
-
-/// The current Unix second, as the load generator keys its tallies.
-fn unix_second() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Prints the rows of `tallies` after `printed` up to the last complete
