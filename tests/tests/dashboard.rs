@@ -59,6 +59,11 @@ fn number(html: &str, name: &str) -> f64 {
         .unwrap_or_else(|_| panic!("{name} in {html}"))
 }
 
+fn unix_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map_or(0, |d| d.as_millis() as u64)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
     let test = "the_dashboard_draws_users_against_their_limits_and_the_nodes";
@@ -120,7 +125,14 @@ async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
         !refusals_table.contains("data-user=\"bob\""),
         "{refusals_table}"
     );
-    assert!(dom.contains("data-node=\"node-1\"") && dom.contains("data-node=\"node-2\""));
+    // Both nodes, each with a report of one of the last few slots.
+    let now_slot = unix_ms() / u64::from(SLOT_MS);
+    for node in ["node-1", "node-2"] {
+        let row = element(&dom, &format!("data-node=\"{node}\""), "</tr>");
+        let last = number(element(row, "data-last-slot", "</td>"), "data-last-slot") as u64;
+        assert!(now_slot - last <= 20, "{row}: now slot {now_slot}");
+        assert!(row.contains("s ago"), "{row}");
+    }
     // Without the token the page says what to do, and shows no data.
     let status = element(&refused, "id=\"status\"", "</span>");
     assert_eq!(attr(status, "data-state"), "error", "{status}");

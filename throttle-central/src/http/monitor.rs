@@ -33,6 +33,8 @@ fn connections(c: &Connections) -> Value {
                 "services": s.services,
                 "connected_seconds": s.connected_seconds,
                 "reports": s.reports,
+                "last_slot": s.last_slot,
+                "last_report_seconds": s.last_report_seconds,
                 "answered_ahead": s.answered_ahead,
                 // The form its quotas are written in.
                 "quotas": if s.packed { "packed" } else { "classic" },

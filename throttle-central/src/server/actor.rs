@@ -34,6 +34,8 @@ struct Conn {
     addr: Option<SocketAddr>,
     since: Instant,
     reports: u64,
+    /// The data slot of the last report received, and when it came.
+    last_report: Option<(i64, Instant)>,
     /// Reports of this stream answered ahead of filing ([`AnswerAhead`]).
     answered_ahead: u64,
     tx: Outgoing,
@@ -281,6 +283,7 @@ impl Actor {
             addr,
             since: Instant::now(),
             reports: 0,
+            last_report: None,
             answered_ahead: 0,
             tx,
             ahead,
@@ -383,6 +386,7 @@ impl Actor {
             )));
         }
         c.reports += 1;
+        c.last_report = Some((report.slot_number(), Instant::now()));
         c.answered_ahead += u64::from(answered);
         let (node, node_id, drop_log) = (c.node, c.node_id.as_str(), &c.drop_log);
         let filed = match report {
@@ -593,6 +597,8 @@ impl Actor {
                 .unwrap_or_default(),
             connected_seconds: c.since.elapsed().as_secs_f64(),
             reports: c.reports,
+            last_slot: c.last_report.map(|(slot, _)| slot),
+            last_report_seconds: c.last_report.map(|(_, at)| at.elapsed().as_secs_f64()),
             answered_ahead: c.answered_ahead,
             packed: self.assigner.is_packed(c.node),
             refs: c.accepts.refs,

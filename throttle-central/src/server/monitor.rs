@@ -109,6 +109,10 @@ pub struct Connection {
     pub connected_seconds: f64,
     /// Reports received on it.
     pub reports: u64,
+    /// The data slot of the last report received on it, if any.
+    pub last_slot: Option<i64>,
+    /// Seconds since that report came.
+    pub last_report_seconds: Option<f64>,
     /// Reports it answered ahead of filing.
     pub answered_ahead: u64,
     /// Whether its node's quotas are written packed (while every stream

@@ -218,7 +218,14 @@ function serviceSection(shown, admitted, refused, distribution, apps, slotSecond
 function nodesRows(connections) {
   return connections.map((c) => el('tr', { 'data-node': c.node_id },
     el('td', {}, c.node_id), el('td', {}, c.addr || ''), el('td', {}, (c.services || []).join(', ')),
-    el('td', { class: 'n' }, `${Math.round(c.connected_seconds)} s`), el('td', { class: 'n' }, String(c.reports))));
+    el('td', { class: 'n' }, `${Math.round(c.connected_seconds)} s`), el('td', { class: 'n' }, String(c.reports)),
+    el('td', { class: 'n last', 'data-last-slot': c.last_slot ?? '' }, lastReport(c))));
+}
+
+// "slot N, 0.4 s ago": the data slot of the node's last report.
+function lastReport(c) {
+  if (c.last_slot == null) return 'none yet';
+  return `slot ${c.last_slot}, ${c.last_report_seconds.toFixed(1)} s ago`;
 }
 
 function role(health) {
