@@ -52,6 +52,7 @@ use std::time::Duration;
 use axum::body::Body;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
+use http_body_util::BodyExt;
 use throttle_clock::{Clock, CoarseClock, ManualClock, SlotLength};
 use throttle_layer::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use throttle_layer::{ThrottleLayer, UserKey};
@@ -490,13 +491,16 @@ fn service(c: &mut Criterion) {
                 svc.ready().await.unwrap().call(r).await.unwrap()
             });
             let floor = name.replace("throttle-rejected", "refusal-floor");
-            refusal_heads.push((floor, res.status(), res.headers().clone()));
+            let (head, body) = res.into_parts();
+            // The refusal's own body: shared, as the layer keeps it.
+            let body = rt.block_on(body.collect()).unwrap().to_bytes();
+            refusal_heads.push((floor, head.status, head.headers, body));
         }
         call(&mut g, &rt, &names, name, &mut svc);
     }
-    for (name, status, headers) in refusal_heads {
+    for (name, status, headers, body) in refusal_heads {
         let refusal = tower::service_fn(move |_r: http::Request<Body>| {
-            let mut res = http::Response::new(Body::from("Too Many Requests\n"));
+            let mut res = http::Response::new(Body::from(body.clone()));
             *res.status_mut() = status;
             *res.headers_mut() = headers.clone();
             std::future::ready(Ok::<_, std::convert::Infallible>(res))

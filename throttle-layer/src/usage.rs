@@ -31,20 +31,80 @@
 //! }
 //! ```
 //!
+//! It also says how the layer decided the request ([`Usage::decision`]:
+//! in shadow mode a handler may run for a request its quota refused) and
+//! what is left of a resource ([`Usage::remaining`]):
+//!
+//! ```
+//! use throttle_layer::Usage;
+//!
+//! async fn page(usage: Usage) -> String {
+//!     match usage.remaining("requests") {
+//!         Some(r) if r.left < 10.0 => format!("nearly out: {} left", r.left),
+//!         _ => "ok".to_owned(),
+//!     }
+//! }
+//! ```
+//!
 //! In a tonic handler: `request.extensions().get::<Usage>()`.
 
-use crate::store::UserHandle;
+use crate::store::{Decision, UserHandle};
 
-/// Adds handler-known amounts to the current user's consumption; see the
+/// Adds handler-known amounts to the current user's consumption, and
+/// tells how the request was decided and what is left; see the
 /// [module docs](self).
 #[derive(Debug, Clone)]
 pub struct Usage {
     handle: Option<UserHandle>,
+    decision: Option<Decision>,
+}
+
+/// What is left of a user's quota of one resource, from
+/// [`Usage::remaining`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Remaining {
+    /// This node's quota of the resource for the slot.
+    pub quota: f64,
+    /// What the user used of it on this node in the slot.
+    pub used: i64,
+    /// The quota less what was used, at least 0.
+    pub left: f64,
+    /// The user's configured limit of the resource and its window in
+    /// seconds, when the central's limits give one.
+    pub limit: Option<(f64, u32)>,
 }
 
 impl Usage {
-    pub(crate) fn new(handle: Option<UserHandle>) -> Self {
-        Self { handle }
+    pub(crate) fn new(handle: Option<UserHandle>, decision: Option<Decision>) -> Self {
+        Self { handle, decision }
+    }
+
+    /// How the layer decided the request: allowed or (in shadow mode)
+    /// refused, on what basis, and the resource with the least left.
+    /// `None` for a request without a user.
+    pub fn decision(&self) -> Option<Decision> {
+        self.decision
+    }
+
+    /// What is left now of the user's quota of `resource` on this node
+    /// for the slot, with the configured limit. `None` without a user, a
+    /// quota for the slot, or a figure for the resource in it: nothing
+    /// limits it here.
+    pub fn remaining(&self, resource: &str) -> Option<Remaining> {
+        let h = self.handle.as_ref()?;
+        let service = h.service();
+        let id = service.find_resource(resource)?;
+        let standing = service.standing(h.user(), id)?;
+        let limit = service
+            .configured(h.user(), id)
+            .map(|a| (a.amount, a.window_seconds));
+        Some(Remaining {
+            quota: standing.quota,
+            used: standing.used,
+            left: (standing.quota - standing.used as f64).max(0.0),
+            limit,
+        })
     }
 
     /// Adds `amount` of `resource` to this slot. Returns whether it was

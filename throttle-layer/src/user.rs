@@ -356,6 +356,7 @@ mod tests {
         key.with_user(RequestHead::from_parts(p), |u| u.map(str::to_owned))
     }
 
+    #[cfg(feature = "axum")]
     fn with_peer(ip: &str) -> impl FnOnce(http::request::Builder) -> http::request::Builder {
         let addr: SocketAddr = format!("{ip}:4000").parse().unwrap();
         move |b| b.extension(axum::extract::ConnectInfo(addr))
@@ -379,6 +380,8 @@ mod tests {
         assert_eq!(user(&k, &parts(|b| b.header("x-user", &b"\xff"[..]))), None);
     }
 
+    // The peer address comes from axum's `ConnectInfo` here.
+    #[cfg(feature = "axum")]
     #[test]
     fn peer_ip_key() {
         let k = UserKey::peer_ip();
@@ -395,16 +398,21 @@ mod tests {
             Some("2001:db8::1".into())
         );
         assert_eq!(user(&k, &parts(|b| b)), None);
-        let tonic_peer = tonic::transport::server::TcpConnectInfo {
-            local_addr: None,
-            remote_addr: Some("198.51.100.1:9".parse().unwrap()),
-        };
-        assert_eq!(
-            user(&k, &parts(|b| b.extension(tonic_peer))),
-            Some("198.51.100.1".into())
-        );
+        #[cfg(feature = "tonic")]
+        {
+            let tonic_peer = tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some("198.51.100.1:9".parse().unwrap()),
+            };
+            assert_eq!(
+                user(&k, &parts(|b| b.extension(tonic_peer))),
+                Some("198.51.100.1".into())
+            );
+        }
     }
 
+    // The peer address comes from axum's `ConnectInfo` here.
+    #[cfg(feature = "axum")]
     #[test]
     fn forwarded_for_only_behind_trusted_proxies() {
         let k = UserKey::forwarded_for(["10.0.0.0/8"]).unwrap();

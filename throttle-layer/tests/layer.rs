@@ -3,40 +3,19 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
 use bytes::Bytes;
-use common::{amount, get_as};
+use common::{ALICE_HAS_NONE, T, amount, builder, get_as, hello, quota, store};
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
-use throttle_clock::ManualClock;
-use throttle_layer::store::{Fallback, SlotStore};
+use throttle_layer::store::Fallback;
 use throttle_layer::{MissingUser, ThrottleLayer, Usage, UserKey};
-use throttle_proto::legacy::quota_from_json;
 use throttle_proto::v1;
 use tower::ServiceExt;
-
-const T: i64 = 100_250; // a quarter into slot 100
-
-fn store() -> (Arc<ManualClock>, SlotStore) {
-    let clock = Arc::new(ManualClock::new(T));
-    (clock.clone(), SlotStore::builder().clock(clock).build())
-}
-
-fn quota(store: &SlotStore, json: &str) {
-    store.apply_quota(&quota_from_json(json).unwrap());
-}
-
-/// A quota of no requests for alice in slot 100.
-const ALICE_HAS_NONE: &str = r#"{"front": {"100": {"alice": {"requests": 0.0}}}}"#;
-
-fn builder(store: &SlotStore) -> throttle_layer::ThrottleLayerBuilder {
-    ThrottleLayer::builder(store, "front").user(UserKey::header("x-user"))
-}
 
 /// A call to `/pkg.Svc/Call` by alice with `content_type`: a gRPC call when
 /// `method` is POST.
@@ -48,11 +27,6 @@ fn call_as_alice(method: Method, content_type: &str) -> Request<Body> {
         .header("content-type", content_type)
         .body(Body::empty())
         .unwrap()
-}
-
-/// An app answering `GET /` with "hello".
-fn hello() -> Router {
-    Router::new().route("/", get(|| async { "hello" }))
 }
 
 #[tokio::test]
@@ -101,7 +75,10 @@ async fn refused_http_request_gets_429_and_headers() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(res.headers()["x-ratelimit-limit"], "2");
     let body = res.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(body, "Too Many Requests\n");
+    assert_eq!(
+        body,
+        "Too Many Requests: requests of service front exhausted\n"
+    );
 }
 
 /// A refusal reuses the last one's headers only when its figures are the
@@ -222,7 +199,10 @@ async fn metered_and_plain_layers_refuse_alike() {
     }
     assert_eq!(seen[0], seen[1]);
     assert_eq!(seen[0].0, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(seen[0].2, "Too Many Requests\n");
+    assert_eq!(
+        seen[0].2,
+        "Too Many Requests: requests of service front exhausted\n"
+    );
 }
 
 #[tokio::test]
@@ -692,7 +672,7 @@ async fn a_blocked_user_is_refused_whatever_their_quota() {
     let res = app.clone().oneshot(get_as("mallory", "/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
     let body = res.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(&body[..], b"Blocked\n");
+    assert_eq!(&body[..], b"Blocked: user blocked from service front\n");
     let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK, "nobody else");
     let grpc = Request::builder()

@@ -63,10 +63,13 @@ where
     (n, res)
 }
 
-/// What a response needs of its own: a header map like `res`'s, and a body.
+/// What a response needs of its own: a header map like `res`'s, and a body
+/// (a kept refusal's body is shared, as a static one is).
 fn own(res: &Response<Body>) -> usize {
+    let body =
+        bytes::Bytes::from_static(b"Too Many Requests: requests of service front exhausted\n");
     counted(|| {
-        let mut copy = Response::new(<Body as RefusalBody>::refusal(b"Too Many Requests\n"));
+        let mut copy = Response::new(<Body as RefusalBody>::refusal(body));
         *copy.headers_mut() = res.headers().clone();
         copy
     })

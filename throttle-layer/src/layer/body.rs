@@ -108,10 +108,10 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn fixed(data: &'static [u8]) -> Self {
+    pub(crate) fn fixed(data: Bytes) -> Self {
         Self {
             kind: Kind::Fixed {
-                data: (!data.is_empty()).then(|| Bytes::from_static(data)),
+                data: (!data.is_empty()).then_some(data),
             },
         }
     }
@@ -157,40 +157,41 @@ where
 }
 
 /// A response body type a [`Plain`](super::Plain) layer can answer a refusal
-/// in: the short text of an HTTP refusal, or empty for gRPC's trailers-only
-/// refusal. Implemented for axum's and tonic's bodies, `Full<Bytes>` and
-/// `String`; implement it for another body type to use that type behind a
-/// plain layer.
+/// in: the short text or JSON of an HTTP refusal, or empty for gRPC's
+/// trailers-only refusal. Implemented for axum's and tonic's bodies,
+/// `Full<Bytes>` and `String`; implement it for another body type to use
+/// that type behind a plain layer.
 pub trait RefusalBody: Sized {
-    /// A body holding `text` (ASCII, possibly empty).
-    fn refusal(text: &'static [u8]) -> Self;
+    /// A body holding `body` (UTF-8, possibly empty).
+    fn refusal(body: Bytes) -> Self;
 }
 
 impl RefusalBody for String {
-    fn refusal(text: &'static [u8]) -> Self {
-        String::from_utf8_lossy(text).into_owned()
+    fn refusal(body: Bytes) -> Self {
+        String::from_utf8_lossy(&body).into_owned()
     }
 }
 
 impl RefusalBody for http_body_util::Full<Bytes> {
-    fn refusal(text: &'static [u8]) -> Self {
-        Self::new(Bytes::from_static(text))
+    fn refusal(body: Bytes) -> Self {
+        Self::new(body)
     }
 }
 
 #[cfg(feature = "axum")]
 impl RefusalBody for axum::body::Body {
-    fn refusal(text: &'static [u8]) -> Self {
-        Self::from(text)
+    fn refusal(body: Bytes) -> Self {
+        Self::from(body)
     }
 }
 
+#[cfg(feature = "tonic")]
 impl RefusalBody for tonic::body::Body {
-    fn refusal(text: &'static [u8]) -> Self {
-        if text.is_empty() {
+    fn refusal(body: Bytes) -> Self {
+        if body.is_empty() {
             Self::default()
         } else {
-            Self::new(http_body_util::Full::new(Bytes::from_static(text)))
+            Self::new(http_body_util::Full::new(body))
         }
     }
 }

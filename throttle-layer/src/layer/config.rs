@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
+use super::cost::CostFn;
 use super::local::LocalZones;
+use super::on_refusal::OnRefusal;
 use super::refusal_cache::RefusalCache;
 use super::shared::SharedLimits;
 use crate::store::{Fallback, ResourceId, ServiceStore, SlotStore};
@@ -33,6 +35,8 @@ pub(crate) struct Config {
     pub(crate) user: UserKey,
     pub(crate) missing_user: MissingUser,
     pub(crate) costs: Vec<(ResourceId, i64)>,
+    /// Costs computed from each request's head, if any.
+    pub(crate) cost_fns: Box<[CostFn]>,
     pub(crate) traffic_up: Option<ResourceId>,
     pub(crate) traffic_down: Option<ResourceId>,
     pub(crate) handler_usage: bool,
@@ -42,6 +46,10 @@ pub(crate) struct Config {
     /// Status of a request of a blocked user.
     pub(crate) blocked_status: StatusCode,
     pub(crate) rate_limit_headers: bool,
+    /// Whether allowed responses carry the rate-limit headers too.
+    pub(crate) headers_on_success: bool,
+    /// Builds the refusal responses, if set.
+    pub(crate) on_refusal: Option<OnRefusal>,
     /// Limits decided on this node alone, if any.
     pub(crate) local: Option<LocalZones>,
     /// Limits shared through a bucket store, if any.

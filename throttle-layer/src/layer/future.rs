@@ -5,6 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
+use http::HeaderMap;
 use pin_project_lite::pin_project;
 
 use super::body::{Meter, RefusalBody, ResponseBody};
@@ -23,8 +25,8 @@ pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<F> {
-        Passed { #[pin] future: F, meter: Option<Meter>, hold: Option<Hold> },
-        Rejected { response: Option<(http::response::Parts, &'static [u8])> },
+        Passed { #[pin] future: F, meter: Option<Meter>, hold: Option<Hold>, headers: Headers },
+        Rejected { response: Option<Refusal> },
     }
 }
 
@@ -38,7 +40,20 @@ pub struct Hold {
 }
 
 /// A refusal's head and short body.
-pub(crate) type Refusal = (http::response::Parts, &'static [u8]);
+pub(crate) type Refusal = (http::response::Parts, Bytes);
+
+/// The rate-limit headers of an allowed response, when the layer adds
+/// them ([`headers_on_success`](super::ThrottleLayerBuilder::headers_on_success)).
+/// Boxed: a pointer in every request's future, the map only where asked.
+pub(crate) type Headers = Option<Box<HeaderMap>>;
+
+/// Adds `headers`, if any, to `response`.
+#[inline]
+fn add<B>(response: &mut http::Response<B>, headers: &mut Headers) {
+    if let Some(h) = headers.take() {
+        response.headers_mut().extend(*h);
+    }
+}
 
 impl fmt::Debug for Hold {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -73,20 +88,26 @@ impl Hold {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn passed(future: F, meter: Option<Meter>, hold: Option<Hold>) -> Self {
+    pub(crate) fn passed(
+        future: F,
+        meter: Option<Meter>,
+        hold: Option<Hold>,
+        headers: Headers,
+    ) -> Self {
         Self {
             kind: Kind::Passed {
                 future,
                 meter,
                 hold,
+                headers,
             },
         }
     }
 
-    pub(crate) fn rejected(parts: http::response::Parts, body: &'static [u8]) -> Self {
+    pub(crate) fn rejected(refusal: Refusal) -> Self {
         Self {
             kind: Kind::Rejected {
-                response: Some((parts, body)),
+                response: Some(refusal),
             },
         }
     }
@@ -104,6 +125,7 @@ where
                 future,
                 meter,
                 hold,
+                headers,
             } => {
                 if let Some(h) = hold {
                     let refused = ready!(h.poll(cx));
@@ -116,7 +138,8 @@ where
                         return Poll::Ready(Ok(http::Response::from_parts(parts, body)));
                     }
                 }
-                let response = ready!(future.poll(cx))?;
+                let mut response = ready!(future.poll(cx))?;
+                add(&mut response, headers);
                 let meter = meter.take();
                 Poll::Ready(Ok(response.map(|b| ResponseBody::inner(b, meter))))
             }
@@ -126,7 +149,7 @@ where
                 let (parts, body) = response.take().unwrap_or_else(|| {
                     let mut p = http::Response::new(()).into_parts().0;
                     p.status = http::StatusCode::INTERNAL_SERVER_ERROR;
-                    (p, b"")
+                    (p, Bytes::new())
                 });
                 Poll::Ready(Ok(http::Response::from_parts(
                     parts,
@@ -151,15 +174,19 @@ pin_project! {
     #[project = PlainProj]
     #[derive(Debug)]
     enum PlainKind<F, B> {
-        Passed { #[pin] future: F, hold: Option<Hold> },
+        Passed { #[pin] future: F, hold: Option<Hold>, headers: Headers },
         Rejected { response: Option<http::Response<B>> },
     }
 }
 
 impl<F, B> PlainFuture<F, B> {
-    pub(crate) fn passed(future: F, hold: Option<Hold>) -> Self {
+    pub(crate) fn passed(future: F, hold: Option<Hold>, headers: Headers) -> Self {
         Self {
-            kind: PlainKind::Passed { future, hold },
+            kind: PlainKind::Passed {
+                future,
+                hold,
+                headers,
+            },
         }
     }
 
@@ -181,7 +208,11 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.as_mut().project().kind.project() {
-            PlainProj::Passed { future, hold } => {
+            PlainProj::Passed {
+                future,
+                hold,
+                headers,
+            } => {
                 if let Some(h) = hold {
                     let refused = ready!(h.poll(cx));
                     *hold = None;
@@ -193,12 +224,18 @@ where
                         return Poll::Ready(Ok(refusal));
                     }
                 }
-                future.poll(cx)
+                if headers.is_none() {
+                    // The response as it comes, not moved once more.
+                    return future.poll(cx);
+                }
+                let mut response = ready!(future.poll(cx))?;
+                add(&mut response, headers);
+                Poll::Ready(Ok(response))
             }
             PlainProj::Rejected { response } => {
                 // Polled again after completion: as above, an empty 500.
                 Poll::Ready(Ok(response.take().unwrap_or_else(|| {
-                    let mut r = http::Response::new(B::refusal(b""));
+                    let mut r = http::Response::new(B::refusal(Bytes::new()));
                     *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
                     r
                 })))

@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
-use http::response::Parts;
-
-use super::refusal::{Limiter, refuse_local};
+use super::config::Config;
+use super::future::Refusal;
+use super::refusal::{LimitRefusal, Limiter, is_grpc, refuse_limit};
+use super::refusal_body::accepts_json;
 use crate::every_second::EverySecond;
 use crate::local::{LocalLimit, Verdict, Zone};
 use crate::user::RequestHead;
@@ -30,7 +31,7 @@ pub(crate) enum Local {
     /// Pass, after this many ms.
     Pass(u64),
     /// Refused by a limit: the response.
-    Refuse(Parts, &'static [u8]),
+    Refuse(Refusal),
 }
 
 /// Every local limit of a layer.
@@ -68,8 +69,9 @@ impl LocalZones {
 
     /// Accounts the request of `user` (none: only limits with keys of
     /// their own apply) in every zone. Refused by one, it is taken back
-    /// from those before; in `shadow` mode nothing is refused nor held.
-    pub(crate) fn check(&self, head: RequestHead<'_>, user: Option<&str>, shadow: bool) -> Local {
+    /// from those before; in shadow mode nothing is refused nor held.
+    pub(crate) fn check(&self, cfg: &Config, head: RequestHead<'_>, user: Option<&str>) -> Local {
+        let shadow = cfg.shadow;
         let mut delay = 0;
         for (i, z) in self.zones.iter().enumerate() {
             match with_key(z, head, user, |key| z.zone.account(key)) {
@@ -85,8 +87,18 @@ impl LocalZones {
                         continue;
                     }
                     self.refund_first(i, head, user);
-                    let (parts, body) = refuse_local(z.limit.status, head, z.retry_secs(), &z.text);
-                    return Local::Refuse(parts, body);
+                    return Local::Refuse(refuse_limit(
+                        cfg,
+                        LimitRefusal {
+                            status: z.limit.status,
+                            grpc: is_grpc(head),
+                            json: accepts_json(head),
+                            retry_secs: z.retry_secs(),
+                            by: Limiter::Local,
+                            limit: &z.text,
+                            user,
+                        },
+                    ));
                 }
             }
         }

@@ -85,16 +85,22 @@
 
 mod body;
 mod config;
+mod cost;
 pub mod future;
+mod headers;
 #[allow(clippy::module_inception)]
 mod layer;
 mod local;
+mod on_refusal;
 mod refusal;
+mod refusal_body;
 mod refusal_cache;
 mod service;
 mod shared;
+mod success;
 
 pub use body::{RefusalBody, RequestBody, ResponseBody};
 pub use config::{Metered, Plain};
 pub use layer::{LayerError, ThrottleLayer, ThrottleLayerBuilder};
+pub use on_refusal::{Refused, RefusedBy};
 pub use service::Throttle;

@@ -7,11 +7,13 @@ use tower_service::Service;
 
 use super::body::{Meter, RefusalBody, RequestBody, ResponseBody};
 use super::config::{Config, Metered, Plain};
-use super::future::{Hold, PlainFuture, ResponseFuture};
+use super::cost;
+use super::future::{Headers, Hold, PlainFuture, Refusal, ResponseFuture};
 use super::local::{Local, LocalZones};
 use super::refusal::{refuse_blocked, refuse_long_user, reject};
 use super::shared::{SharedLimits, gate};
-use crate::store::{Basis, UserHandle};
+use super::success::success_headers;
+use crate::store::{Basis, Decision, UserHandle};
 use crate::usage::Usage;
 use crate::user::{MissingUser, RequestHead};
 use throttle_proto::MAX_NAME_LEN;
@@ -48,12 +50,23 @@ enum Outcome {
     /// No user and [`MissingUser::Skip`]: not throttled, not counted.
     Skip,
     /// Refused: the response head and its short body.
-    Refuse(http::response::Parts, &'static [u8]),
-    /// Allowed (or shadow-refused); the handle when amounts follow, and
-    /// how many ms a local limit holds it first.
-    Pass(Option<UserHandle>, u64),
+    Refuse(Refusal),
+    /// Allowed (or shadow-refused), held this many ms by a local limit
+    /// first.
+    Pass(Passed, u64),
     /// Passed so far, and waiting for the shared limits' answer first.
-    Gated(Option<UserHandle>, Hold),
+    Gated(Passed, Hold),
+}
+
+/// What follows a request let through.
+#[derive(Default)]
+struct Passed {
+    /// The user's handle, when amounts follow.
+    handle: Option<UserHandle>,
+    /// The decision, when the handler's [`Usage`] tells it.
+    decision: Option<Decision>,
+    /// The headers to add to the response.
+    headers: Headers,
 }
 
 /// A local limit's hold of `delay_ms`, if any.
@@ -68,8 +81,7 @@ fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
         let user = match (found, &cfg.missing_user) {
             (Some(u), _) if u.len() > MAX_NAME_LEN => {
                 cfg.long_users.increment(1);
-                let (response, body) = refuse_long_user(head);
-                return Outcome::Refuse(response, body);
+                return Outcome::Refuse(refuse_long_user(cfg, head, u));
             }
             (Some(u), _) => u,
             (None, MissingUser::As(name)) => name.as_str(),
@@ -84,8 +96,7 @@ fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
         if cfg.service.is_blocked(user) {
             cfg.blocked.increment(1);
             if !cfg.shadow {
-                let (response, body) = refuse_blocked(cfg.blocked_status, head);
-                return Outcome::Refuse(response, body);
+                return Outcome::Refuse(refuse_blocked(cfg, head, user));
             }
         }
         match &cfg.shared {
@@ -115,8 +126,8 @@ fn admit_shared(
     user: &str,
 ) -> Outcome {
     match admit_here(cfg, head, user) {
-        Outcome::Pass(handle, delay) => {
-            Outcome::Gated(handle, gate(cfg, shared, head, Some(user), delay))
+        Outcome::Pass(passed, delay) => {
+            Outcome::Gated(passed, gate(cfg, shared, head, Some(user), delay))
         }
         outcome => outcome,
     }
@@ -128,8 +139,8 @@ fn admit_shared(
 /// as it was.
 #[inline(never)]
 fn admit_local(cfg: &Config, local: &LocalZones, head: RequestHead<'_>, user: &str) -> Outcome {
-    match local.check(head, Some(user), cfg.shadow) {
-        Local::Refuse(response, body) => Outcome::Refuse(response, body),
+    match local.check(cfg, head, Some(user)) {
+        Local::Refuse(refusal) => Outcome::Refuse(refusal),
         Local::Pass(delay) => {
             let outcome = admit(cfg, head, user, delay);
             if matches!(outcome, Outcome::Refuse(..)) {
@@ -144,28 +155,36 @@ fn admit_local(cfg: &Config, local: &LocalZones, head: RequestHead<'_>, user: &s
 /// own (the peer's address, say) apply.
 #[inline(never)]
 fn limits_only(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
-    let delay = match cfg.local.as_ref().map(|l| l.check(head, None, cfg.shadow)) {
-        Some(Local::Refuse(response, body)) => return Outcome::Refuse(response, body),
+    let delay = match cfg.local.as_ref().map(|l| l.check(cfg, head, None)) {
+        Some(Local::Refuse(refusal)) => return Outcome::Refuse(refusal),
         Some(Local::Pass(delay)) => delay,
         None => 0,
     };
     match &cfg.shared {
-        Some(shared) => Outcome::Gated(None, gate(cfg, shared, head, None, delay)),
-        None if delay > 0 => Outcome::Pass(None, delay),
+        Some(shared) => Outcome::Gated(Passed::default(), gate(cfg, shared, head, None, delay)),
+        None if delay > 0 => Outcome::Pass(Passed::default(), delay),
         None => Outcome::Skip,
     }
 }
 
-/// Asks the store for `user`, counts the metrics, builds the refusal; an
-/// allowed request is held `delay` ms first.
+/// Asks the store for `user`, counts the metrics, builds the refusal or
+/// the allowed response's headers; an allowed request is held `delay` ms
+/// first.
 #[inline]
 fn admit(cfg: &Config, head: RequestHead<'_>, user: &str, delay: u64) -> Outcome {
     let wants_handle = cfg.traffic_up.is_some() || cfg.traffic_down.is_some() || cfg.handler_usage;
+    let dynamic;
+    let costs = if cfg.cost_fns.is_empty() {
+        &cfg.costs[..]
+    } else {
+        dynamic = cost::computed(cfg, head);
+        &dynamic[..]
+    };
     let admission = if wants_handle || cfg.shadow {
         cfg.service
-            .admit_with_handle(user, &cfg.costs, cfg.fallback, !cfg.shadow)
+            .admit_with_handle(user, costs, cfg.fallback, !cfg.shadow)
     } else {
-        cfg.service.admit(user, &cfg.costs, cfg.fallback)
+        cfg.service.admit(user, costs, cfg.fallback)
     };
     let decision = admission.decision;
     if matches!(decision.basis, Basis::Fallback | Basis::AtCap) {
@@ -175,11 +194,20 @@ fn admit(cfg: &Config, head: RequestHead<'_>, user: &str, delay: u64) -> Outcome
         if cfg.shadow {
             cfg.shadow_rejected.increment(1);
         } else {
-            let (response, body) = reject(cfg, head, user, &decision);
-            return Outcome::Refuse(response, body);
+            return Outcome::Refuse(reject(cfg, head, user, &decision));
         }
     }
-    Outcome::Pass(admission.handle, delay)
+    let headers = if cfg.headers_on_success {
+        success_headers(cfg, head, user, &decision, costs)
+    } else {
+        None
+    };
+    let passed = Passed {
+        handle: admission.handle,
+        decision: cfg.handler_usage.then_some(decision),
+        headers,
+    };
+    Outcome::Pass(passed, delay)
 }
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for Throttle<S, Plain>
@@ -197,19 +225,20 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let cfg = &*self.config;
-        let (handle, hold) = match decide(&self.config, RequestHead::of(&req)) {
-            Outcome::Skip => (None, None),
-            Outcome::Refuse(parts, body) => {
+        let (passed, hold) = match decide(&self.config, RequestHead::of(&req)) {
+            Outcome::Skip => (Passed::default(), None),
+            Outcome::Refuse((parts, body)) => {
                 return PlainFuture::rejected(Response::from_parts(parts, ResB::refusal(body)));
             }
-            Outcome::Pass(handle, delay) => (handle, hold_for(delay)),
-            Outcome::Gated(handle, hold) => (handle, Some(hold)),
+            Outcome::Pass(passed, delay) => (passed, hold_for(delay)),
+            Outcome::Gated(passed, hold) => (passed, Some(hold)),
         };
         if cfg.handler_usage {
             // Also without a user, so the handler's extractor never fails.
-            req.extensions_mut().insert(Usage::new(handle));
+            let usage = Usage::new(passed.handle, passed.decision);
+            req.extensions_mut().insert(usage);
         }
-        PlainFuture::passed(self.inner.call(req), hold)
+        PlainFuture::passed(self.inner.call(req), hold, passed.headers)
     }
 }
 
@@ -227,12 +256,17 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let cfg = &*self.config;
-        let (handle, hold) = match decide(&self.config, RequestHead::of(&req)) {
-            Outcome::Skip => (None, None),
-            Outcome::Refuse(parts, body) => return ResponseFuture::rejected(parts, body),
-            Outcome::Pass(handle, delay) => (handle, hold_for(delay)),
-            Outcome::Gated(handle, hold) => (handle, Some(hold)),
+        let (passed, hold) = match decide(&self.config, RequestHead::of(&req)) {
+            Outcome::Skip => (Passed::default(), None),
+            Outcome::Refuse(refusal) => return ResponseFuture::rejected(refusal),
+            Outcome::Pass(passed, delay) => (passed, hold_for(delay)),
+            Outcome::Gated(passed, hold) => (passed, Some(hold)),
         };
+        let Passed {
+            handle,
+            decision,
+            headers,
+        } = passed;
         let meter = |r| {
             handle.clone().map(|handle| Meter {
                 handle,
@@ -243,9 +277,9 @@ where
         let down = cfg.traffic_down.and_then(meter);
         let (mut parts, body) = req.into_parts();
         if cfg.handler_usage {
-            parts.extensions.insert(Usage::new(handle));
+            parts.extensions.insert(Usage::new(handle, decision));
         }
         let req = Request::from_parts(parts, RequestBody::new(body, up));
-        ResponseFuture::passed(self.inner.call(req), down, hold)
+        ResponseFuture::passed(self.inner.call(req), down, hold, headers)
     }
 }

@@ -7,12 +7,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::response::Parts;
-
 use super::config::Config;
-use super::future::Hold;
+use super::cost::{self, Costs};
+use super::future::{Hold, Refusal};
 use super::local::{log_refusal, with_limit_key};
-use super::refusal::{Limiter, is_grpc, refuse_limit};
+use super::refusal::{LimitRefusal, Limiter, is_grpc, refuse_limit};
+use super::refusal_body::accepts_json;
 use crate::bucket::{Shape, Store, Wait};
 use crate::every_second::EverySecond;
 use crate::local::LocalLimit;
@@ -100,13 +100,16 @@ impl SharedLimits {
 /// central quota's count, its place in the local zones.
 struct Refund {
     user: Option<Box<str>>,
+    /// What the request cost: the layer's fixed costs and those computed
+    /// from its head.
+    costs: Costs,
     zone_keys: Vec<Option<Box<str>>>,
 }
 
 impl Refund {
     fn apply(&self, cfg: &Config) {
         if let Some(user) = &self.user {
-            for &(resource, cost) in &cfg.costs {
+            for &(resource, cost) in &self.costs {
                 cfg.service.consume(user, resource, -cost);
             }
         }
@@ -135,13 +138,14 @@ pub(crate) fn gate(
         .collect();
     let refund = Refund {
         user: user.map(Box::from),
+        costs: cost::computed(cfg, head),
         zone_keys: cfg
             .local
             .as_ref()
             .map(|l| l.owned_keys(head, user))
             .unwrap_or_default(),
     };
-    let grpc = is_grpc(head);
+    let (grpc, json) = (is_grpc(head), accepts_json(head));
     let (cfg, shared) = (cfg.clone(), shared.clone());
     Hold::gate(async move {
         for (l, key) in shared.limits.iter().zip(keys) {
@@ -159,17 +163,22 @@ pub(crate) fn gate(
             refund.apply(&cfg);
             let retry = retry_secs(wait, &l.shape);
             return Some(refuse_limit(
-                l.limit.status,
-                grpc,
-                retry,
-                Limiter::Shared,
-                &l.text,
+                &cfg,
+                LimitRefusal {
+                    status: l.limit.status,
+                    grpc,
+                    json,
+                    retry_secs: retry,
+                    by: Limiter::Shared,
+                    limit: &l.text,
+                    user: refund.user.as_deref(),
+                },
             ));
         }
         if delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         }
-        None::<(Parts, &'static [u8])>
+        None::<Refusal>
     })
 }
 

@@ -18,23 +18,16 @@ use super::user::whole_units;
 
 /// A configured limit: `amount` of a resource per `window_seconds`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Allowance {
+pub(crate) struct Allowance {
     /// The period the amount is for, in seconds (1, 60, 3,600, 86,400).
-    pub window_seconds: u32,
+    pub(crate) window_seconds: u32,
     /// What the user may consume in a window.
-    pub amount: f64,
-}
-
-impl Allowance {
-    /// The period's name ([`period_name`]).
-    pub fn period(&self) -> Cow<'static, str> {
-        period_name(self.window_seconds)
-    }
+    pub(crate) amount: f64,
 }
 
 /// A window's name as the limits file writes it (`second`, `minute`,
 /// `hour`, `day`), or `N s`.
-pub fn period_name(window_seconds: u32) -> Cow<'static, str> {
+pub(crate) fn period_name(window_seconds: u32) -> Cow<'static, str> {
     match window_seconds {
         1 => "second".into(),
         60 => "minute".into(),
@@ -45,11 +38,11 @@ pub fn period_name(window_seconds: u32) -> Cow<'static, str> {
 }
 
 /// A user's allowances, by resource name, shortest window first.
-pub type Allowances = Vec<(Arc<str>, Allowance)>;
+pub(crate) type Allowances = Vec<(Arc<str>, Allowance)>;
 
 /// One service's limits on this node.
 #[derive(Debug, Default)]
-pub struct ServiceLimits {
+pub(crate) struct ServiceLimits {
     /// The quota row of a user without a row or a rule of their own.
     default_row: Option<Row>,
     every: Allowances,
@@ -106,19 +99,19 @@ impl ServiceLimits {
     }
 
     /// Whether the limits say nothing of anyone.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.default_row.is_none() && self.every.is_empty() && self.users.is_empty()
     }
 
     /// What limits `user`: their own allowances, else those of every user
     /// (empty when neither is known).
-    pub fn of(&self, user: &str) -> &[(Arc<str>, Allowance)] {
+    pub(crate) fn of(&self, user: &str) -> &[(Arc<str>, Allowance)] {
         self.users.get(user).map_or(&self.every, |u| &u.allowances)
     }
 
     /// The allowance of `user`'s `resource` with the shortest window: the
     /// one headers describe.
-    pub fn shortest(&self, user: &str, resource: &str) -> Option<Allowance> {
+    pub(crate) fn shortest(&self, user: &str, resource: &str) -> Option<Allowance> {
         self.of(user)
             .iter()
             .find(|(r, _)| &**r == resource)
@@ -126,7 +119,12 @@ impl ServiceLimits {
     }
 
     /// The allowance of `user`'s `resource` over `window_seconds`.
-    pub fn over(&self, user: &str, resource: &str, window_seconds: u32) -> Option<Allowance> {
+    pub(crate) fn over(
+        &self,
+        user: &str,
+        resource: &str,
+        window_seconds: u32,
+    ) -> Option<Allowance> {
         self.of(user)
             .iter()
             .find(|(r, a)| &**r == resource && a.window_seconds == window_seconds)
@@ -137,7 +135,7 @@ impl ServiceLimits {
 /// A service's keys bound now by a longer period than their shortest
 /// ([`v1::Bound`]): user -> (resource, window in seconds).
 #[derive(Debug, Default)]
-pub struct Bound {
+pub(crate) struct Bound {
     keys: HashMap<Box<str>, BoundResources, foldhash::fast::RandomState>,
 }
 
@@ -156,13 +154,13 @@ impl Bound {
     }
 
     /// The window binding `user`'s `resource`, if a longer one does.
-    pub fn window(&self, user: &str, resource: &str) -> Option<u32> {
+    pub(crate) fn window(&self, user: &str, resource: &str) -> Option<u32> {
         let list = self.keys.get(user)?;
         list.iter().find(|(r, _)| &**r == resource).map(|(_, w)| *w)
     }
 
     /// Whether no key is bound by a longer period.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
 }
@@ -246,7 +244,7 @@ mod tests {
             limits.shortest("bob", "requests").map(|a| a.amount),
             Some(100.0)
         );
-        assert_eq!(limits.of("bob")[1].1.period(), "minute");
+        assert_eq!(period_name(limits.of("bob")[1].1.window_seconds), "minute");
         assert_eq!(
             limits.shortest("alice", "requests").map(|a| a.amount),
             Some(1000.0)

@@ -74,8 +74,17 @@
 //! ```
 
 //!
+//! The public surface is what the layer, the reporter and the
+//! deterministic simulator drive: [`SlotStore`], [`ServiceStore`]'s
+//! decisions, [`SlotStore::collect`] and [`SlotStore::apply_quota`]. The
+//! setters of what the central sends besides quotas (`set_limits`,
+//! `set_bound`, `set_blocked`) and the counts of users and cells are
+//! `#[doc(hidden)]`: the reporter installs the first from the central's
+//! messages and tests read the others; they stay public for the
+//! simulator and the integration tests, not as an API to build on.
+//!
 //! The files: `decision` (the request path), `default_row` (the default
-//! quota of a user without a row), `limits` ([`ServiceLimits`], the
+//! quota of a user without a row), `limits` (`ServiceLimits`, the
 //! central's limits as this node holds them), `user` (a user's counts and
 //! rows), `users` (the map of users), `service` ([`ServiceStore`]), `quota`
 //! (installing quotas), `collect` (reports), `take` (amounts a handler
@@ -100,7 +109,7 @@ mod tests;
 
 pub use decision::{Admission, Basis, Decision, Tightest};
 pub use fallback::{Fallback, FallbackParseError};
-pub use limits::{Allowance, Allowances, Bound, ServiceLimits, period_name};
+pub(crate) use limits::period_name;
 pub use resource::{MAX_RESOURCES, ResourceId};
 pub use service::{ServiceStore, UserHandle};
 pub use slot_store::{SlotStore, StoreBuilder};

@@ -73,6 +73,7 @@ impl ServiceStore {
     }
 
     /// Makes `users` the blocked users (the central's `Blocks`).
+    #[doc(hidden)]
     pub fn set_blocked(&self, users: Vec<String>) {
         let count = users.len();
         self.blocked.set(users);
@@ -81,6 +82,7 @@ impl ServiceStore {
     }
 
     /// Makes `limits` the service's limits (the central's `Limits`).
+    #[doc(hidden)]
     pub fn set_limits(&self, limits: v1::Limits) {
         let _g = self.register.lock();
         let limits = ServiceLimits::from_message(limits, |r| self.resource_locked(r));
@@ -89,17 +91,11 @@ impl ServiceStore {
         self.has_default.store(has_default, Ordering::Release);
     }
 
-    /// The service's limits, as the central sent them last (none yet:
-    /// empty).
-    pub fn limits(&self) -> Arc<ServiceLimits> {
-        self.limits.load_full()
-    }
-
     /// `user`'s configured allowance of `resource` that binds now: the one
     /// the central says binds, else the one with the shortest window; if
     /// the central's limits give one. Without a reference count or a
     /// copy: a refusal asks.
-    pub fn configured(&self, user: &str, resource: ResourceId) -> Option<Allowance> {
+    pub(crate) fn configured(&self, user: &str, resource: ResourceId) -> Option<Allowance> {
         let limits = self.limits.load();
         if limits.is_empty() {
             return None;
@@ -118,11 +114,13 @@ impl ServiceStore {
 
     /// Makes `bound` the service's keys bound by a longer period (the
     /// central's `Bound`).
+    #[doc(hidden)]
     pub fn set_bound(&self, bound: v1::Bound) {
         self.bound.store(Arc::new(Bound::from_message(bound)));
     }
 
     /// How many users are blocked.
+    #[doc(hidden)]
     pub fn blocked_count(&self) -> usize {
         self.blocked.len()
     }
@@ -193,7 +191,7 @@ impl ServiceStore {
         self.resource_locked(name)
     }
 
-    pub(super) fn find_resource(&self, name: &str) -> Option<ResourceId> {
+    pub(crate) fn find_resource(&self, name: &str) -> Option<ResourceId> {
         let list = self.resources.load();
         list.iter()
             .position(|r| &**r == name)
@@ -227,6 +225,7 @@ impl ServiceStore {
     }
 
     /// Whether a quota table for `slot` has been received.
+    #[doc(hidden)]
     pub fn has_quota(&self, slot: i64) -> bool {
         self.quota_version(slot).is_some()
     }
@@ -234,11 +233,13 @@ impl ServiceStore {
     /// The resources a user's counters have room for in its map node, fixed
     /// at the service's first user (`None` before it); a user counting more
     /// moves its counters to a separate allocation.
+    #[doc(hidden)]
     pub fn cells_per_user(&self) -> Option<usize> {
         self.users.get().map(Users::class)
     }
 
     /// Number of users tracked.
+    #[doc(hidden)]
     pub fn users(&self) -> usize {
         self.users.get().map_or(0, Users::len)
     }

@@ -141,6 +141,7 @@ impl SlotStore {
     }
 
     /// Blocks `users` of `service`, if the store serves it.
+    #[doc(hidden)]
     pub fn set_blocked(&self, service: &str, users: Vec<String>) {
         if let Some(s) = self.served(service) {
             s.set_blocked(users);
@@ -148,6 +149,7 @@ impl SlotStore {
     }
 
     /// Makes `limits` its service's limits, if the store serves it.
+    #[doc(hidden)]
     pub fn set_limits(&self, limits: v1::Limits) {
         if let Some(s) = self.served(&limits.service) {
             s.set_limits(limits);
@@ -156,6 +158,7 @@ impl SlotStore {
 
     /// Makes `bound` its service's keys bound by a longer period, if the
     /// store serves it.
+    #[doc(hidden)]
     pub fn set_bound(&self, bound: v1::Bound) {
         if let Some(s) = self.served(&bound.service) {
             s.set_bound(bound);

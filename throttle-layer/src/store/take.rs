@@ -1,6 +1,7 @@
 //! An amount taken by a handler before the work it pays for
 //! ([`ServiceStore::try_take`]): allowed or refused by the user's quota
-//! of that one resource, as a request costing the amount would be.
+//! of that one resource, as a request costing the amount would be; and
+//! what is left of it ([`ServiceStore::standing`]).
 
 use std::sync::Arc;
 
@@ -45,5 +46,25 @@ impl ServiceStore {
         });
         // At the key cap the user is not tracked: nothing to decide by.
         taken.unwrap_or(Ok(()))
+    }
+
+    /// `user`'s quota of `resource` for the slot and what they used of
+    /// it on this node; `None` without a quota row for the slot (no
+    /// table, none for the user, or no figure for the resource), or at
+    /// the key cap.
+    pub fn standing(self: &Arc<Self>, user: &str, resource: ResourceId) -> Option<Tightest> {
+        let slot = self.current_slot();
+        let version = self.quota_version(slot)?;
+        self.with_entry(user, slot, |st| {
+            let row = st.row(slot, version)?;
+            let cell = st.cell(resource.index());
+            let quota = cell.quota[row];
+            (!quota.is_nan()).then(|| Tightest {
+                resource,
+                quota: f64::from(quota),
+                used: cell.used,
+            })
+        })
+        .flatten()
     }
 }
