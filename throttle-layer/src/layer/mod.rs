@@ -82,6 +82,35 @@
 //! assert_eq!(res.status(), 200);
 //! # }
 //! ```
+//!
+//! # Names, beside tower_governor and tower-http
+//!
+//! - [`ThrottleLayer::builder`] then [`build`](ThrottleLayerBuilder::build),
+//!   as tower_governor's `GovernorConfigBuilder` ... `finish`; `build`
+//!   returns a `Result` ([`LayerError`]) where `finish` returns an
+//!   `Option`, so a bad resource name says what is wrong.
+//! - [`user`](ThrottleLayerBuilder::user) with a [`UserKey`](crate::UserKey)
+//!   is tower_governor's `key_extractor` with a `KeyExtractor`: the key is a
+//!   user here, and the same user counts across resources and nodes, so
+//!   the word stays `user`. `UserKey::peer_ip` and `UserKey::forwarded_for`
+//!   are its `PeerIpKeyExtractor` and `SmartIpKeyExtractor`, the latter
+//!   trusting only the proxies named.
+//! - [`headers_on_success`](ThrottleLayerBuilder::headers_on_success) is
+//!   `use_headers`, kept as a `bool` setter: refusals carry the headers
+//!   by default ([`rate_limit_headers`](ThrottleLayerBuilder::rate_limit_headers)),
+//!   and this adds them to allowed responses only.
+//! - [`on_refusal`](ThrottleLayerBuilder::on_refusal) is tower_governor's
+//!   `error_handler`, named as tower-http's `TraceLayer` callbacks
+//!   (`on_request`, `on_failure`) and on the builder rather than the
+//!   service; it receives the layer's own response to adjust, not an
+//!   error to turn into one.
+//! - [`cost`](ThrottleLayerBuilder::cost) and
+//!   [`cost_fn`](ThrottleLayerBuilder::cost_fn) have no counterpart there
+//!   (governor's `check_n` is a direct call): they name the resource,
+//!   since a request costs several.
+//! - The extractor is [`Usage`](crate::Usage): it adds amounts as well as
+//!   telling the decision and what is left, which tower_governor keeps in
+//!   headers only.
 
 mod body;
 mod config;
