@@ -1,12 +1,12 @@
-//! The refusal's response head, built once per set of figures.
+//! The refusal's response, built once per set of figures.
 //!
-//! Under attack, every refusal in a slot carries the same headers: the same
-//! resource, limit, nothing remaining, the same reset. Formatting them and
-//! inserting them one by one (each insert hashes its name) was most of a
-//! refusal's cost. The last head built (status and headers) is kept beside
-//! the figures it was built from, and a refusal with the same figures clones
-//! it: the response's own header map, and a reference count for each value
-//! that is not static.
+//! Under attack, every refusal in a slot carries the same headers and body:
+//! the same resource, limit, nothing remaining, the same reset. Formatting
+//! them and inserting them one by one (each insert hashes its name) was
+//! most of a refusal's cost. The last refusal built (status, headers and
+//! body) is kept beside the figures it was built from, and a refusal with
+//! the same figures clones it: the response's own header map, and a
+//! reference count for the body and each value that is not static.
 //!
 //! A head is kept once two refusals in a row have built it: where refusals
 //! keep changing figures (many users over many different quotas), keeping

@@ -27,7 +27,7 @@ pub(crate) struct Figures {
     pub(crate) stated: Stated,
 }
 
-/// The last refusal's head and its figures; see the [`refusal`](super::refusal) module docs.
+/// The last refusal's head and body and its figures; see the [`refusal`](super::refusal) module docs.
 ///
 /// An `ArcSwapOption` rather than a lock: reading it takes no lock, and two
 /// threads refusing at once do not wait for each other. A refusal with other
