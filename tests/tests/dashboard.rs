@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use throttle_central::Central;
 use throttle_central::limits::{LimitSet, StaticLimits};
+use throttle_clock::{Clock, SlotLength, SystemClock};
 use throttle_examples::load::Load;
 use throttle_layer::Fallback;
 use throttle_test_servers::Chromium;
@@ -57,11 +58,6 @@ fn number(html: &str, name: &str) -> f64 {
     attr(html, name)
         .parse()
         .unwrap_or_else(|_| panic!("{name} in {html}"))
-}
-
-fn unix_ms() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    now.map_or(0, |d| d.as_millis() as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,10 +122,11 @@ async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
         "{refusals_table}"
     );
     // Both nodes, each with a report of one of the last few slots.
-    let now_slot = unix_ms() / u64::from(SLOT_MS);
+    let slots = SlotLength::from_ms(SLOT_MS).unwrap();
+    let now_slot = slots.slot_at(SystemClock.now_ms());
     for node in ["node-1", "node-2"] {
         let row = element(&dom, &format!("data-node=\"{node}\""), "</tr>");
-        let last = number(element(row, "data-last-slot", "</td>"), "data-last-slot") as u64;
+        let last = number(element(row, "data-last-slot", "</td>"), "data-last-slot") as i64;
         assert!(now_slot - last <= 20, "{row}: now slot {now_slot}");
         assert!(row.contains("s ago"), "{row}");
     }

@@ -69,12 +69,16 @@ impl Stated {
     }
 }
 
-/// Seconds from `now_ms` to the next slot, at least 1.
-pub(crate) fn reset_secs(cfg: &Config) -> u64 {
+/// Milliseconds from now to the next slot.
+pub(crate) fn wait_ms(cfg: &Config) -> u64 {
     let slot = cfg.store.slot_length();
     u64::from(slot.ms_until_next(cfg.store.clock().now_ms()))
-        .div_ceil(1000)
-        .max(1)
+}
+
+/// `wait_ms` in whole seconds, rounded up, at least 1: the reset the
+/// headers state.
+pub(crate) fn reset_secs(wait_ms: u64) -> u64 {
+    wait_ms.div_ceil(1000).max(1)
 }
 
 /// Writes the rate-limit headers of `resource` (named `name`) into `h`:

@@ -21,7 +21,7 @@ use serde_json::Map;
 
 use super::config::Config;
 use super::future::Refusal;
-use super::headers::{self, Stated, number, sf_string};
+use super::headers::{self, Stated, number, reset_secs, sf_string, wait_ms};
 use super::on_refusal::{Refused, RefusedBy};
 use super::refusal_body::{Said, accepts_json};
 use super::refusal_cache::Figures;
@@ -58,10 +58,9 @@ pub(crate) fn reject(
     user: &str,
     decision: &Decision,
 ) -> Refusal {
-    let slot = cfg.store.slot_length();
-    let wait_ms = u64::from(slot.ms_until_next(cfg.store.clock().now_ms()));
+    let wait_ms = wait_ms(cfg);
     let grpc = is_grpc(req);
-    let reset_secs = wait_ms.div_ceil(1000).max(1);
+    let reset_secs = reset_secs(wait_ms);
     let stated = match decision.tightest {
         Some(t) => Stated::of(cfg, user, &t, 0, reset_secs),
         None => Stated {
