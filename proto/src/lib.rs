@@ -101,6 +101,12 @@ pub const QUOTA_REFS: &str = "quota-refs";
 /// reports written as [`v1::PackedUsage`]s.
 pub const PACKED_REPORTS: &str = "packed-reports";
 
+/// The request metadata in which a node opening a stream names the
+/// centrals it could not reach since it was last welcomed, separated by
+/// commas. A standby whose leader is one of them does not send the node
+/// there: it keeps the stream until it leads or knows another leader.
+pub const UNREACHABLE_METADATA: &str = "throttle-unreachable";
+
 /// Why a [`v1::PackedQuota`] does not decode to quotas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PackedError {

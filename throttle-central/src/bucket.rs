@@ -22,13 +22,26 @@
 //! assert_eq!(b.level(60_000), 1_000.0); // capped at 10 s worth
 //! ```
 
+/// The refill a bucket turns away at its capacity that it keeps for late
+/// reports, in seconds of its rate: as long a gap as a node keeps reports
+/// of (60 by default).
+pub const SPILL_SECONDS: f64 = 60.0;
+
 /// A token bucket that may go negative; see the [module docs](self).
+///
+/// Besides its level it keeps what its capacity turned away over the last
+/// [`SPILL_SECONDS`] of rate: the refill of slots whose reports have not
+/// come in yet. A late report (one of a gap, sent again after a
+/// reconnection) is charged to that first ([`Bucket::consume_late`]), so
+/// a gap costs what the nodes admitted in it less the refill of it, as if
+/// its reports had come on time; nothing spilled is ever granted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bucket {
     rate: f64,
     capacity: f64,
     level: f64,
     updated_ms: i64,
+    spilled: f64,
 }
 
 impl Bucket {
@@ -44,6 +57,7 @@ impl Bucket {
             capacity,
             level: rate.min(capacity),
             updated_ms: now_ms,
+            spilled: 0.0,
         }
     }
 
@@ -71,26 +85,30 @@ impl Bucket {
         self.level
     }
 
+    /// The refill turned away at the capacity and kept for late reports,
+    /// as of the last change.
+    pub fn spilled(&self) -> f64 {
+        self.spilled
+    }
+
     /// The level at `now_ms` without recording the refill (for readers that
     /// only look, e.g. a policy computing quotas).
     pub fn level_at(&self, now_ms: i64) -> f64 {
         if now_ms > self.updated_ms {
             let gained = self.rate * (now_ms - self.updated_ms) as f64 / 1000.0;
-            self.refilled(gained)
+            (self.level + gained).min(self.capacity.max(self.level))
         } else {
             self.level
         }
     }
 
-    /// The level after `gained` more: capped at the capacity, except for
-    /// a level already above it, which only [`Bucket::restore`] leaves
-    /// (until [`Bucket::clamp`]) and which refills uncapped.
-    fn refilled(&self, gained: f64) -> f64 {
-        if self.level > self.capacity {
-            self.level + gained
-        } else {
-            (self.level + gained).min(self.capacity)
-        }
+    /// Adds `gained`: up to the capacity into the level, the rest into
+    /// what is kept for late reports.
+    fn gain(&mut self, gained: f64) {
+        let room = (self.capacity - self.level).max(0.0);
+        let spill = (gained - room).max(0.0);
+        self.level += gained - spill;
+        self.spilled = (self.spilled + spill).min(self.rate * SPILL_SECONDS);
     }
 
     /// Takes `amount` tokens, going below zero if need be.
@@ -103,7 +121,21 @@ impl Bucket {
     /// already below `floor` stays where it is.
     pub fn consume_down_to(&mut self, amount: i64, now_ms: i64, floor: f64) {
         self.refill(now_ms);
-        let charged = self.level - amount as f64;
+        self.take(amount as f64, floor);
+    }
+
+    /// As [`Bucket::consume_down_to`], for the report of a slot that has
+    /// passed (a gap's, sent again): charged first to the refill the
+    /// capacity turned away meanwhile, then to the level.
+    pub fn consume_late(&mut self, amount: i64, now_ms: i64, floor: f64) {
+        self.refill(now_ms);
+        let covered = self.spilled.min(amount as f64);
+        self.spilled -= covered;
+        self.take(amount as f64 - covered, floor);
+    }
+
+    fn take(&mut self, amount: f64, floor: f64) {
+        let charged = self.level - amount;
         self.level = charged.max(floor.min(self.level));
     }
 
@@ -124,35 +156,29 @@ impl Bucket {
         self.rate = sanitize(rate);
         self.capacity = sanitize(burst_seconds) * self.rate;
         self.level = self.level.min(self.capacity);
+        self.spilled = self.spilled.min(self.rate * SPILL_SECONDS);
     }
 
     /// Sets the level read at `at_ms` (from a checkpoint), at most the
-    /// capacity, plus the refill from then to `now_ms` without the cap:
-    /// the reports of that time are still to be charged, and what the
-    /// nodes admitted meanwhile was paid for by that refill, second by
-    /// second. Above the capacity it keeps refilling uncapped until
-    /// [`Bucket::clamp`] caps it, once they are in. A non-finite level is
-    /// ignored.
+    /// capacity, plus the refill from then to `now_ms`: what the capacity
+    /// turns away of it is kept for the reports of that time, still to be
+    /// charged (the nodes admitted meanwhile on that refill, second by
+    /// second). A non-finite level is ignored.
     pub fn restore(&mut self, level: f64, at_ms: i64, now_ms: i64) {
         if level.is_finite() {
             let away = (now_ms - at_ms).max(0) as f64 / 1000.0;
-            self.level = level.min(self.capacity) + self.rate * away;
+            self.level = level.min(self.capacity);
+            self.spilled = 0.0;
+            self.gain(self.rate * away);
             self.updated_ms = now_ms.max(at_ms);
         }
-    }
-
-    /// Caps the level at the capacity (after [`Bucket::restore`]).
-    pub fn clamp(&mut self, now_ms: i64) {
-        self.refill(now_ms);
-        self.level = self.level.min(self.capacity);
     }
 
     fn refill(&mut self, now_ms: i64) {
         // A clock that steps back adds nothing and does not move `updated_ms`
         // backwards, so the same interval is never credited twice.
         if now_ms > self.updated_ms {
-            let gained = self.rate * (now_ms - self.updated_ms) as f64 / 1000.0;
-            self.level = self.refilled(gained);
+            self.gain(self.rate * (now_ms - self.updated_ms) as f64 / 1000.0);
             self.updated_ms = now_ms;
         }
     }
@@ -167,23 +193,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_restored_bucket_holds_the_refill_of_the_gap_until_clamped() {
-        // 100/s, 2 s of burst; checkpointed at 1 s, restored at 6 s.
+    fn a_gap_costs_what_was_admitted_less_its_refill() {
+        // 100/s, 2 s of burst; checkpointed at 1 s with 20 left, restored
+        // at 6 s: 5 s of refill, of which the capacity keeps 180.
         let mut b = Bucket::new(100.0, 2.0, 0);
-        b.consume(100, 0);
         b.restore(20.0, 1_000, 6_000);
-        assert_eq!(b.level(6_000), 520.0, "5 s of refill, above the capacity");
-        assert_eq!(b.level(6_500), 570.0, "and still refilling uncapped");
-        // The reports of the gap: 100 a second.
-        b.consume(500, 6_500);
-        assert_eq!(b.level(6_500), 70.0);
-        b.clamp(6_500);
-        assert_eq!(b.level(60_000), 200.0, "capped again once clamped");
-        let mut above = Bucket::new(100.0, 2.0, 0);
-        above.restore(0.0, 0, 10_000);
-        above.clamp(10_000);
-        assert_eq!(above.level(10_000), 200.0);
+        assert_eq!(b.level(6_000), 200.0);
+        assert_eq!(b.spilled(), 320.0);
+        // The gap's reports, 100 a second: back where it stood.
+        b.consume_late(500, 6_000, b.floor(2.0));
+        assert_eq!(b.level(6_000), 20.0);
+        assert_eq!(b.spilled(), 0.0);
+        // On time, a report is charged to the level alone.
+        let mut on_time = Bucket::new(100.0, 2.0, 0);
+        assert_eq!(on_time.level(10_000), 200.0);
+        on_time.consume(150, 10_000);
+        assert_eq!(on_time.level(10_000), 50.0);
+        assert_eq!(on_time.spilled(), 900.0, "the 9 s the capacity turned away");
+        assert_eq!(on_time.level(100_000), 200.0);
+        assert_eq!(
+            on_time.spilled(),
+            100.0 * SPILL_SECONDS,
+            "kept, at most a minute"
+        );
     }
+
     use proptest::prelude::*;
 
     #[test]
@@ -261,6 +295,7 @@ mod tests {
                 b.consume(amount, now);
                 consumed += amount as f64;
                 prop_assert!(b.level(now) <= b.capacity() + 1e-6 * b.capacity().max(1.0));
+                prop_assert!(b.spilled() <= rate * SPILL_SECONDS + 1e-6);
             }
             // Without the cap the level would be start + rate x t - consumed;
             // the cap only ever removes tokens.

@@ -268,7 +268,12 @@ impl CentralBuilder {
         let leads = f64::from(u8::from(self.leadership.is_leader()));
         metrics::gauge!("throttle_central_leader").set(leads);
         let assigner = Assigner::new(ledger, self.limits.clone());
-        let actor = Actor::new(assigner, commands.clone(), self.clock.clone());
+        let actor = Actor::new(
+            assigner,
+            commands.clone(),
+            self.clock.clone(),
+            self.leadership.clone(),
+        );
         let mut tasks = vec![spawn_ledger(actor.run(rx, stop_rx.clone()))?];
         tasks.push(tokio::spawn(ticker(
             commands.clone(),

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
@@ -60,6 +60,14 @@ impl<T> Published<T> {
         self.error.store(Arc::new(Some(error)));
     }
 
+    /// Forgets the last error: the version in force was read again as it
+    /// is (a file put back unchanged).
+    pub fn recover(&self) {
+        if self.error.load().is_some() {
+            self.error.store(Arc::new(None));
+        }
+    }
+
     /// The version in force.
     pub fn current(&self) -> Arc<T> {
         self.current.load_full()
@@ -85,6 +93,8 @@ pub struct Watched<T> {
     text: parking_lot::Mutex<Option<String>>,
     /// A changed text read once, applied when read the same again.
     pending: parking_lot::Mutex<Option<String>>,
+    /// Whether the text last applied was good.
+    good: AtomicBool,
 }
 
 impl<T: FileFormat> Watched<T> {
@@ -99,6 +109,7 @@ impl<T: FileFormat> Watched<T> {
             published: Published::new(empty),
             text: parking_lot::Mutex::new(None),
             pending: parking_lot::Mutex::new(None),
+            good: AtomicBool::new(false),
         };
         this.reload()?;
         Ok(this)
@@ -123,7 +134,9 @@ impl<T: FileFormat> Watched<T> {
 
     /// [`Watched::reload`] for a watcher: a changed file is applied only
     /// once two consecutive polls read the same text, so a file caught while
-    /// being written (truncated, half written) is never applied.
+    /// being written (truncated, half written) is never applied. The good
+    /// text in force, read again after a failed read (a file removed, then
+    /// put back unchanged), clears the error.
     ///
     /// # Errors
     ///
@@ -131,6 +144,9 @@ impl<T: FileFormat> Watched<T> {
     pub fn poll(&self) -> Result<bool, T::Error> {
         let text = self.read()?;
         if self.text.lock().as_deref() == Some(text.as_str()) {
+            if self.good.load(Ordering::Relaxed) {
+                self.published.recover();
+            }
             return Ok(false);
         }
         let mut pending = self.pending.lock();
@@ -162,6 +178,7 @@ impl<T: FileFormat> Watched<T> {
         }
         let parsed = T::parse(&self.path, &text);
         *last = Some(text);
+        self.good.store(parsed.is_ok(), Ordering::Relaxed);
         match parsed {
             Ok(value) => {
                 self.published.publish(value);

@@ -12,10 +12,14 @@
 //! [`hold_ms`] passed (ended by the next report or tick), for nodes that
 //! do not come back.
 //!
-//! Meanwhile the restored buckets hold the refill of the whole time the
-//! central was away, above their capacity if need be (`Bucket::restore`):
-//! the nodes spent it second by second, and their reports charge it all
-//! at once. Once the hold ends every bucket is capped again.
+//! Meanwhile the restored buckets keep the refill of the whole time the
+//! central was away: what their capacity turns away of it is spilled
+//! (`Bucket::restore`), and the nodes' reports of that time, late, are
+//! charged to it first (`Bucket::consume_late`), however late they come.
+//!
+//! A ledger that leads again after a time without leading (an etcd outage
+//! that ended with the same central leading) holds in the same way for the
+//! nodes that reported just before ([`Ledger::await_nodes`]).
 
 use std::collections::BTreeSet;
 
@@ -63,6 +67,31 @@ impl Ledger {
         self.catch_up.is_some()
     }
 
+    /// Holds grants, as after a restore, until the nodes that filed the
+    /// newest two slots this ledger holds report again (or [`hold_ms`]
+    /// passed): for a ledger that leads again after a gap. Nothing if a
+    /// hold is under way or no node is awaited.
+    pub fn await_nodes(&mut self, now_ms: i64) {
+        if self.catch_up.is_some() {
+            return;
+        }
+        let Some(&newest) = self.reported.keys().next_back() else {
+            return;
+        };
+        let current = self.config.slot.slot_at(now_ms);
+        if newest >= current - 1 {
+            return;
+        }
+        let recent = self.reported.range(newest - 1..).flat_map(|(_, n)| n);
+        self.catch_up = CatchUp::new(recent.copied().collect(), now_ms, self.config.slot);
+        if let Some(c) = &self.catch_up {
+            tracing::info!(
+                nodes = c.awaited(),
+                "leading again: holding grants until the nodes' reports are back"
+            );
+        }
+    }
+
     /// Notes that `node` filed data slot `slot`: caught up if that is the
     /// slot before the current one.
     pub(super) fn caught_up(&mut self, node: NodeId, slot: i64, now_ms: i64) {
@@ -85,17 +114,7 @@ impl Ledger {
             let missing: Vec<&str> = c.awaiting.iter().map(|&n| self.node_name(n)).collect();
             tracing::info!(?missing, "restored: granting again");
             self.catch_up = None;
-            self.clamp_buckets(now_ms);
         }
         done
-    }
-
-    /// Caps every bucket at its capacity: the refill of the time a
-    /// restored central was away counts, uncapped, only against the
-    /// reports of that time.
-    pub(super) fn clamp_buckets(&mut self, now_ms: i64) {
-        for svc in self.services.values_mut() {
-            svc.state.clamp_buckets(now_ms);
-        }
     }
 }

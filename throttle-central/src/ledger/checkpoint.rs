@@ -183,12 +183,11 @@ impl Ledger {
         // The nodes of the newest two slots it holds are still about.
         let recent = filed.values().rev().take(2).flatten().copied().collect();
         self.catch_up = CatchUp::new(recent, now_ms, self.config.slot);
-        match &self.catch_up {
-            Some(c) => tracing::info!(
+        if let Some(c) = &self.catch_up {
+            tracing::info!(
                 nodes = c.awaited(),
                 "restored: holding grants until the nodes' reports are back"
-            ),
-            None => self.clamp_buckets(now_ms),
+            );
         }
         let current = self.config.slot.slot_at(checkpoint.taken_ms);
         self.restored = Some(Restored {
@@ -232,13 +231,16 @@ impl Ledger {
         restored
     }
 
-    /// Whether a report of `node` for data slot `slot` charges its
-    /// buckets: not if a restored checkpoint holds its charge, nor if it
-    /// was `answered` by a central whose charges this ledger has no record
-    /// of (no checkpoint, or one that does not reach back to it).
-    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool) -> bool {
+    /// Whether a report of `node` for data slot `slot`, filed at
+    /// `now_ms`, charges its buckets: not if a restored checkpoint holds
+    /// its charge, nor if it was `answered` by a central whose charges this
+    /// ledger has no record of (no checkpoint, or one that does not reach
+    /// back to it), nor, without a checkpoint, if it is of a slot before
+    /// this ledger's first report (`charges_from`).
+    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool, now_ms: i64) -> bool {
         let Some(restored) = &mut self.restored else {
-            return !answered;
+            let first = self.config.slot.slot_at(now_ms) - 1;
+            return !answered && slot >= *self.charges_from.get_or_insert(first);
         };
         if restored
             .filed

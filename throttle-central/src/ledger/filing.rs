@@ -75,6 +75,9 @@ pub(super) struct Filing {
     pub(super) is_rejection: bool,
     /// Whether the buckets are charged (see [`Ledger::charges`]).
     pub(super) charge: bool,
+    /// A slot that has passed: its report comes after a gap, and is
+    /// charged first to the refill the buckets spilled meanwhile.
+    pub(super) late: bool,
     pub(super) max_amount: i64,
     pub(super) now_ms: i64,
 }
@@ -119,7 +122,7 @@ impl Ledger {
             });
         }
         self.caught_up(node, slot, now_ms);
-        let charge = self.charges(node, slot, report.answered());
+        let charge = self.charges(node, slot, report.answered(), now_ms);
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.
         let mut seen: Vec<(&str, bool)> = Vec::new();
@@ -145,6 +148,7 @@ impl Ledger {
                     slot,
                     is_rejection,
                     charge,
+                    late: slot < self.config.slot.slot_at(now_ms) - 1,
                     max_amount: self.config.max_amount,
                     now_ms,
                 };
@@ -275,7 +279,7 @@ impl Key {
     pub(super) fn file(&mut self, at: Filing, amount: i64) {
         let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
         if !is_rejection && at.charge && self.limited {
-            self.charge(amount, at.now_ms);
+            self.charge(amount, at.now_ms, at.late);
         }
         // Distribution: one entry per node, the latest report wins; both the
         // consumption and the rejection pass of one report land in it.

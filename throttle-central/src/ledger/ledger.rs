@@ -33,6 +33,11 @@ pub struct Ledger {
     pub(super) restored: Option<Restored>,
     /// After a restore, the nodes whose reports it waits for.
     pub(super) catch_up: Option<CatchUp>,
+    /// Without a restore, the first data slot it charges: the one before
+    /// the slot of its first report. Reports of earlier slots (kept by
+    /// the nodes while no central answered) were admitted on the refill
+    /// of a ledger it has no record of.
+    pub(super) charges_from: Option<i64>,
 }
 
 impl fmt::Debug for Ledger {
@@ -63,6 +68,7 @@ impl Ledger {
             key_total: 0,
             restored: None,
             catch_up: None,
+            charges_from: None,
         }
     }
 

@@ -55,18 +55,6 @@ impl Key {
         own.into_iter().chain(others.map(|(p, b)| (*p, b)))
     }
 
-    /// Caps every bucket of the key at its capacity ([`Bucket::clamp`]).
-    pub(super) fn clamp_buckets(&mut self, now_ms: i64) {
-        if !self.limited {
-            return;
-        }
-        self.bucket.clamp(now_ms);
-        let others = self.periods.as_deref_mut().into_iter();
-        for (_, b) in others.flat_map(|p| p.others.iter_mut()) {
-            b.clamp(now_ms);
-        }
-    }
-
     /// The bucket of `period`, if the key is limited over it.
     pub(super) fn bucket_of_mut(&mut self, period: Period) -> Option<&mut Bucket> {
         if !self.limited {
@@ -139,15 +127,22 @@ impl Key {
         }
     }
 
-    /// Charges `amount` to every bucket, each no deeper than its floor.
-    pub(super) fn charge(&mut self, amount: i64, now_ms: i64) {
-        let floor = self.max_debt.floor(&self.bucket);
-        self.bucket.consume_down_to(amount, now_ms, floor);
-        if let Some(p) = self.periods.as_deref_mut() {
-            for (_, b) in &mut p.others {
-                let floor = self.max_debt.floor(b);
+    /// Charges `amount` to every bucket, each no deeper than its floor;
+    /// the report of a `late` slot first to what the bucket spilled
+    /// ([`Bucket::consume_late`]).
+    pub(super) fn charge(&mut self, amount: i64, now_ms: i64, late: bool) {
+        let max_debt = self.max_debt;
+        let charge = |b: &mut Bucket| {
+            let floor = max_debt.floor(b);
+            if late {
+                b.consume_late(amount, now_ms, floor);
+            } else {
                 b.consume_down_to(amount, now_ms, floor);
             }
+        };
+        charge(&mut self.bucket);
+        if let Some(p) = self.periods.as_deref_mut() {
+            p.others.iter_mut().for_each(|(_, b)| charge(b));
         }
     }
 

@@ -42,7 +42,7 @@ const _: () = assert!(std::mem::size_of::<NodeUsage>() == 24);
 
 /// Everything the ledger keeps for one (service, user, resource).
 ///
-/// 152 bytes, a third of them per (user, resource, node) entry
+/// 160 bytes, a third of them per (user, resource, node) entry
 /// where a user is on 3 nodes: the resource's name is a thin pointer
 /// (`Name`), whether the key has a bucket is a flag beside the
 /// generation rather than an `Option`'s tag padded to 8 bytes, and the
@@ -90,7 +90,7 @@ impl MaxDebt {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Key>() == 152);
+const _: () = assert!(std::mem::size_of::<Key>() == 160);
 
 impl Key {
     pub(super) fn new(user: Arc<str>, resource: Name, generation: u32) -> Self {
@@ -421,13 +421,6 @@ impl ServiceState {
         }
         self.several.sort_unstable_by_key(|id| id.index());
         self.several.dedup();
-    }
-
-    /// Caps every live key's buckets at their capacity.
-    pub(super) fn clamp_buckets(&mut self, now_ms: i64) {
-        for key in self.keys.iter_mut().filter(|k| k.live) {
-            key.clamp_buckets(now_ms);
-        }
     }
 
     /// Makes each key's bucket with the least room its own, before an

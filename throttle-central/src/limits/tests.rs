@@ -114,6 +114,27 @@ fn file_reload_keeps_last_good_limits() {
 }
 
 #[test]
+fn a_file_put_back_unchanged_clears_the_error_of_its_absence() {
+    let dir = std::env::temp_dir().join(format!("throttle-back-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, GOOD).unwrap();
+    let file = FileLimits::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(file.poll().is_err());
+    assert!(file.last_error().is_some(), "the absence is reported");
+    std::fs::write(&path, GOOD).unwrap();
+    assert!(!file.poll().unwrap(), "nothing changed");
+    assert_eq!(file.last_error(), None, "and nothing is wrong any more");
+    // A broken edit stays reported while it stays.
+    std::fs::write(&path, "[[limit]]\nbroken").unwrap();
+    assert!(file.reload().is_err());
+    assert!(!file.poll().unwrap());
+    assert!(file.last_error().is_some());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn an_empty_file_keeps_the_limits_and_one_without_entries_removes_them() {
     let dir = std::env::temp_dir().join(format!("throttle-limits-empty-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

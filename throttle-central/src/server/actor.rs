@@ -20,6 +20,7 @@ use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
 use super::told::{Sent, SentLimits, ToldNow};
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
+use crate::leadership::Leadership;
 use crate::ledger::{FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange};
 use crate::limits::blocked_at;
 use crate::log::{Throttled, peer, truncate};
@@ -103,6 +104,14 @@ pub(crate) struct Actor {
     conns: BTreeMap<u64, Conn>,
     next_conn: u64,
     started: Instant,
+    /// Read where quotas leave: a central that cannot be sure it leads
+    /// sends none.
+    leadership: Arc<dyn Leadership>,
+    /// Whether it led when last read: leading again after a gap holds
+    /// grants until the nodes are back ([`Ledger::await_nodes`]).
+    ///
+    /// [`Ledger::await_nodes`]: crate::ledger::Ledger::await_nodes
+    led: bool,
 }
 
 impl Actor {
@@ -111,6 +120,7 @@ impl Actor {
         assigner: Assigner<Encoded>,
         me: mpsc::Sender<Command>,
         clock: Arc<dyn Clock>,
+        leadership: Arc<dyn Leadership>,
     ) -> Self {
         Self {
             assigner,
@@ -119,7 +129,22 @@ impl Actor {
             conns: BTreeMap::new(),
             next_conn: 0,
             started: Instant::now(),
+            leadership,
+            led: false,
         }
+    }
+
+    /// Whether this central leads now, read from the lease's deadline. On
+    /// leading again, the ledger holds its grants until the nodes that
+    /// reported before the gap are back.
+    fn leads(&mut self) -> bool {
+        let leads = self.leadership.is_leader();
+        if leads && !self.led {
+            let now = self.clock.now_ms();
+            self.assigner.ledger_mut().await_nodes(now);
+        }
+        self.led = leads;
+        leads
     }
 }
 
@@ -302,7 +327,9 @@ impl Actor {
             // change form: answers rendered before are stale.
             self.forget_answers();
         }
-        self.deliver(pushes);
+        if self.leads() {
+            self.deliver(pushes);
+        }
         conn
     }
 
@@ -346,6 +373,11 @@ impl Actor {
         report: &Received,
         answered: bool,
     ) -> Result<(), Status> {
+        if !answered && !self.leads() {
+            // Not filed either: the node sends it again to the leader. (One
+            // answered ahead was answered while this central led.)
+            return Err(Status::unavailable("not the leader"));
+        }
         let Some(quota) = self.report(conn, report, answered)? else {
             return Ok(());
         };
@@ -485,6 +517,9 @@ impl Actor {
     /// each node's push is queued as soon as it is rendered.
     fn reassign(&mut self, service: &str) {
         self.forget_answers();
+        if !self.leads() {
+            return;
+        }
         let now = self.clock.now_ms();
         let streams = Self::streams(&self.conns);
         self.assigner.reassign_each(service, now, |node, quota| {
@@ -499,6 +534,10 @@ impl Actor {
     /// Only one node's push and answer are held here at a time, and the
     /// first nodes' go out while the others' are rendered.
     fn tick(&mut self) {
+        if !self.leads() {
+            self.forget_answers();
+            return;
+        }
         let now = self.clock.now_ms();
         let report_slot = self.assigner.ledger().config().slot.slot_at(now) + 1;
         let mut streams = Self::streams(&self.conns);

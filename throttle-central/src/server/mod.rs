@@ -9,6 +9,8 @@
 //!
 //! - `actor`: the ledger's task;
 //! - `stream`: a node stream's task, and the gRPC service;
+//! - `standby`: a new stream at a central that does not lead, kept until
+//!   a leader it can reach is known;
 //! - `auth`: a stream's credentials, checked before it is read;
 //! - `blocks`: block lists carried to the nodes;
 //! - `told`: limits carried to the nodes (the default quota, allowances);
@@ -30,6 +32,7 @@ mod command;
 mod keeper;
 mod monitor;
 mod received;
+mod standby;
 mod stream;
 mod timers;
 mod told;

@@ -20,6 +20,7 @@ use super::ahead::AnswerAhead;
 use super::auth::{authenticate, other_node_id};
 use super::command::{Command, Outgoing};
 use super::received::Received;
+use super::standby::{Settled, Standby};
 use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::ledger::LedgerConfig;
@@ -395,16 +396,42 @@ impl CentralRpc for CentralService {
             None => None,
         };
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        if !self.leadership.is_leader() {
-            let leader = self.leadership.leader().unwrap_or_default();
-            tracing::info!(addr = %peer(addr), %leader, "not the leader; redirecting node");
-            let _ = tx.try_send(message(central_message::Kind::NotLeader(v1::NotLeader {
-                leader,
-            })));
-            return Ok(Response::new(ReceiverStream::new(rx)));
-        }
+        let standby = Standby::of(request.metadata());
         let inbound = request.into_inner();
-        tokio::spawn(self.clone().run_stream(inbound, addr, signed, tx));
+        if self.leadership.is_leader() {
+            tokio::spawn(self.clone().run_stream(inbound, addr, signed, tx));
+        } else if standby.keep(&*self.leadership) {
+            tokio::spawn(self.clone().hold(standby, inbound, addr, signed, tx));
+        } else {
+            let leader = self.leadership.leader().unwrap_or_default();
+            redirect(&tx, addr, leader);
+        }
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Sends the node of a new stream to `leader`.
+fn redirect(tx: &Outgoing, addr: Option<SocketAddr>, leader: String) {
+    tracing::info!(addr = %peer(addr), %leader, "not the leader; redirecting node");
+    let not_leader = central_message::Kind::NotLeader(v1::NotLeader { leader });
+    let _ = tx.try_send(message(not_leader));
+}
+
+impl CentralService {
+    /// Keeps a new stream until this central leads (then serves it) or
+    /// knows a leader its node can reach (then sends it there): see
+    /// [`Standby`].
+    async fn hold(
+        self,
+        standby: Standby,
+        inbound: Streaming<Inbound>,
+        addr: Option<SocketAddr>,
+        signed: Option<String>,
+        tx: Outgoing,
+    ) {
+        match standby.settle(&*self.leadership).await {
+            Settled::Lead => self.run_stream(inbound, addr, signed, tx).await,
+            Settled::Redirect(leader) => redirect(&tx, addr, leader),
+        }
     }
 }

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::command::Command;
 use crate::keys::NodeKeys;
-use crate::limits::{EtcdLimits, FileLimits};
+use crate::limits::{EtcdLimits, FileLimits, Snapshots};
 
 /// Ticks the ledger at every mid-slot.
 pub(crate) async fn ticker(
@@ -42,6 +42,8 @@ pub(crate) trait Reloadable: Send + Sync + 'static {
     fn path(&self) -> &Path;
     /// Reads it again (see [`Watched::poll`](crate::watched::Watched::poll)).
     fn poll(&self) -> Result<bool, String>;
+    /// Whether the last read left no error standing.
+    fn healthy(&self) -> bool;
     /// Records a reload's outcome in the metrics.
     fn count(ok: bool);
 }
@@ -55,6 +57,10 @@ impl Reloadable for FileLimits {
 
     fn poll(&self) -> Result<bool, String> {
         FileLimits::poll(self).map_err(|e| e.to_string())
+    }
+
+    fn healthy(&self) -> bool {
+        self.snapshot_error().is_none()
     }
 
     fn count(ok: bool) {
@@ -74,6 +80,10 @@ impl Reloadable for NodeKeys {
 
     fn poll(&self) -> Result<bool, String> {
         NodeKeys::poll(self).map_err(|e| e.to_string())
+    }
+
+    fn healthy(&self) -> bool {
+        self.last_error().is_none()
     }
 
     fn count(ok: bool) {
@@ -97,6 +107,8 @@ pub(crate) async fn reloader<F: Reloadable>(
         (slot.as_duration() / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
     let mut interval = tokio::time::interval(period);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The last poll failed: the next good one says so, and sets the gauge.
+    let mut failing = false;
     loop {
         tokio::select! {
             _ = interval.tick() => {}
@@ -109,6 +121,7 @@ pub(crate) async fn reloader<F: Reloadable>(
         };
         match result {
             Ok(Ok(true)) => {
+                failing = false;
                 tracing::info!(%path, what = F::WHAT, "file reloaded");
                 F::count(true);
                 if let Some(commands) = &tick
@@ -117,10 +130,19 @@ pub(crate) async fn reloader<F: Reloadable>(
                     return;
                 }
             }
-            Ok(Ok(false)) => {}
+            Ok(Ok(false)) => {
+                if failing && file.healthy() {
+                    failing = false;
+                    tracing::info!(%path, what = F::WHAT, "file readable again, unchanged");
+                    F::count(true);
+                }
+            }
             Ok(Err(e)) => {
                 F::count(false);
-                tracing::error!(%path, what = F::WHAT, error = %e, "reload failed; keeping the previous version");
+                // Once per failure, not once per poll while it lasts.
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::error!(%path, what = F::WHAT, error = %e, "reload failed; keeping the previous version");
+                }
             }
             Err(e) => tracing::error!(error = %e, what = F::WHAT, "reload task failed"),
         }

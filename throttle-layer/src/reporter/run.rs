@@ -74,6 +74,10 @@ pub(super) struct Run {
     /// The incarnation of the last central that welcomed this node: one
     /// of another is a new ledger, sent the answered reports too.
     pub(super) incarnation: u64,
+    /// The centrals this node could not reach since it was last welcomed,
+    /// named to the next one it tries: a standby that would send it to
+    /// one of them keeps it until a leader it can reach is known.
+    pub(super) lost: Vec<String>,
 }
 
 /// The shortest life of a stream closed to announce a new service: an app
@@ -142,6 +146,7 @@ impl ReporterBuilder {
             unreachable: Repeats::default(),
             epoch: 0,
             incarnation: 0,
+            lost: Vec::new(),
         };
         let mut run = run;
         run.schedule();
@@ -243,7 +248,15 @@ impl Run {
             .credentials
             .as_ref()
             .map(|c| c.sign(&self.cfg.node_id, now));
-        open(endpoint, queue, self.cfg.max_message_bytes, hello, signed)
+        let lost = self.lost.clone();
+        open(
+            endpoint,
+            queue,
+            self.cfg.max_message_bytes,
+            hello,
+            signed,
+            lost,
+        )
     }
     pub(super) fn follow(&mut self, leader: String) {
         if leader.is_empty() {
@@ -296,6 +309,7 @@ impl Run {
                 }
                 Ok(Opened::Stream(tx, inbound, welcomed)) => {
                     self.epoch = welcomed.epoch;
+                    self.lost.clear();
                     backoff = self.cfg.backoff_min;
                     self.unreachable.clear();
                     self.packed_reports = welcomed.packed;
@@ -309,8 +323,22 @@ impl Run {
                         continue;
                     }
                 }
-                Ok(Opened::Redirect(leader)) => self.follow(leader),
+                Ok(Opened::Redirect(leader)) => {
+                    // A standby names the leader as soon as it knows one
+                    // this node can reach (or after keeping the stream a
+                    // while): followed after the least backoff, which a
+                    // redirect does not lengthen.
+                    self.follow(leader);
+                    let least = self.cfg.backoff_min;
+                    self.sleep_ticking(least.mul_f64(0.5 + rand::random::<f64>() * 0.5))
+                        .await;
+                    continue;
+                }
                 Err(e) => {
+                    let gone = matches!(e, OpenError::Connect(_) | OpenError::NoWelcome);
+                    if gone && !self.lost.contains(&endpoint) {
+                        self.lost.push(endpoint.clone());
+                    }
                     counter!("throttle_reporter_connect_failures_total").increment(1);
                     let error = e.to_string();
                     let fresh = self

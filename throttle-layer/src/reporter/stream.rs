@@ -65,6 +65,7 @@ pub(super) async fn open(
     max_message_bytes: usize,
     hello: Inbound,
     signed: Option<Signed>,
+    unreachable: Vec<String>,
 ) -> Result<Opened, OpenError> {
     let channel = endpoint?.connect().await?;
     let mut client = CentralClient::new(channel).max_decoding_message_size(max_message_bytes);
@@ -74,6 +75,13 @@ pub(super) async fn open(
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(signed) = signed {
         sign(request.metadata_mut(), &signed)?;
+    }
+    if !unreachable.is_empty() {
+        // An address that is not visible ASCII cannot be dialled either.
+        if let Ok(value) = unreachable.join(",").parse() {
+            let name = throttle_proto::UNREACHABLE_METADATA;
+            request.metadata_mut().insert(name, value);
+        }
     }
     let mut inbound = client.exchange(request).await?.into_inner();
     let first = tokio::time::timeout(Duration::from_secs(5), inbound.message())

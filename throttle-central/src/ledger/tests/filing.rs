@@ -85,6 +85,8 @@ fn duplicate_report_is_not_charged_twice() {
 #[test]
 fn late_report_is_charged_under_its_own_slot() {
     let mut l = Ledger::new(LedgerConfig::default());
+    // Its first report is of data slot 96: it charges from there on.
+    l.ingest(&report("n2", 97, "{}", "{}"), T - 3_000).unwrap();
     l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
     l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}"), T)
         .unwrap();
@@ -98,6 +100,45 @@ fn late_report_is_charged_under_its_own_slot() {
         dist["front"]["alice"]["requests"]["nodes"]["n1"]["slot"], 99,
         "latest stays"
     );
+}
+
+/// A report of a gap, sent again after a reconnection, is charged first
+/// to the refill the bucket's capacity turned away meanwhile: the gap
+/// costs what was admitted in it less its refill.
+#[test]
+fn a_late_report_is_charged_to_the_refill_the_gap_spilled() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+    l.ingest(&report("n1", 100, "{}", "{}"), T).unwrap();
+    // 20 s without a report: 200 of refill, 90 of it to the capacity.
+    let now = T + 20_000;
+    let gap = report("n1", 115, r#"{"alice": {"requests": 50}}"#, "{}");
+    l.ingest(&gap, now).unwrap();
+    assert_eq!(
+        l.bucket_level("front", "alice", "requests", now),
+        Some(100.0)
+    );
+    let on_time = report("n1", 120, r#"{"alice": {"requests": 30}}"#, "{}");
+    l.ingest(&on_time, now).unwrap();
+    assert_eq!(
+        l.bucket_level("front", "alice", "requests", now),
+        Some(70.0)
+    );
+}
+
+/// A ledger without a checkpoint charges no report of a slot before its
+/// first one: those were admitted on the refill of a ledger it has no
+/// record of (a restart without `--state`). They are summed all the same.
+#[test]
+fn a_fresh_ledger_sums_the_reports_from_before_it_without_charging_them() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
+    l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}"), T)
+        .unwrap();
+    l.ingest(&report("n1", 97, r#"{"alice": {"requests": 9}}"#, "{}"), T)
+        .unwrap();
+    assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(6.0));
+    assert_eq!(l.slot_sum("front", "alice", "requests", 96, false), 9);
 }
 
 #[test]
