@@ -51,6 +51,11 @@ impl CatchUp {
         })
     }
 
+    /// Whether it is over at `now_ms`.
+    fn over(&self, now_ms: i64) -> bool {
+        self.awaiting.is_empty() || now_ms >= self.until_ms
+    }
+
     /// How many nodes it still waits for.
     pub(super) fn awaited(&self) -> usize {
         self.awaiting.len()
@@ -92,6 +97,17 @@ impl Ledger {
         }
     }
 
+    /// Starts a ledger that has filed nothing and restored nothing at
+    /// `now_ms`, on its first leadership: what the nodes admitted up to
+    /// this slot, on the last quotas of a ledger it has no record of, was
+    /// paid for by that ledger's refill, and only empties what its buckets
+    /// start with (see `before_start`).
+    pub fn begin(&mut self, now_ms: i64) {
+        if self.restored.is_none() && self.charges_from.is_none() {
+            self.charges_from = Some(self.config.slot.slot_at(now_ms) + 1);
+        }
+    }
+
     /// Notes that `node` filed data slot `slot`: caught up if that is the
     /// slot before the current one.
     pub(super) fn caught_up(&mut self, node: NodeId, slot: i64, now_ms: i64) {
@@ -109,7 +125,7 @@ impl Ledger {
         let Some(c) = &self.catch_up else {
             return false;
         };
-        let done = c.awaiting.is_empty() || now_ms >= c.until_ms;
+        let done = c.over(now_ms);
         if done {
             let missing: Vec<&str> = c.awaiting.iter().map(|&n| self.node_name(n)).collect();
             tracing::info!(?missing, "restored: granting again");

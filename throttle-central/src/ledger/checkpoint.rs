@@ -231,16 +231,14 @@ impl Ledger {
         restored
     }
 
-    /// Whether a report of `node` for data slot `slot`, filed at
-    /// `now_ms`, charges its buckets: not if a restored checkpoint holds
+    /// Whether a report of `node` for data slot `slot` charges its buckets: not if a restored checkpoint holds
     /// its charge, nor if it was `answered` by a central whose charges this
     /// ledger has no record of (no checkpoint, or one that does not reach
     /// back to it), nor, without a checkpoint, if it is of a slot before
-    /// this ledger's first report (`charges_from`).
-    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool, now_ms: i64) -> bool {
+    /// this ledger began (`charges_from`) and answered.
+    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool) -> bool {
         let Some(restored) = &mut self.restored else {
-            let first = self.config.slot.slot_at(now_ms) - 1;
-            return !answered && slot >= *self.charges_from.get_or_insert(first);
+            return !answered;
         };
         if restored
             .filed
@@ -250,6 +248,18 @@ impl Ledger {
             return false;
         }
         !answered || slot >= restored.from_slot
+    }
+
+    /// Whether a report of data slot `slot`, filed at `now_ms`, is of a
+    /// slot before this ledger began, without a checkpoint: admitted on
+    /// the refill of a ledger it has no record of, it only empties the
+    /// buckets it finds full, never putting them in debt.
+    pub(super) fn before_start(&mut self, slot: i64, now_ms: i64) -> bool {
+        if self.restored.is_some() {
+            return false;
+        }
+        let first = self.config.slot.slot_at(now_ms) - 1;
+        slot < *self.charges_from.get_or_insert(first)
     }
 
     /// Drops what a restored checkpoint says of slots older than `cutoff`.

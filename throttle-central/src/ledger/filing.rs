@@ -78,6 +78,8 @@ pub(super) struct Filing {
     /// A slot that has passed: its report comes after a gap, and is
     /// charged first to the refill the buckets spilled meanwhile.
     pub(super) late: bool,
+    /// A slot before the ledger began ([`Ledger::before_start`]).
+    pub(super) before_start: bool,
     pub(super) max_amount: i64,
     pub(super) now_ms: i64,
 }
@@ -122,7 +124,8 @@ impl Ledger {
             });
         }
         self.caught_up(node, slot, now_ms);
-        let charge = self.charges(node, slot, report.answered(), now_ms);
+        let charge = self.charges(node, slot, report.answered());
+        let before_start = self.before_start(slot, now_ms);
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.
         let mut seen: Vec<(&str, bool)> = Vec::new();
@@ -149,6 +152,7 @@ impl Ledger {
                     is_rejection,
                     charge,
                     late: slot < self.config.slot.slot_at(now_ms) - 1,
+                    before_start,
                     max_amount: self.config.max_amount,
                     now_ms,
                 };
@@ -279,7 +283,10 @@ impl Key {
     pub(super) fn file(&mut self, at: Filing, amount: i64) {
         let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
         if !is_rejection && at.charge && self.limited {
-            self.charge(amount, at.now_ms, at.late);
+            match at.before_start {
+                true => self.empty_by(amount, at.now_ms),
+                false => self.charge(amount, at.now_ms, at.late),
+            }
         }
         // Distribution: one entry per node, the latest report wins; both the
         // consumption and the rejection pass of one report land in it.

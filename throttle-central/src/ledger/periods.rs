@@ -146,6 +146,17 @@ impl Key {
         }
     }
 
+    /// Charges `amount` to every bucket, none below zero: what nodes
+    /// admitted before the ledger began.
+    pub(super) fn empty_by(&mut self, amount: i64, now_ms: i64) {
+        self.bucket.consume_down_to(amount, now_ms, 0.0);
+        if let Some(p) = self.periods.as_deref_mut() {
+            for (_, b) in &mut p.others {
+                b.consume_down_to(amount, now_ms, 0.0);
+            }
+        }
+    }
+
     /// Whether every bucket holds at least what a new one would start
     /// with at `now_ms`: forgetting the key then gives its user nothing
     /// back.

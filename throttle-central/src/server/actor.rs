@@ -141,7 +141,9 @@ impl Actor {
         let leads = self.leadership.is_leader();
         if leads && !self.led {
             let now = self.clock.now_ms();
-            self.assigner.ledger_mut().await_nodes(now);
+            let ledger = self.assigner.ledger_mut();
+            ledger.await_nodes(now);
+            ledger.begin(now);
         }
         self.led = leads;
         leads
@@ -291,6 +293,7 @@ impl Actor {
     ) -> u64 {
         let conn = self.next_conn;
         self.next_conn += 1;
+        let leads = self.leads();
         self.replace_streams_of(&hello.node_id);
         let accepts = Accepts::from_hello(&hello.accepts);
         let was_packed = self.assigner.node_is_packed(&hello.node_id);
@@ -327,7 +330,7 @@ impl Actor {
             // change form: answers rendered before are stale.
             self.forget_answers();
         }
-        if self.leads() {
+        if leads {
             self.deliver(pushes);
         }
         conn

@@ -139,7 +139,7 @@ impl Reporter {
             max_buffered: 60,
             connect_timeout: Duration::from_secs(1),
             backoff_min: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(1),
+            backoff_max: Duration::from_millis(500),
             max_message_bytes: 64 << 20,
             credentials: None,
             tls: None,
@@ -235,8 +235,9 @@ impl ReporterBuilder {
         self
     }
 
-    /// Backoff bounds between attempts that failed (default 100 ms to 1 s:
-    /// a central that comes back is reached within a second, and an
+    /// Backoff bounds between attempts that failed (default 100 ms to
+    /// 500 ms: a central that comes back is reached within half a second,
+    /// and an
     /// attempt at an address nobody listens on costs next to nothing). A
     /// standby's redirect is followed after the least backoff, and does
     /// not lengthen the next one.

@@ -126,18 +126,19 @@ fn a_late_report_is_charged_to_the_refill_the_gap_spilled() {
     );
 }
 
-/// A ledger without a checkpoint charges no report of a slot before its
-/// first one: those were admitted on the refill of a ledger it has no
-/// record of (a restart without `--state`). They are summed all the same.
+/// A ledger without a checkpoint takes a report of a slot before its
+/// first one only out of what its buckets start with, never into debt:
+/// those were admitted on the refill of a ledger it has no record of (a
+/// restart without `--state`). They are summed all the same.
 #[test]
-fn a_fresh_ledger_sums_the_reports_from_before_it_without_charging_them() {
+fn a_fresh_ledger_takes_the_reports_from_before_it_only_out_of_what_it_starts_with() {
     let mut l = Ledger::new(LedgerConfig::default());
     l.apply_limits("front", &[limit("alice", "requests", 10.0)], T);
     l.ingest(&report("n1", 100, r#"{"alice": {"requests": 4}}"#, "{}"), T)
         .unwrap();
     l.ingest(&report("n1", 97, r#"{"alice": {"requests": 9}}"#, "{}"), T)
         .unwrap();
-    assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(6.0));
+    assert_eq!(l.bucket_level("front", "alice", "requests", T), Some(0.0));
     assert_eq!(l.slot_sum("front", "alice", "requests", 96, false), 9);
 }
 

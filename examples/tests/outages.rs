@@ -1,0 +1,297 @@
+//! Outages as an operator meets them: the real `throttle-central` and
+//! `axum-node` binaries at their default flags (1 s slots, the reporter's
+//! default backoff, the default fallback), on 127.0.0.1, a real etcd where
+//! there is an election. alice is limited to 100 requests a second with
+//! 2 s of burst and offered 300 a second over two nodes; every second from
+//! the event to 10 s after it must admit 70%..130% of her limit, and the
+//! 30 s around it 90%..110%.
+//!
+//! Run alone: `cargo test -p throttle-examples --test outages -- --nocapture`
+//! prints each second. The central's binary is the one `cargo test
+//! --workspace` builds beside `axum-node`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use throttle_examples::load::{Load, unix_second};
+use throttle_test_servers::{CentralProcess, Etcd, TempDir, free_port, until, wait_listening};
+
+const LIMIT: i64 = 100;
+
+const LIMITS: &str = r#"
+[[limit]]
+service = "front"
+user = "alice"
+per_second = { requests = 100 }
+burst_seconds = 2
+"#;
+
+/// One scenario at a time: each measures seconds on two cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The central's binary, beside `axum-node`; `None` (skipped) if it was
+/// not built.
+fn central_bin(test: &str) -> Option<String> {
+    let node = PathBuf::from(env!("CARGO_BIN_EXE_axum-node"));
+    let bin = node.with_file_name("throttle-central");
+    if bin.exists() {
+        return bin.to_str().map(str::to_owned);
+    }
+    let why = format!("{} not built: run `cargo test --workspace`", bin.display());
+    assert!(
+        std::env::var_os("THROTTLE_REQUIRE_SERVERS").is_none(),
+        "{test}: {why}"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+    None
+}
+
+/// An `axum-node` at its default flags, killed when dropped.
+struct Node {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Node {
+    fn start(id: &str, centrals: &[String]) -> Self {
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let child = Command::new(env!("CARGO_BIN_EXE_axum-node"))
+            .args([
+                "--listen",
+                &addr.to_string(),
+                "--node-id",
+                id,
+                "--log",
+                "warn",
+            ])
+            .args(centrals.iter().flat_map(|c| ["--central", c.as_str()]))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("axum-node runs");
+        wait_listening(addr);
+        Self { child, addr }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The limits file, in `dir`.
+fn limits_file(dir: &TempDir) -> String {
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, LIMITS).expect("limits written");
+    path.display().to_string()
+}
+
+fn role(central: &CentralProcess) -> Option<String> {
+    let body = central.get("/healthz", Duration::from_millis(200))?;
+    let health: serde_json::Value = serde_json::from_str(&body).ok()?;
+    health["role"].as_str().map(str::to_owned)
+}
+
+/// The node ids with a stream open on `central`.
+fn streams(central: &CentralProcess) -> Vec<String> {
+    let body = central.get("/v1/monitor/connections", Duration::from_millis(200));
+    let Some(v) = body.and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok()) else {
+        return Vec::new();
+    };
+    let streams = v["connections"].as_array().cloned();
+    let ids = streams.unwrap_or_default().into_iter();
+    ids.filter_map(|s| s["node_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// alice's load: 150 a second on each node, from now on for `seconds`.
+fn offer(nodes: &[Node], seconds: u64) -> (Load, tokio::task::JoinHandle<()>) {
+    let load = Load::new(nodes.iter().map(|n| n.addr).collect(), "/");
+    for i in 0..nodes.len() {
+        load.flow("alice", i, 300.0 / nodes.len() as f64);
+    }
+    let running = load.clone();
+    let task = tokio::spawn(async move { running.run(Duration::from_secs(seconds)).await });
+    (load, task)
+}
+
+/// alice's admitted count per Unix second, from `from` to `to`.
+fn admitted(load: &Load, from: i64, to: i64) -> Vec<i64> {
+    let tallies = load.tallies();
+    (from..=to)
+        .map(|s| {
+            let row = tallies.get(&s).into_iter().flat_map(|r| r.values());
+            row.map(|t| i64::try_from(t.admitted).unwrap_or(0)).sum()
+        })
+        .collect()
+}
+
+/// Checks the seconds around an event at Unix second `event`: each from
+/// it to 10 s after within 70%..130% of the limit, the 30 s around it
+/// within 90%..110%.
+fn assert_unnoticed(what: &str, load: &Load, event: i64) {
+    let window = admitted(load, event - 15, event + 14);
+    let seconds: Vec<String> = (event - 15..)
+        .zip(&window)
+        .map(|(s, n)| format!("{:+}:{n}", s - event))
+        .collect();
+    println!(
+        "{what}: admitted per second around the event: {}",
+        seconds.join(" ")
+    );
+    let after = &window[15..26];
+    let worst = |f: fn(&i64, &i64) -> std::cmp::Ordering| after.iter().copied().max_by(f);
+    let (low, high) = (worst(|a, b| b.cmp(a)), worst(i64::cmp));
+    let total: i64 = window.iter().sum();
+    let ratio = total as f64 / (30 * LIMIT) as f64;
+    println!("{what}: lowest {low:?}, highest {high:?} of {LIMIT}; 30 s window {ratio:.3}");
+    for (i, n) in after.iter().enumerate() {
+        assert!(
+            (70..=130).contains(n),
+            "{what}: second +{i} admitted {n}, not 70..130 ({seconds:?})"
+        );
+    }
+    assert!(
+        (0.90..=1.10).contains(&ratio),
+        "{what}: 30 s window {ratio:.3} of the limit ({seconds:?})"
+    );
+}
+
+/// Waits for the start of a Unix second plus `after`, so events fall in
+/// the middle of seconds whatever the test's start.
+async fn at_second_plus(after: Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let into = Duration::from_nanos(u64::from(now.subsec_nanos()));
+    let wait = (Duration::from_secs(1) - into) + after;
+    tokio::time::sleep(wait).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_not_noticed() {
+    let test = "a_killed_leader_is_not_noticed";
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(bin) = central_bin(test) else { return };
+    let Some(etcd) = Etcd::start(test) else {
+        return;
+    };
+    let dir = TempDir::new("outages");
+    let limits = limits_file(&dir);
+    let ports = [free_port(), free_port()];
+    let urls = ports.map(|p| format!("http://127.0.0.1:{p}"));
+    let centrals: Vec<CentralProcess> = (0..2)
+        .map(|i| {
+            let args = [
+                "--etcd",
+                &etcd.url(),
+                "--advertise",
+                &urls[i],
+                "--limits",
+                &limits,
+                "--state",
+                "etcd",
+            ];
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            CentralProcess::start_on(&bin, ports[i], &args)
+        })
+        .collect();
+    until(Duration::from_secs(10), "a leader", || {
+        centrals
+            .iter()
+            .any(|c| role(c).as_deref() == Some("leader"))
+    });
+    let nodes = [Node::start("node-a", &urls), Node::start("node-b", &urls)];
+    let mut centrals = centrals;
+    let leader = (0..2)
+        .find(|&i| role(&centrals[i]).as_deref() == Some("leader"))
+        .expect("a leader");
+    let standby = 1 - leader;
+    until(Duration::from_secs(10), "both nodes on the leader", || {
+        streams(&centrals[leader]).len() == 2
+    });
+    let (load, running) = offer(&nodes, 32);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    at_second_plus(Duration::from_millis(300)).await;
+    let event = unix_second();
+    let killed = Instant::now();
+    centrals[leader].kill();
+    let took_over = until(Duration::from_secs(10), "the standby leads", || {
+        role(&centrals[standby]).as_deref() == Some("leader")
+    });
+    let both = until(
+        Duration::from_secs(10),
+        "both nodes on the new leader",
+        || streams(&centrals[standby]).len() == 2,
+    );
+    let (took_over, both) = (took_over.as_secs_f64(), (took_over + both).as_secs_f64());
+    println!(
+        "leader killed: the standby led {took_over:.2} s after, both nodes on it {both:.2} s after"
+    );
+    assert!(
+        both <= 3.0,
+        "nodes on the new leader {both:.2} s after the kill"
+    );
+    assert!(
+        both - took_over <= 1.0,
+        "nodes on the new leader {:.2} s after its takeover",
+        both - took_over
+    );
+    running.await.expect("the load ran");
+    assert!(killed.elapsed() > Duration::from_secs(15));
+    assert_unnoticed("leader kill -9", &load, event);
+}
+
+/// A lone central killed, and started again 5 s later with the same
+/// arguments: with `--state FILE`, or without.
+async fn lone_central_restarted(test: &str, state: bool) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(bin) = central_bin(test) else { return };
+    let dir = TempDir::new("outages");
+    let mut args = vec!["--limits".to_owned(), limits_file(&dir)];
+    if state {
+        let file = dir.path().join("checkpoint").display().to_string();
+        args.extend(["--state".to_owned(), file]);
+    }
+    let mut central = CentralProcess::start(&bin, &args);
+    let url = [central.url()];
+    let nodes = [Node::start("node-a", &url), Node::start("node-b", &url)];
+    until(Duration::from_secs(10), "both nodes connected", || {
+        streams(&central).len() == 2
+    });
+    let (load, running) = offer(&nodes, 35);
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    at_second_plus(Duration::from_millis(300)).await;
+    let event = unix_second();
+    central.kill();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    central.restart();
+    let back = until(Duration::from_secs(10), "both nodes back", || {
+        streams(&central).len() == 2
+    });
+    println!(
+        "central restarted: both nodes back {:.2} s after",
+        back.as_secs_f64()
+    );
+    assert!(
+        back <= Duration::from_secs(2),
+        "nodes back {back:?} after the restart"
+    );
+    running.await.expect("the load ran");
+    assert_unnoticed(test, &load, event);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_central_restarted_on_its_checkpoint_is_not_noticed() {
+    let test = "a_lone_central_restarted_on_its_checkpoint_is_not_noticed";
+    lone_central_restarted(test, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_central_restarted_without_state_is_not_noticed() {
+    let test = "a_lone_central_restarted_without_state_is_not_noticed";
+    lone_central_restarted(test, false).await;
+}
