@@ -105,6 +105,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Node streams closed because the same node opened a new one.",
     ),
     (
+        "throttle_central_streams_held",
+        Kind::Gauge,
+        "New node streams a standby keeps until a leader the node can reach is known.",
+    ),
+    (
+        "throttle_central_streams_not_held_total",
+        Kind::Counter,
+        "New node streams sent on at once because too many were kept.",
+    ),
+    (
         "throttle_central_node_connections_at_cap_total",
         Kind::Counter,
         "Node connections left waiting because the most were open.",
