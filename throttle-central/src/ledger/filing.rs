@@ -7,11 +7,13 @@ use throttle_proto::v1;
 
 use super::config::ReportError;
 use super::dropped::{DropReason, Dropped};
-use super::ids::{KeyId, Name, NodeId, valid_name};
+use super::filing_at::Filing;
+use super::ids::{KeyId, Name, valid_name};
+use super::key::Key;
 use super::ledger::Ledger;
 use super::recent::NodeUsers;
 use super::source::ReportSource;
-use super::state::{Key, NodeUsage, ServiceState};
+use super::state::ServiceState;
 
 /// What [`Ledger::ingest`] did with a report.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -64,24 +66,6 @@ fn add_sum(sums: &mut SmallVec<[(Name, i64); 4]>, nth: usize, key: &Key, amount:
         Some(i) => sums[i].1 = sums[i].1.saturating_add(amount),
         None => sums.push((key.resource.clone(), amount)),
     }
-}
-
-/// Where a usage's entries are filed: by which node, for which data slot,
-/// as consumption or rejection, and when.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Filing {
-    pub(super) node: NodeId,
-    pub(super) slot: i64,
-    pub(super) is_rejection: bool,
-    /// Whether the buckets are charged (see [`Ledger::charges`]).
-    pub(super) charge: bool,
-    /// A slot that has passed: its report comes after a gap, and is
-    /// charged first to the refill the buckets spilled meanwhile.
-    pub(super) late: bool,
-    /// A slot before the ledger began ([`Ledger::before_start`]).
-    pub(super) before_start: bool,
-    pub(super) max_amount: i64,
-    pub(super) now_ms: i64,
 }
 
 impl Ledger {
@@ -270,50 +254,5 @@ fn checked_entries<'r>(
         };
         out.dropped
             .push(reason, || format!("{service}/{user}/{resource}"));
-    }
-}
-
-/// A rejection count as kept: the ledger drops counts above `u32::MAX`
-/// before filing, so this saturates only in theory.
-fn rejections(amount: i64) -> u32 {
-    u32::try_from(amount.max(0)).unwrap_or(u32::MAX)
-}
-
-impl Key {
-    pub(super) fn file(&mut self, at: Filing, amount: i64) {
-        let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
-        if !is_rejection && at.charge && self.limited {
-            match at.before_start {
-                true => self.empty_by(amount, at.now_ms),
-                false => self.charge(amount, at.now_ms, at.late),
-            }
-        }
-        // Distribution: one entry per node, the latest report wins; both the
-        // consumption and the rejection pass of one report land in it.
-        match self.nodes.iter_mut().find(|n| n.node == node) {
-            Some(n) if n.slot > slot => {}
-            Some(n) => {
-                if n.slot < slot {
-                    *n = NodeUsage {
-                        node,
-                        slot,
-                        consumption: 0,
-                        rejection: 0,
-                    };
-                }
-                if is_rejection {
-                    n.rejection = rejections(amount);
-                } else {
-                    n.consumption = amount;
-                }
-            }
-            None => self.nodes.push(NodeUsage {
-                node,
-                slot,
-                consumption: if is_rejection { 0 } else { amount },
-                rejection: if is_rejection { rejections(amount) } else { 0 },
-            }),
-        }
-        // Its sum is added to the slot's column by the caller.
     }
 }

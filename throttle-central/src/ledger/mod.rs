@@ -63,7 +63,9 @@ mod checkpoint;
 mod config;
 mod dropped;
 mod filing;
+mod filing_at;
 mod ids;
+mod key;
 #[allow(clippy::module_inception)]
 mod ledger;
 mod page;
@@ -88,11 +90,10 @@ pub use dropped::{DROPPED_EXAMPLES, DropReason, Dropped};
 pub use filing::Ingested;
 pub(crate) use ids::valid_name;
 pub use ids::{KeyId, Map, NodeId};
+pub use key::{Key, NodeUsage};
 pub use ledger::{Ledger, PolicyFactory};
-pub use page::{Cursor, Page, Paged};
+pub use page::{Cursor, Page, Paged, ServiceRows};
 pub use source::{FromNode, ReportSource};
-pub use state::{Key, NodeUsage, ServiceState};
+pub use state::ServiceState;
 pub use told::MAX_TOLD_USERS;
-pub use views::{
-    BucketView, KeyView, NodeEntry, QuotaRow, QuotaSlot, ServiceRows, SlotRange, SumRow,
-};
+pub use views::{BucketView, KeyView, NodeEntry, QuotaRow, QuotaSlot, SlotRange, SumRow};

@@ -5,7 +5,9 @@
 //! query holds up filing and assigning for long, and none builds a
 //! response of unbounded size.
 
-use super::views::ServiceRows;
+/// Rows per service, in the order of the services' names; every known
+/// service is listed, with no rows if it has none.
+pub type ServiceRows<T> = Vec<(String, Vec<T>)>;
 
 /// Which rows of a monitor answer to give.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,9 +2,10 @@
 //! that the HTTP layer renders (and that may leave the ledger's thread).
 
 use super::ids::NodeId;
+use super::key::NodeUsage;
 use super::ledger::Ledger;
 use super::page::{Filler, Page, Paged};
-use super::state::{NodeUsage, ServiceState};
+use super::state::ServiceState;
 use crate::bucket::Bucket;
 use crate::limits::Period;
 use crate::policy::{AppsStatus, NodeGrants};
@@ -24,10 +25,6 @@ impl SlotRange {
         self.start.is_none_or(|s| slot >= s) && self.end.is_none_or(|e| slot <= e)
     }
 }
-
-/// Rows per service, in the order of the services' names; every known
-/// service is listed, with no rows if it has none.
-pub type ServiceRows<T> = Vec<(String, Vec<T>)>;
 
 /// One key's sum of consumption (or rejection) in one data slot.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,46 @@
 //! Amounts as a limits file writes them: a number, or a string of a number
-//! and a byte unit (`"50MiB"`, `"1GB"`, `"512 KiB"`).
+//! and a byte unit (`"50MiB"`, `"1GB"`, `"512 KiB"`); a resource's amount
+//! per period as a rate; the names the file gives.
+
+use std::collections::BTreeMap;
+
+use throttle_proto::MAX_NAME_LEN;
+
+use super::MAX_RATE;
+use super::period::Period;
+
+/// A table of resource -> amount, as written.
+pub(super) type Amounts = BTreeMap<String, toml::Value>;
+
+/// Whether `name` may name a service, user or resource.
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_LEN
+}
+
+/// A plain number (integer or float), or `None`.
+pub(super) fn number(v: &toml::Value) -> Option<f64> {
+    match v {
+        toml::Value::Integer(i) => Some(*i as f64),
+        toml::Value::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
+/// The rate per second of `v`, an amount of `resource` per `period`.
+pub(super) fn rate(resource: &str, v: &toml::Value, period: Period) -> Result<f64, String> {
+    if !valid_name(resource) {
+        return Err(format!("resource names must be 1 to {MAX_NAME_LEN} bytes"));
+    }
+    let per = period.as_str();
+    let amount = amount(v).map_err(|e| format!("per_{per} {resource:?}: {e}"))?;
+    let rate = amount / period.seconds();
+    if !(amount.is_finite() && (0.0..=MAX_RATE).contains(&rate)) {
+        return Err(format!(
+            "per_{per} {resource:?} must be an amount from 0 to {MAX_RATE:e} a second, not {v}"
+        ));
+    }
+    Ok(rate)
+}
 
 /// The amount `v` stands for, or why it is not one.
 pub(super) fn amount(v: &toml::Value) -> Result<f64, String> {

@@ -5,14 +5,12 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use throttle_proto::MAX_NAME_LEN;
 
-use super::amount::amount;
+use super::amount::{Amounts, number, rate, valid_name};
 use super::block::{Block, unix_ms};
 use super::hierarchy::{HIERARCHICAL, Hierarchy};
 use super::parse_hierarchy::{AppEntry, add_app, app_error, capacity};
 use super::period::{Allowance, Period};
-use super::{
-    DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS, MAX_RATE,
-};
+use super::{DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS};
 use crate::policy::POLICY_NAMES;
 use crate::watched::{line_of, parse_toml};
 
@@ -48,8 +46,6 @@ struct Settings {
     capacity: Option<Amounts>,
 }
 
-pub(super) type Amounts = BTreeMap<String, toml::Value>;
-
 /// One `[[limit]]` as written.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,18 +59,6 @@ struct Entry {
     per_day: Option<Amounts>,
     burst_seconds: Option<toml::Value>,
     max_debt_seconds: Option<toml::Value>,
-}
-
-pub(super) fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= MAX_NAME_LEN
-}
-
-pub(super) fn number(v: &toml::Value) -> Option<f64> {
-    match v {
-        toml::Value::Integer(i) => Some(*i as f64),
-        toml::Value::Float(f) => Some(*f),
-        _ => None,
-    }
 }
 
 impl LimitSet {
@@ -304,20 +288,4 @@ impl Entry {
             },
         }
     }
-}
-
-/// The rate per second of `v`, an amount of `resource` per `period`.
-pub(super) fn rate(resource: &str, v: &toml::Value, period: Period) -> Result<f64, String> {
-    if !valid_name(resource) {
-        return Err(format!("resource names must be 1 to {MAX_NAME_LEN} bytes"));
-    }
-    let per = period.as_str();
-    let amount = amount(v).map_err(|e| format!("per_{per} {resource:?}: {e}"))?;
-    let rate = amount / period.seconds();
-    if !(amount.is_finite() && (0.0..=MAX_RATE).contains(&rate)) {
-        return Err(format!(
-            "per_{per} {resource:?} must be an amount from 0 to {MAX_RATE:e} a second, not {v}"
-        ));
-    }
-    Ok(rate)
 }

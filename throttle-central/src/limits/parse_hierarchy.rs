@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Deserialize;
 use throttle_proto::MAX_NAME_LEN;
 
+use super::amount::{Amounts, number, rate, valid_name};
 use super::hierarchy::{App, DEFAULT_APP_BURST_SECONDS, Hierarchy, MAX_PRIORITY};
-use super::parse::{Amounts, number, rate, valid_name};
 use super::period::Period;
 use super::{LimitsError, MAX_BURST_SECONDS};
 
