@@ -9,7 +9,7 @@ use std::sync::Arc;
 use throttle_proto::v1;
 
 use super::ids::KeyId;
-use super::ledger::Ledger;
+use super::state::ServiceState;
 use crate::limits::Period;
 
 /// Most keys one [`v1::Bound`] lists.
@@ -23,14 +23,12 @@ pub(crate) struct Bound {
     message: Option<Arc<v1::Bound>>,
 }
 
-impl Ledger {
-    /// The keys of `service` bound now by a longer period than their
-    /// shortest; `None` for a service the ledger does not know. Asked
-    /// every tick: the keys are compared by id first, and the message is
-    /// built (names copied) only when they changed.
-    pub fn bound(&mut self, service: &str) -> Option<Arc<v1::Bound>> {
-        let svc = self.services.get_mut(service)?;
-        let state = &svc.state;
+impl Bound {
+    /// The keys of `service` (its keys: `state`) bound now by a longer
+    /// period than their shortest. Asked every tick: the keys are compared
+    /// by id first, and the message is built (names copied) only when
+    /// they changed.
+    pub(crate) fn read(&mut self, service: &str, state: &ServiceState) -> Option<Arc<v1::Bound>> {
         let keys: Vec<(KeyId, u32, u32)> = (state.several.iter())
             .map(|&id| (id, state.key(id)))
             .filter(|(_, key)| {
@@ -40,7 +38,7 @@ impl Ledger {
             .map(|(id, key)| (id, key.generation(), window_seconds(key.period())))
             .take(MAX_BOUND_KEYS)
             .collect();
-        let bound = &mut svc.bound;
+        let bound = self;
         if bound.message.is_none() || bound.keys != keys {
             let mut listed: Vec<v1::BoundKey> = (keys.iter())
                 .map(|&(id, _, window_seconds)| v1::BoundKey {

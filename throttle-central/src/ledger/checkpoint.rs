@@ -47,11 +47,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use throttle_proto::v1;
-
-use super::catch_up::CatchUp;
-use super::ids::{NodeId, valid_name};
-use super::ledger::Ledger;
+use super::ids::NodeId;
 use crate::limits::Period;
 
 /// Why a checkpoint was not restored.
@@ -86,188 +82,35 @@ pub(super) struct Restored {
     from_slot: i64,
 }
 
+impl Restored {
+    /// The charged reports `filed`, of a checkpoint listing data slots
+    /// from `from_slot` on.
+    pub(super) fn new(filed: BTreeMap<i64, BTreeSet<NodeId>>, from_slot: i64) -> Self {
+        Self { filed, from_slot }
+    }
+
+    /// Whether a report of `node` for data slot `slot` charges its
+    /// buckets: not if the checkpoint holds its charge (once), nor if it
+    /// was `answered` by a central of a slot the checkpoint does not
+    /// reach back to.
+    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool) -> bool {
+        if (self.filed.get_mut(&slot)).is_some_and(|nodes| nodes.remove(&node)) {
+            return false;
+        }
+        !answered || slot >= self.from_slot
+    }
+
+    /// Drops what it says of slots older than `cutoff`.
+    pub(super) fn forget(&mut self, cutoff: i64) {
+        self.filed = self.filed.split_off(&cutoff);
+    }
+}
+
 /// A period by its length in seconds, as checkpoints write it.
-fn period_of(seconds: u32) -> Option<Period> {
+pub(super) fn period_of(seconds: u32) -> Option<Period> {
     Period::ALL
         .into_iter()
         .find(|p| p.seconds() == f64::from(seconds))
-}
-
-impl Ledger {
-    /// The levels of every bucket below its capacity at `now_ms`, with the
-    /// reports already charged to them (see `Ledger::restore`).
-    pub fn checkpoint(&self, now_ms: i64) -> v1::Checkpoint {
-        let services = self
-            .services
-            .iter()
-            .map(|(name, svc)| v1::ServiceLevels {
-                service: name.to_string(),
-                buckets: svc
-                    .state
-                    .keys()
-                    .flat_map(|(_, key)| key.buckets().map(move |(period, b)| (key, period, b)))
-                    .filter_map(|(key, period, b)| {
-                        let level = b.level_at(now_ms);
-                        (level < b.capacity()).then(|| v1::BucketLevel {
-                            user: key.user().to_owned(),
-                            resource: key.resource().to_owned(),
-                            period_seconds: period.seconds() as u32,
-                            level,
-                        })
-                    })
-                    .collect(),
-            })
-            .filter(|s| !s.buckets.is_empty())
-            .collect();
-        let filed = self
-            .reported
-            .iter()
-            .map(|(&slot, nodes)| v1::FiledSlot {
-                slot,
-                nodes: nodes
-                    .iter()
-                    .map(|&n| self.node_name(n).to_owned())
-                    .collect(),
-            })
-            .collect();
-        v1::Checkpoint {
-            taken_ms: now_ms,
-            slot_ms: self.config.slot.as_ms(),
-            services,
-            filed,
-        }
-    }
-
-    /// Puts back the levels of `checkpoint`, refilled from when it was
-    /// taken, over the keys the limits now make; from now on a report the
-    /// checkpoint lists as charged is filed without charging its buckets.
-    ///
-    /// # Errors
-    ///
-    /// [`CheckpointError`] for a checkpoint of another slot length;
-    /// nothing is restored.
-    pub fn restore(
-        &mut self,
-        checkpoint: &v1::Checkpoint,
-        now_ms: i64,
-    ) -> Result<Restoration, CheckpointError> {
-        let expected = self.config.slot.as_ms();
-        if checkpoint.slot_ms != expected {
-            return Err(CheckpointError::SlotLength {
-                expected,
-                found: checkpoint.slot_ms,
-            });
-        }
-        let mut out = Restoration::default();
-        for service in &checkpoint.services {
-            if !valid_name(&service.service) || !self.has_room_for(&service.service) {
-                out.skipped += service.buckets.len();
-                continue;
-            }
-            for level in &service.buckets {
-                let restored =
-                    self.restore_level(&service.service, level, checkpoint.taken_ms, now_ms);
-                if restored {
-                    out.buckets += 1;
-                } else {
-                    out.skipped += 1;
-                }
-            }
-        }
-        let mut filed = BTreeMap::new();
-        for slot in &checkpoint.filed {
-            let nodes = slot.nodes.iter().filter(|n| valid_name(n));
-            let ids: BTreeSet<NodeId> = nodes.map(|n| self.node_id(n)).collect();
-            filed.insert(slot.slot, ids);
-        }
-        // The nodes of the newest two slots it holds are still about.
-        let recent = filed.values().rev().take(2).flatten().copied().collect();
-        self.catch_up = CatchUp::new(recent, now_ms, self.config.slot);
-        if let Some(c) = &self.catch_up {
-            tracing::info!(
-                nodes = c.awaited(),
-                "restored: holding grants until the nodes' reports are back"
-            );
-        }
-        let current = self.config.slot.slot_at(checkpoint.taken_ms);
-        self.restored = Some(Restored {
-            filed,
-            from_slot: current - i64::from(self.config.nr_slot),
-        });
-        self.key_total = self.key_count();
-        Ok(out)
-    }
-
-    /// Restores one bucket's level; false if it has no such bucket.
-    fn restore_level(
-        &mut self,
-        service: &str,
-        level: &v1::BucketLevel,
-        taken_ms: i64,
-        now_ms: i64,
-    ) -> bool {
-        let Some(period) = period_of(level.period_seconds) else {
-            return false;
-        };
-        if !valid_name(&level.user) || !valid_name(&level.resource) {
-            return false;
-        }
-        let room = self.key_total < self.config.max_keys;
-        let state = &mut self.service_mut(service).state;
-        let (id, added) = match state.find(&level.user, &level.resource) {
-            Some(id) => (id, 0),
-            None if room => (
-                state.find_or_insert(&level.user, &level.resource, now_ms),
-                1,
-            ),
-            None => return false,
-        };
-        let restored = state
-            .key_mut(id)
-            .bucket_of_mut(period)
-            .map(|b| b.restore(level.level, taken_ms, now_ms))
-            .is_some();
-        self.key_total += added;
-        restored
-    }
-
-    /// Whether a report of `node` for data slot `slot` charges its buckets: not if a restored checkpoint holds
-    /// its charge, nor if it was `answered` by a central whose charges this
-    /// ledger has no record of (no checkpoint, or one that does not reach
-    /// back to it), nor, without a checkpoint, if it is of a slot before
-    /// this ledger began (`charges_from`) and answered.
-    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool) -> bool {
-        let Some(restored) = &mut self.restored else {
-            return !answered;
-        };
-        if restored
-            .filed
-            .get_mut(&slot)
-            .is_some_and(|nodes| nodes.remove(&node))
-        {
-            return false;
-        }
-        !answered || slot >= restored.from_slot
-    }
-
-    /// Whether a report of data slot `slot`, filed at `now_ms`, is of a
-    /// slot before this ledger began, without a checkpoint: admitted on
-    /// the refill of a ledger it has no record of, it only empties the
-    /// buckets it finds full, never putting them in debt.
-    pub(super) fn before_start(&mut self, slot: i64, now_ms: i64) -> bool {
-        if self.restored.is_some() {
-            return false;
-        }
-        let first = self.config.slot.slot_at(now_ms) - 1;
-        slot < *self.charges_from.get_or_insert(first)
-    }
-
-    /// Drops what a restored checkpoint says of slots older than `cutoff`.
-    pub(super) fn forget_restored(&mut self, cutoff: i64) {
-        if let Some(restored) = &mut self.restored {
-            restored.filed = restored.filed.split_off(&cutoff);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -5,14 +5,16 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::catch_up::CatchUp;
-use super::checkpoint::Restored;
+use super::checkpoint::{CheckpointError, Restoration, Restored, period_of};
 use super::config::LedgerConfig;
 use super::ids::{Map, NodeId, valid_name};
 use super::rules::ServiceRules;
 use super::service::Service;
 use super::state::ServiceState;
+use super::told::ACTIVE_SLOTS;
 use crate::limits::{Hierarchy, Limit};
 use crate::policy::{NodeGrants, Policy, Projected, QuotaHistory};
+use throttle_proto::v1;
 
 /// Builds the policy of a service when it first appears.
 pub type PolicyFactory = Box<dyn Fn(&str) -> Box<dyn Policy> + Send>;
@@ -351,5 +353,259 @@ impl Ledger {
     /// The state of `service`, if it is known.
     pub fn service_state(&self, service: &str) -> Option<&ServiceState> {
         self.services.get(service).map(|s| &s.state)
+    }
+}
+
+// Holds after a restore or a gap (see `catch_up`).
+impl Ledger {
+    /// Whether grants are held: the ledger was restored, or leads again
+    /// after a gap, and still waits for the reports of a node it heard
+    /// from last (see `catch_up`). Only [`Ledger::release`] ends a hold,
+    /// its time included (the assigner calls it on every report and tick).
+    pub fn holding(&self) -> bool {
+        self.catch_up.is_some()
+    }
+
+    /// Holds grants, as after a restore, until the nodes that filed the
+    /// newest two slots this ledger holds report again (or [`hold_ms`]
+    /// passed): for a ledger that leads again after a gap. Nothing if a
+    /// hold is under way or no node is awaited.
+    ///
+    /// [`hold_ms`]: super::hold_ms
+    pub fn await_nodes(&mut self, now_ms: i64) {
+        if self.catch_up.is_some() {
+            return;
+        }
+        self.catch_up = CatchUp::after_gap(&self.reported, now_ms, self.config.slot);
+        if let Some(c) = &self.catch_up {
+            tracing::info!(
+                nodes = c.awaited(),
+                "leading again: holding grants until the nodes' reports are back"
+            );
+        }
+    }
+
+    /// Starts a ledger that has filed nothing and restored nothing at
+    /// `now_ms`, on its first leadership: what the nodes admitted up to
+    /// this slot, on the last quotas of a ledger it has no record of, was
+    /// paid for by that ledger's refill, and only empties what its buckets
+    /// hold (see `before_start`).
+    pub fn begin(&mut self, now_ms: i64) {
+        if self.restored.is_none() && self.charges_from.is_none() {
+            self.charges_from = Some(self.config.slot.slot_at(now_ms) + 1);
+        }
+    }
+
+    /// Notes that `node` filed data slot `slot` (see `CatchUp::caught_up`).
+    pub(super) fn caught_up(&mut self, node: NodeId, slot: i64, now_ms: i64) {
+        let current = self.config.slot.slot_at(now_ms);
+        if let Some(c) = &mut self.catch_up {
+            c.caught_up(node, slot, current);
+        }
+    }
+
+    /// Ends the hold if nothing is awaited or its time is up; true if it
+    /// ended now (once): every service should be assigned at once.
+    pub fn release(&mut self, now_ms: i64) -> bool {
+        let Some(c) = &self.catch_up else {
+            return false;
+        };
+        let done = c.over(now_ms);
+        if done {
+            let missing: Vec<&str> = c.awaiting().map(|n| self.node_name(n)).collect();
+            tracing::info!(?missing, "granting again");
+            self.catch_up = None;
+        }
+        done
+    }
+}
+
+// Checkpoints (see `checkpoint`).
+impl Ledger {
+    /// The levels of every bucket below its capacity at `now_ms`, with the
+    /// reports already charged to them (see `Ledger::restore`).
+    pub fn checkpoint(&self, now_ms: i64) -> v1::Checkpoint {
+        let services = self
+            .services
+            .iter()
+            .map(|(name, svc)| v1::ServiceLevels {
+                service: name.to_string(),
+                buckets: svc
+                    .state
+                    .keys()
+                    .flat_map(|(_, key)| key.buckets().map(move |(period, b)| (key, period, b)))
+                    .filter_map(|(key, period, b)| {
+                        let level = b.level_at(now_ms);
+                        (level < b.capacity()).then(|| v1::BucketLevel {
+                            user: key.user().to_owned(),
+                            resource: key.resource().to_owned(),
+                            period_seconds: period.seconds() as u32,
+                            level,
+                        })
+                    })
+                    .collect(),
+            })
+            .filter(|s| !s.buckets.is_empty())
+            .collect();
+        let filed = self
+            .reported
+            .iter()
+            .map(|(&slot, nodes)| v1::FiledSlot {
+                slot,
+                nodes: nodes
+                    .iter()
+                    .map(|&n| self.node_name(n).to_owned())
+                    .collect(),
+            })
+            .collect();
+        v1::Checkpoint {
+            taken_ms: now_ms,
+            slot_ms: self.config.slot.as_ms(),
+            services,
+            filed,
+        }
+    }
+
+    /// Puts back the levels of `checkpoint`, refilled from when it was
+    /// taken, over the keys the limits now make; from now on a report the
+    /// checkpoint lists as charged is filed without charging its buckets.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckpointError`] for a checkpoint of another slot length;
+    /// nothing is restored.
+    pub fn restore(
+        &mut self,
+        checkpoint: &v1::Checkpoint,
+        now_ms: i64,
+    ) -> Result<Restoration, CheckpointError> {
+        let expected = self.config.slot.as_ms();
+        if checkpoint.slot_ms != expected {
+            return Err(CheckpointError::SlotLength {
+                expected,
+                found: checkpoint.slot_ms,
+            });
+        }
+        let mut out = Restoration::default();
+        for service in &checkpoint.services {
+            if !valid_name(&service.service) || !self.has_room_for(&service.service) {
+                out.skipped += service.buckets.len();
+                continue;
+            }
+            for level in &service.buckets {
+                let restored =
+                    self.restore_level(&service.service, level, checkpoint.taken_ms, now_ms);
+                if restored {
+                    out.buckets += 1;
+                } else {
+                    out.skipped += 1;
+                }
+            }
+        }
+        let mut filed = BTreeMap::new();
+        for slot in &checkpoint.filed {
+            let nodes = slot.nodes.iter().filter(|n| valid_name(n));
+            let ids: BTreeSet<NodeId> = nodes.map(|n| self.node_id(n)).collect();
+            filed.insert(slot.slot, ids);
+        }
+        // The nodes of the newest two slots it holds are still about.
+        let recent = filed.values().rev().take(2).flatten().copied().collect();
+        self.catch_up = CatchUp::new(recent, now_ms, self.config.slot);
+        if let Some(c) = &self.catch_up {
+            tracing::info!(
+                nodes = c.awaited(),
+                "restored: holding grants until the nodes' reports are back"
+            );
+        }
+        let current = self.config.slot.slot_at(checkpoint.taken_ms);
+        let from_slot = current - i64::from(self.config.nr_slot);
+        self.restored = Some(Restored::new(filed, from_slot));
+        self.key_total = self.key_count();
+        Ok(out)
+    }
+
+    /// Restores one bucket's level; false if it has no such bucket.
+    fn restore_level(
+        &mut self,
+        service: &str,
+        level: &v1::BucketLevel,
+        taken_ms: i64,
+        now_ms: i64,
+    ) -> bool {
+        let Some(period) = period_of(level.period_seconds) else {
+            return false;
+        };
+        if !valid_name(&level.user) || !valid_name(&level.resource) {
+            return false;
+        }
+        let room = self.key_total < self.config.max_keys;
+        let state = &mut self.service_mut(service).state;
+        let (id, added) = match state.find(&level.user, &level.resource) {
+            Some(id) => (id, 0),
+            None if room => (
+                state.find_or_insert(&level.user, &level.resource, now_ms),
+                1,
+            ),
+            None => return false,
+        };
+        let restored = state
+            .key_mut(id)
+            .bucket_of_mut(period)
+            .map(|b| b.restore(level.level, taken_ms, now_ms))
+            .is_some();
+        self.key_total += added;
+        restored
+    }
+
+    /// Whether a report of `node` for data slot `slot` charges its
+    /// buckets: without a checkpoint, unless it was `answered` by a
+    /// central whose charges this ledger has no record of; with one, as
+    /// [`Restored::charges`] says.
+    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool) -> bool {
+        match &mut self.restored {
+            None => !answered,
+            Some(restored) => restored.charges(node, slot, answered),
+        }
+    }
+
+    /// Whether a report of data slot `slot`, filed at `now_ms`, is of a
+    /// slot before this ledger began, without a checkpoint: admitted on
+    /// the refill of a ledger it has no record of, it only empties what
+    /// the buckets hold, never putting them in debt.
+    pub(super) fn before_start(&mut self, slot: i64, now_ms: i64) -> bool {
+        if self.restored.is_some() {
+            return false;
+        }
+        let first = self.config.slot.slot_at(now_ms) - 1;
+        slot < *self.charges_from.get_or_insert(first)
+    }
+
+    /// Drops what a restored checkpoint says of slots older than `cutoff`.
+    pub(super) fn forget_restored(&mut self, cutoff: i64) {
+        if let Some(restored) = &mut self.restored {
+            restored.forget(cutoff);
+        }
+    }
+}
+
+// What the nodes are told besides their quotas.
+impl Ledger {
+    /// What the nodes of `service` are told of its limits at `now_ms`:
+    /// `None` for a service the ledger does not know.
+    pub fn told(&mut self, service: &str, now_ms: i64) -> Option<Arc<v1::Limits>> {
+        let slot_ms = self.config.slot.as_ms();
+        let current = self.config.slot.slot_at(now_ms);
+        let svc = self.services.get_mut(service)?;
+        let recent = current - 1 - ACTIVE_SLOTS;
+        let reports = svc.state.last_report.values();
+        let nodes = reports.filter(|s| **s > recent).count();
+        svc.told.read(service, &svc.state.rules, nodes, slot_ms)
+    }
+
+    /// The keys of `service` bound now by a longer period than their
+    /// shortest; `None` for a service the ledger does not know.
+    pub fn bound(&mut self, service: &str) -> Option<Arc<v1::Bound>> {
+        let svc = self.services.get_mut(service)?;
+        svc.bound.read(service, &svc.state)
     }
 }

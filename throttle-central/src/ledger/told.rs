@@ -12,7 +12,6 @@ use std::sync::Arc;
 use throttle_proto::v1;
 
 use super::bound::window_seconds;
-use super::ledger::Ledger;
 use super::rules::ServiceRules;
 use crate::limits::{Limit, limited_resources, resolve};
 
@@ -21,7 +20,7 @@ pub const MAX_TOLD_USERS: usize = 100_000;
 
 /// Slots a node that has neither reported nor connected since counts as
 /// one of the service's nodes.
-const ACTIVE_SLOTS: i64 = 5;
+pub(super) const ACTIVE_SLOTS: i64 = 5;
 
 /// A service's [`v1::Limits`], as last built.
 #[derive(Debug, Default)]
@@ -38,37 +37,31 @@ impl Told {
     pub(crate) fn rules_changed(&mut self) {
         self.stale = true;
     }
-}
 
-impl Ledger {
-    /// What the nodes of `service` are told of its limits at `now_ms`:
-    /// `None` for a service the ledger does not know.
-    pub fn told(&mut self, service: &str, now_ms: i64) -> Option<Arc<v1::Limits>> {
-        let slot_ms = self.config.slot.as_ms();
-        let current = self.config.slot.slot_at(now_ms);
-        let svc = self.services.get_mut(service)?;
-        let recent = current - 1 - ACTIVE_SLOTS;
-        let nodes = svc
-            .state
-            .last_report
-            .values()
-            .filter(|s| **s > recent)
-            .count();
-        let told = &mut svc.told;
-        if let Some(m) = &told.message
-            && !told.stale
-            && told.nodes == nodes
+    /// What the nodes of `service` are told of its `rules`, split over
+    /// `nodes` (those active now): built again only when the rules or the
+    /// number of nodes changed.
+    pub(crate) fn read(
+        &mut self,
+        service: &str,
+        rules: &ServiceRules,
+        nodes: usize,
+        slot_ms: u32,
+    ) -> Option<Arc<v1::Limits>> {
+        if let Some(m) = &self.message
+            && !self.stale
+            && self.nodes == nodes
         {
             return Some(m.clone());
         }
-        let built = build(service, &svc.state.rules, nodes.max(1), slot_ms);
-        told.stale = false;
-        told.nodes = nodes;
-        match &told.message {
+        let built = build(service, rules, nodes.max(1), slot_ms);
+        self.stale = false;
+        self.nodes = nodes;
+        match &self.message {
             Some(m) if **m == built => {}
-            _ => told.message = Some(Arc::new(built)),
+            _ => self.message = Some(Arc::new(built)),
         }
-        told.message.clone()
+        self.message.clone()
     }
 }
 
