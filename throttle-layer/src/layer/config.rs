@@ -1,14 +1,11 @@
-//! What a built layer holds, and its body modes.
+//! What a layer was built with (its settings, read by every part of it),
+//! and its body modes.
 
 use std::sync::Arc;
 
 use http::StatusCode;
 
-use super::cost::CostFn;
-use super::local::LocalZones;
 use super::on_refusal::OnRefusal;
-use super::refusal_cache::RefusalCache;
-use super::shared::SharedLimits;
 use crate::store::{Fallback, ResourceId, ServiceStore, SlotStore};
 use crate::user::{MissingUser, UserKey};
 
@@ -27,7 +24,7 @@ pub struct Plain;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Metered;
 
-/// What a layer was built with, shared by its services.
+/// The settings a layer was built with.
 #[derive(Debug)]
 pub(crate) struct Config {
     pub(crate) store: SlotStore,
@@ -35,8 +32,6 @@ pub(crate) struct Config {
     pub(crate) user: UserKey,
     pub(crate) missing_user: MissingUser,
     pub(crate) costs: Vec<(ResourceId, i64)>,
-    /// Costs computed from each request's head, if any.
-    pub(crate) cost_fns: Box<[CostFn]>,
     pub(crate) traffic_up: Option<ResourceId>,
     pub(crate) traffic_down: Option<ResourceId>,
     pub(crate) handler_usage: bool,
@@ -50,12 +45,6 @@ pub(crate) struct Config {
     pub(crate) headers_on_success: bool,
     /// Builds the refusal responses, if set.
     pub(crate) on_refusal: Option<OnRefusal>,
-    /// Limits decided on this node alone, if any.
-    pub(crate) local: Option<LocalZones>,
-    /// Limits shared through a bucket store, if any.
-    pub(crate) shared: Option<Arc<SharedLimits>>,
-    /// The last refusal's headers, for the next with the same figures.
-    pub(crate) refusals: RefusalCache,
     pub(crate) shadow_rejected: metrics::Counter,
     pub(crate) fallback_decisions: metrics::Counter,
     pub(crate) skipped: metrics::Counter,

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use http::StatusCode;
 use tower_layer::Layer;
 
+use super::built::Built;
 use super::config::{Config, Metered, Plain};
 use super::cost::CostFn;
 use super::local::LocalZones;
@@ -23,7 +24,7 @@ use crate::user::{MissingUser, RequestHead, UserKey};
 /// the layer counts body bytes, which makes it [`Metered`].
 #[derive(Debug, Clone)]
 pub struct ThrottleLayer<M = Plain> {
-    pub(crate) config: Arc<Config>,
+    pub(crate) built: Arc<Built>,
     mode: PhantomData<M>,
 }
 
@@ -361,36 +362,38 @@ impl<M> ThrottleLayerBuilder<M> {
             .transpose()?;
         let label = settings.service.clone();
         let local = LocalZones::new(settings.local, &label);
-        let shared = SharedLimits::new(settings.shared, &label).map(Arc::new);
+        let shared = SharedLimits::new(settings.shared, &label);
         Ok(ThrottleLayer {
             mode: PhantomData,
-            config: Arc::new(Config {
-                store: settings.store,
-                service,
-                user,
-                missing_user: settings.missing_user,
-                costs,
+            built: Arc::new(Built {
+                config: Config {
+                    store: settings.store,
+                    service,
+                    user,
+                    missing_user: settings.missing_user,
+                    costs,
+                    traffic_up,
+                    traffic_down,
+                    handler_usage: settings.handler_usage,
+                    fallback: settings.fallback,
+                    shadow: settings.shadow,
+                    reject_status: settings.reject_status,
+                    blocked_status: settings.blocked_status,
+                    rate_limit_headers: settings.rate_limit_headers,
+                    headers_on_success: settings.headers_on_success,
+                    on_refusal: settings.on_refusal,
+                    // Handles registered once: the request path never builds a
+                    // metric key.
+                    shadow_rejected: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "shadow_rejected"),
+                    fallback_decisions: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "fallback"),
+                    skipped: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "no_user"),
+                    long_users: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "user_too_long"),
+                    blocked: metrics::counter!("throttle_decisions_total", "service" => label, "decision" => "blocked"),
+                },
                 cost_fns,
-                traffic_up,
-                traffic_down,
-                handler_usage: settings.handler_usage,
-                fallback: settings.fallback,
-                shadow: settings.shadow,
-                reject_status: settings.reject_status,
-                blocked_status: settings.blocked_status,
-                rate_limit_headers: settings.rate_limit_headers,
-                headers_on_success: settings.headers_on_success,
-                on_refusal: settings.on_refusal,
                 local,
                 shared,
                 refusals: RefusalCache::default(),
-                // Handles registered once: the request path never builds a
-                // metric key.
-                shadow_rejected: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "shadow_rejected"),
-                fallback_decisions: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "fallback"),
-                skipped: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "no_user"),
-                long_users: metrics::counter!("throttle_decisions_total", "service" => label.clone(), "decision" => "user_too_long"),
-                blocked: metrics::counter!("throttle_decisions_total", "service" => label, "decision" => "blocked"),
             }),
         })
     }
@@ -402,7 +405,7 @@ impl<S, M> Layer<S> for ThrottleLayer<M> {
     fn layer(&self, inner: S) -> Throttle<S, M> {
         Throttle {
             inner,
-            config: self.config.clone(),
+            built: self.built.clone(),
             mode: PhantomData,
         }
     }

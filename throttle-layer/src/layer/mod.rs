@@ -113,9 +113,11 @@
 //!   headers only.
 
 mod body;
+mod built;
 mod config;
 mod cost;
 pub mod future;
+mod gate;
 mod headers;
 #[allow(clippy::module_inception)]
 mod layer;

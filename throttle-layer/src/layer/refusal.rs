@@ -24,7 +24,7 @@ use super::future::Refusal;
 use super::headers::{self, Stated, number, reset_secs, sf_string, wait_ms};
 use super::on_refusal::{Refused, RefusedBy};
 use super::refusal_body::{Said, accepts_json};
-use super::refusal_cache::Figures;
+use super::refusal_cache::{Figures, RefusalCache};
 use crate::store::{Decision, period_name};
 use crate::user::RequestHead;
 
@@ -54,6 +54,7 @@ pub(crate) fn is_grpc(head: RequestHead<'_>) -> bool {
 #[inline(never)]
 pub(crate) fn reject(
     cfg: &Config,
+    refusals: &RefusalCache,
     req: RequestHead<'_>,
     user: &str,
     decision: &Decision,
@@ -87,11 +88,11 @@ pub(crate) fn reject(
             stated
         },
     };
-    let mut refusal = match cfg.refusals.get(&figures) {
+    let mut refusal = match refusals.get(&figures) {
         Some(refusal) => refusal,
         None => {
             let refusal = build(cfg, &figures);
-            cfg.refusals.built(figures, &refusal);
+            refusals.built(figures, &refusal);
             refusal
         }
     };

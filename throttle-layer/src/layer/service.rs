@@ -6,12 +6,14 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::{Meter, RefusalBody, RequestBody, ResponseBody};
-use super::config::{Config, Metered, Plain};
+use super::built::Built;
+use super::config::{Metered, Plain};
 use super::cost;
 use super::future::{Headers, Hold, PlainFuture, Refusal, ResponseFuture};
+use super::gate::gate;
 use super::local::{Local, LocalZones};
 use super::refusal::{refuse_blocked, refuse_long_user, reject};
-use super::shared::{SharedLimits, gate};
+use super::shared::SharedLimits;
 use super::success::success_headers;
 use crate::store::{Basis, Decision, UserHandle};
 use crate::usage::Usage;
@@ -24,7 +26,7 @@ use throttle_proto::MAX_NAME_LEN;
 #[derive(Debug, Clone)]
 pub struct Throttle<S, M = Plain> {
     pub(crate) inner: S,
-    pub(crate) config: Arc<Config>,
+    pub(crate) built: Arc<Built>,
     pub(crate) mode: PhantomData<M>,
 }
 
@@ -76,7 +78,8 @@ fn hold_for(delay_ms: u64) -> Option<Hold> {
 
 /// The decision, shared by both modes: find the user, ask the store, count
 /// the metrics, build the refusal.
-fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
+fn decide(built: &Arc<Built>, head: RequestHead<'_>) -> Outcome {
+    let cfg = &built.config;
     cfg.user.with_user(head, |found| {
         let user = match (found, &cfg.missing_user) {
             (Some(u), _) if u.len() > MAX_NAME_LEN => {
@@ -87,10 +90,10 @@ fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
             (None, MissingUser::As(name)) => name.as_str(),
             (None, MissingUser::Skip) => {
                 cfg.skipped.increment(1);
-                if cfg.local.is_none() && cfg.shared.is_none() {
+                if built.local.is_none() && built.shared.is_none() {
                     return Outcome::Skip;
                 }
-                return limits_only(cfg, head);
+                return limits_only(built, head);
             }
         };
         if cfg.service.is_blocked(user) {
@@ -99,9 +102,9 @@ fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
                 return Outcome::Refuse(refuse_blocked(cfg, head, user));
             }
         }
-        match &cfg.shared {
-            None => admit_here(cfg, head, user),
-            Some(shared) => admit_shared(cfg, shared, head, user),
+        match &built.shared {
+            None => admit_here(built, head, user),
+            Some(shared) => admit_shared(built, shared, head, user),
         }
     })
 }
@@ -109,10 +112,10 @@ fn decide(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
 /// What this node decides: the local limits, if any, and the central
 /// quota.
 #[inline]
-fn admit_here(cfg: &Config, head: RequestHead<'_>, user: &str) -> Outcome {
-    match &cfg.local {
-        None => admit(cfg, head, user, 0),
-        Some(local) => admit_local(cfg, local, head, user),
+fn admit_here(built: &Built, head: RequestHead<'_>, user: &str) -> Outcome {
+    match &built.local {
+        None => admit(built, head, user, 0),
+        Some(local) => admit_local(built, local, head, user),
     }
 }
 
@@ -120,14 +123,14 @@ fn admit_here(cfg: &Config, head: RequestHead<'_>, user: &str) -> Outcome {
 /// shared limits' gate. Out of line, as [`admit_local`].
 #[inline(never)]
 fn admit_shared(
-    cfg: &Arc<Config>,
-    shared: &Arc<SharedLimits>,
+    built: &Arc<Built>,
+    shared: &SharedLimits,
     head: RequestHead<'_>,
     user: &str,
 ) -> Outcome {
-    match admit_here(cfg, head, user) {
+    match admit_here(built, head, user) {
         Outcome::Pass(passed, delay) => {
-            Outcome::Gated(passed, gate(cfg, shared, head, Some(user), delay))
+            Outcome::Gated(passed, gate(built, shared, head, Some(user), delay))
         }
         outcome => outcome,
     }
@@ -138,11 +141,11 @@ fn admit_shared(
 /// Out of line, so a layer without local limits keeps its request path
 /// as it was.
 #[inline(never)]
-fn admit_local(cfg: &Config, local: &LocalZones, head: RequestHead<'_>, user: &str) -> Outcome {
-    match local.check(cfg, head, Some(user)) {
+fn admit_local(built: &Built, local: &LocalZones, head: RequestHead<'_>, user: &str) -> Outcome {
+    match local.check(&built.config, head, Some(user)) {
         Local::Refuse(refusal) => Outcome::Refuse(refusal),
         Local::Pass(delay) => {
-            let outcome = admit(cfg, head, user, delay);
+            let outcome = admit(built, head, user, delay);
             if matches!(outcome, Outcome::Refuse(..)) {
                 local.refund(head, Some(user));
             }
@@ -154,14 +157,18 @@ fn admit_local(cfg: &Config, local: &LocalZones, head: RequestHead<'_>, user: &s
 /// A request with no user: only local and shared limits keyed on their
 /// own (the peer's address, say) apply.
 #[inline(never)]
-fn limits_only(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
-    let delay = match cfg.local.as_ref().map(|l| l.check(cfg, head, None)) {
+fn limits_only(built: &Arc<Built>, head: RequestHead<'_>) -> Outcome {
+    let delay = match built
+        .local
+        .as_ref()
+        .map(|l| l.check(&built.config, head, None))
+    {
         Some(Local::Refuse(refusal)) => return Outcome::Refuse(refusal),
         Some(Local::Pass(delay)) => delay,
         None => 0,
     };
-    match &cfg.shared {
-        Some(shared) => Outcome::Gated(Passed::default(), gate(cfg, shared, head, None, delay)),
+    match &built.shared {
+        Some(shared) => Outcome::Gated(Passed::default(), gate(built, shared, head, None, delay)),
         None if delay > 0 => Outcome::Pass(Passed::default(), delay),
         None => Outcome::Skip,
     }
@@ -171,13 +178,14 @@ fn limits_only(cfg: &Arc<Config>, head: RequestHead<'_>) -> Outcome {
 /// the allowed response's headers; an allowed request is held `delay` ms
 /// first.
 #[inline]
-fn admit(cfg: &Config, head: RequestHead<'_>, user: &str, delay: u64) -> Outcome {
+fn admit(built: &Built, head: RequestHead<'_>, user: &str, delay: u64) -> Outcome {
+    let cfg = &built.config;
     let wants_handle = cfg.traffic_up.is_some() || cfg.traffic_down.is_some() || cfg.handler_usage;
     let dynamic;
-    let costs = if cfg.cost_fns.is_empty() {
+    let costs = if built.cost_fns.is_empty() {
         &cfg.costs[..]
     } else {
-        dynamic = cost::computed(cfg, head);
+        dynamic = cost::computed(cfg, &built.cost_fns, head);
         &dynamic[..]
     };
     let admission = if wants_handle || cfg.shadow {
@@ -194,7 +202,7 @@ fn admit(cfg: &Config, head: RequestHead<'_>, user: &str, delay: u64) -> Outcome
         if cfg.shadow {
             cfg.shadow_rejected.increment(1);
         } else {
-            return Outcome::Refuse(reject(cfg, head, user, &decision));
+            return Outcome::Refuse(reject(cfg, &built.refusals, head, user, &decision));
         }
     }
     let headers = if cfg.headers_on_success {
@@ -224,8 +232,8 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        let cfg = &*self.config;
-        let (passed, hold) = match decide(&self.config, RequestHead::of(&req)) {
+        let cfg = &self.built.config;
+        let (passed, hold) = match decide(&self.built, RequestHead::of(&req)) {
             Outcome::Skip => (Passed::default(), None),
             Outcome::Refuse((parts, body)) => {
                 return PlainFuture::rejected(Response::from_parts(parts, ResB::refusal(body)));
@@ -255,8 +263,8 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let cfg = &*self.config;
-        let (passed, hold) = match decide(&self.config, RequestHead::of(&req)) {
+        let cfg = &self.built.config;
+        let (passed, hold) = match decide(&self.built, RequestHead::of(&req)) {
             Outcome::Skip => (Passed::default(), None),
             Outcome::Refuse(refusal) => return ResponseFuture::rejected(refusal),
             Outcome::Pass(passed, delay) => (passed, hold_for(delay)),
