@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use throttle_central::Central;
 use throttle_central::limits::{LimitSet, StaticLimits};
 use throttle_clock::SlotLength;
 use throttle_examples::load::Load;
-use throttle_test_servers::{free_port, until, wait_listening};
+use throttle_test_servers::{AppProcess, until};
 
 const SLOT_MS: u32 = 100;
 
@@ -34,32 +33,21 @@ user = "*"
 per_second = { requests = 200 }
 "#;
 
-/// An `axum-node` process, killed when dropped.
-struct Node {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Node {
-    fn start(central: SocketAddr, id: &str) -> Self {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let child = Command::new(env!("CARGO_BIN_EXE_axum-node"))
-            .args(["--listen", &addr.to_string(), "--node-id", id])
-            .args(["--central", &format!("http://{central}")])
-            .args(["--slot-ms", &SLOT_MS.to_string(), "--log", "warn"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("axum-node runs");
-        wait_listening(addr);
-        Self { child, addr }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// An `axum-node` reporting to `central` as `id`.
+fn node(central: SocketAddr, id: &str) -> AppProcess {
+    let central = format!("http://{central}");
+    let slot_ms = SLOT_MS.to_string();
+    let args = [
+        "--node-id",
+        id,
+        "--central",
+        &central,
+        "--slot-ms",
+        &slot_ms,
+        "--log",
+        "warn",
+    ];
+    AppProcess::start(env!("CARGO_BIN_EXE_axum-node"), &args)
 }
 
 /// The body of `GET path` at `addr`.
@@ -119,7 +107,7 @@ async fn nodes_and_central_count_what_was_admitted_and_refused() {
         .spawn(grpc, Some(http))
         .unwrap();
     let (grpc, http) = (central.grpc_addr(), central.http_addr().unwrap());
-    let nodes = [Node::start(grpc, "node-1"), Node::start(grpc, "node-2")];
+    let nodes = [node(grpc, "node-1"), node(grpc, "node-2")];
     tokio::task::spawn_blocking(move || {
         until(Duration::from_secs(10), "both nodes connected", || {
             get(http, "/v1/monitor/connections")

@@ -10,13 +10,11 @@
 //! prints each second. The central's binary is the one `cargo test
 //! --workspace` builds beside `axum-node`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use throttle_examples::load::{Load, unix_second};
-use throttle_test_servers::{CentralProcess, Etcd, TempDir, free_port, until, wait_listening};
+use throttle_test_servers::{AppProcess, CentralProcess, Etcd, TempDir, free_port, until};
 
 const LIMIT: i64 = 100;
 
@@ -48,38 +46,11 @@ fn central_bin(test: &str) -> Option<String> {
     None
 }
 
-/// An `axum-node` at its default flags, killed when dropped.
-struct Node {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Node {
-    fn start(id: &str, centrals: &[String]) -> Self {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let child = Command::new(env!("CARGO_BIN_EXE_axum-node"))
-            .args([
-                "--listen",
-                &addr.to_string(),
-                "--node-id",
-                id,
-                "--log",
-                "warn",
-            ])
-            .args(centrals.iter().flat_map(|c| ["--central", c.as_str()]))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("axum-node runs");
-        wait_listening(addr);
-        Self { child, addr }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// An `axum-node` at its default flags, listing `centrals`.
+fn node(id: &str, centrals: &[String]) -> AppProcess {
+    let mut args = vec!["--node-id", id, "--log", "warn"];
+    args.extend(centrals.iter().flat_map(|c| ["--central", c.as_str()]));
+    AppProcess::start(env!("CARGO_BIN_EXE_axum-node"), &args)
 }
 
 /// The limits file, in `dir`.
@@ -108,7 +79,7 @@ fn streams(central: &CentralProcess) -> Vec<String> {
 }
 
 /// alice's load: 150 a second on each node, from now on for `seconds`.
-fn offer(nodes: &[Node], seconds: u64) -> (Load, tokio::task::JoinHandle<()>) {
+fn offer(nodes: &[AppProcess], seconds: u64) -> (Load, tokio::task::JoinHandle<()>) {
     let load = Load::new(nodes.iter().map(|n| n.addr).collect(), "/");
     for i in 0..nodes.len() {
         load.flow("alice", i, 300.0 / nodes.len() as f64);
@@ -204,7 +175,7 @@ async fn a_killed_leader_is_not_noticed() {
             .iter()
             .any(|c| role(c).as_deref() == Some("leader"))
     });
-    let nodes = [Node::start("node-a", &urls), Node::start("node-b", &urls)];
+    let nodes = [node("node-a", &urls), node("node-b", &urls)];
     let mut centrals = centrals;
     let leader = (0..2)
         .find(|&i| role(&centrals[i]).as_deref() == Some("leader"))
@@ -258,7 +229,7 @@ async fn lone_central_restarted(test: &str, state: bool) {
     }
     let mut central = CentralProcess::start(&bin, &args);
     let url = [central.url()];
-    let nodes = [Node::start("node-a", &url), Node::start("node-b", &url)];
+    let nodes = [node("node-a", &url), node("node-b", &url)];
     until(Duration::from_secs(10), "both nodes connected", || {
         streams(&central).len() == 2
     });

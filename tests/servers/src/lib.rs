@@ -2,10 +2,13 @@
 //! on a 127.0.0.1 ephemeral port with a temporary directory, stopped when
 //! dropped, and headless Chromium ([`Chromium`]). Without the binary a test skips, saying why, unless
 //! `THROTTLE_REQUIRE_SERVERS=1` (as CI sets), where it fails. Also our own
-//! central node as a process ([`CentralProcess`]).
+//! central node and app nodes as processes ([`CentralProcess`],
+//! [`AppProcess`]).
 
+mod app;
 mod central;
 mod chromium;
+pub use app::AppProcess;
 pub use central::CentralProcess;
 pub use chromium::Chromium;
 

@@ -108,8 +108,7 @@ impl Ledger {
             });
         }
         self.caught_up(node, slot, now_ms);
-        let charge = self.charges(node, slot, report.answered());
-        let before_start = self.before_start(slot, now_ms);
+        let charge = self.charge_of(node, slot, report.answered(), now_ms);
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.
         let mut seen: Vec<(&str, bool)> = Vec::new();
@@ -135,8 +134,6 @@ impl Ledger {
                     slot,
                     is_rejection,
                     charge,
-                    late: slot < self.config.slot.slot_at(now_ms) - 1,
-                    before_start,
                     max_amount: self.config.max_amount,
                     now_ms,
                 };

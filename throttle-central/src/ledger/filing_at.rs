@@ -1,5 +1,6 @@
 //! [`Filing`]: where a report's entries go.
 
+use super::charge::Charge;
 use super::ids::NodeId;
 
 /// Where a usage's entries are filed: by which node, for which data slot,
@@ -9,13 +10,8 @@ pub(super) struct Filing {
     pub(super) node: NodeId,
     pub(super) slot: i64,
     pub(super) is_rejection: bool,
-    /// Whether the buckets are charged (see `Ledger::charges`).
-    pub(super) charge: bool,
-    /// A slot that has passed: its report comes after a gap, and is
-    /// charged first to the refill the buckets spilled meanwhile.
-    pub(super) late: bool,
-    /// A slot before the ledger began (`Ledger::before_start`).
-    pub(super) before_start: bool,
+    /// How the buckets are charged (see `Ledger::charge_of`).
+    pub(super) charge: Charge,
     pub(super) max_amount: i64,
     pub(super) now_ms: i64,
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::charge::Charge;
 use super::filing_at::Filing;
 use super::ids::{Name, NodeId};
 use super::periods::{Periods, bucket_for, room};
@@ -219,33 +220,19 @@ impl Key {
         }
     }
 
-    /// Charges `amount` to every bucket, each no deeper than its floor;
-    /// the report of a `late` slot first to what the bucket spilled
-    /// ([`Bucket::consume_late`]).
-    pub(super) fn charge(&mut self, amount: i64, now_ms: i64, late: bool) {
+    /// Charges `amount` to every bucket as `how` says, each no deeper
+    /// than its floor.
+    pub(super) fn charge(&mut self, amount: i64, now_ms: i64, how: Charge) {
         let max_debt = self.max_debt;
-        let charge = |b: &mut Bucket| {
-            let floor = max_debt.floor(b);
-            if late {
-                b.consume_late(amount, now_ms, floor);
-            } else {
-                b.consume_down_to(amount, now_ms, floor);
-            }
+        let charge = |b: &mut Bucket| match how {
+            Charge::No => {}
+            Charge::OnTime => b.consume_down_to(amount, now_ms, max_debt.floor(b)),
+            Charge::Late => b.consume_late(amount, now_ms, max_debt.floor(b)),
+            Charge::Emptying => b.consume_down_to(amount, now_ms, 0.0),
         };
         charge(&mut self.bucket);
         if let Some(p) = self.periods.as_deref_mut() {
             p.others.iter_mut().for_each(|(_, b)| charge(b));
-        }
-    }
-
-    /// Charges `amount` to every bucket, none below zero: what nodes
-    /// admitted before the ledger began.
-    pub(super) fn empty_by(&mut self, amount: i64, now_ms: i64) {
-        self.bucket.consume_down_to(amount, now_ms, 0.0);
-        if let Some(p) = self.periods.as_deref_mut() {
-            for (_, b) in &mut p.others {
-                b.consume_down_to(amount, now_ms, 0.0);
-            }
         }
     }
 
@@ -272,11 +259,8 @@ fn rejections(amount: i64) -> u32 {
 impl Key {
     pub(super) fn file(&mut self, at: Filing, amount: i64) {
         let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
-        if !is_rejection && at.charge && self.limited {
-            match at.before_start {
-                true => self.empty_by(amount, at.now_ms),
-                false => self.charge(amount, at.now_ms, at.late),
-            }
+        if !is_rejection && self.limited {
+            self.charge(amount, at.now_ms, at.charge);
         }
         // Distribution: one entry per node, the latest report wins; both the
         // consumption and the rejection pass of one report land in it.

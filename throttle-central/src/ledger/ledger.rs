@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::catch_up::CatchUp;
+use super::charge::Charge;
 use super::checkpoint::{CheckpointError, Restoration, Restored, period_of};
 use super::config::LedgerConfig;
 use super::ids::{Map, NodeId, valid_name};
@@ -557,11 +558,32 @@ impl Ledger {
         restored
     }
 
+    /// How a report of `node` for data slot `slot`, filed at `now_ms`,
+    /// is charged to its buckets.
+    pub(super) fn charge_of(
+        &mut self,
+        node: NodeId,
+        slot: i64,
+        answered: bool,
+        now_ms: i64,
+    ) -> Charge {
+        let early = self.before_start(slot, now_ms);
+        if !self.charges(node, slot, answered) {
+            Charge::No
+        } else if early {
+            Charge::Emptying
+        } else if slot < self.config.slot.slot_at(now_ms) - 1 {
+            Charge::Late
+        } else {
+            Charge::OnTime
+        }
+    }
+
     /// Whether a report of `node` for data slot `slot` charges its
     /// buckets: without a checkpoint, unless it was `answered` by a
     /// central whose charges this ledger has no record of; with one, as
     /// [`Restored::charges`] says.
-    pub(super) fn charges(&mut self, node: NodeId, slot: i64, answered: bool) -> bool {
+    fn charges(&mut self, node: NodeId, slot: i64, answered: bool) -> bool {
         match &mut self.restored {
             None => !answered,
             Some(restored) => restored.charges(node, slot, answered),
@@ -572,7 +594,7 @@ impl Ledger {
     /// slot before this ledger began, without a checkpoint: admitted on
     /// the refill of a ledger it has no record of, it only empties what
     /// the buckets hold, never putting them in debt.
-    pub(super) fn before_start(&mut self, slot: i64, now_ms: i64) -> bool {
+    fn before_start(&mut self, slot: i64, now_ms: i64) -> bool {
         if self.restored.is_some() {
             return false;
         }

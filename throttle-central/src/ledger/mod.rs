@@ -59,6 +59,7 @@
 
 mod bound;
 mod catch_up;
+mod charge;
 mod checkpoint;
 mod config;
 mod dropped;

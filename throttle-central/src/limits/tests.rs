@@ -1,6 +1,7 @@
 //! Parsing, reloading and matching of limits.
 
 use super::*;
+use throttle_test_servers::TempDir;
 
 const GOOD: &str = r#"
 # demo
@@ -72,13 +73,19 @@ fn bad_toml_names_the_line() {
     assert!(e.to_string().contains("colour"), "{e}");
 }
 
-#[test]
-fn file_reload_keeps_last_good_limits() {
-    let dir = std::env::temp_dir().join(format!("throttle-limits-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("limits.toml");
+/// A limits file holding [`GOOD`], in a directory of its own removed
+/// when the first value is dropped, and that file opened.
+fn good_file(what: &str) -> (TempDir, std::path::PathBuf, FileLimits) {
+    let dir = TempDir::new(what);
+    let path = dir.path().join("limits.toml");
     std::fs::write(&path, GOOD).unwrap();
     let file = FileLimits::open(&path).unwrap();
+    (dir, path, file)
+}
+
+#[test]
+fn file_reload_keeps_last_good_limits() {
+    let (_dir, path, file) = good_file("limits");
     assert_eq!(file.list_limits("front").len(), 2);
     assert!(!file.reload().unwrap(), "unchanged file is not a change");
 
@@ -110,16 +117,11 @@ fn file_reload_keeps_last_good_limits() {
     assert!(!file.poll().unwrap());
     assert_eq!(file.services(), vec!["s".to_string()]);
     assert_eq!(file.last_error(), None);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_file_put_back_unchanged_clears_the_error_of_its_absence() {
-    let dir = std::env::temp_dir().join(format!("throttle-back-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("limits.toml");
-    std::fs::write(&path, GOOD).unwrap();
-    let file = FileLimits::open(&path).unwrap();
+    let (_dir, path, file) = good_file("back");
     std::fs::remove_file(&path).unwrap();
     assert!(file.poll().is_err());
     assert!(file.last_error().is_some(), "the absence is reported");
@@ -131,7 +133,6 @@ fn a_file_put_back_unchanged_clears_the_error_of_its_absence() {
     assert!(file.reload().is_err());
     assert!(!file.poll().unwrap());
     assert!(file.last_error().is_some());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

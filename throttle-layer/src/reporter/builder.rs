@@ -237,10 +237,9 @@ impl ReporterBuilder {
 
     /// Backoff bounds between attempts that failed (default 100 ms to
     /// 500 ms: a central that comes back is reached within half a second,
-    /// and an
-    /// attempt at an address nobody listens on costs next to nothing). A
-    /// standby's redirect is followed after the least backoff, and does
-    /// not lengthen the next one.
+    /// and an attempt at an address nobody listens on costs next to
+    /// nothing). A standby's redirect is followed after the least backoff,
+    /// and does not lengthen the next one.
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.backoff_min = min;
         self.backoff_max = max.max(min);

@@ -85,6 +85,12 @@ pub(super) struct Run {
 /// a second.
 pub(super) const ANNOUNCE_AFTER: Duration = Duration::from_millis(200);
 
+/// A wait drawn over `[backoff/2, backoff]`, so a fleet's nodes do not
+/// all try at once.
+fn jittered(backoff: Duration) -> Duration {
+    backoff.mul_f64(0.5 + rand::random::<f64>() * 0.5)
+}
+
 /// Sleeps until `at`, or forever without one.
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
@@ -329,9 +335,7 @@ impl Run {
                     // while): followed after the least backoff, which a
                     // redirect does not lengthen.
                     self.follow(leader);
-                    let least = self.cfg.backoff_min;
-                    self.sleep_ticking(least.mul_f64(0.5 + rand::random::<f64>() * 0.5))
-                        .await;
+                    self.sleep_ticking(jittered(self.cfg.backoff_min)).await;
                     continue;
                 }
                 Err(e) => {
@@ -352,9 +356,7 @@ impl Run {
                     self.current = (self.current + 1) % self.cfg.endpoints.len();
                 }
             }
-            // Full jitter over [backoff/2, backoff].
-            let jittered = backoff.mul_f64(0.5 + rand::random::<f64>() * 0.5);
-            self.sleep_ticking(jittered).await;
+            self.sleep_ticking(jittered(backoff)).await;
             backoff = (backoff * 2).min(self.cfg.backoff_max);
         }
     }

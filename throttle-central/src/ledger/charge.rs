@@ -1,0 +1,19 @@
+//! [`Charge`]: how a report's consumption reaches its keys' buckets.
+
+/// How a report's consumption is charged to its keys' buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Charge {
+    /// Not at all: a restored checkpoint holds its charge, or a central
+    /// this ledger has no record of answered it.
+    No,
+    /// To the level, no deeper than the floor: the slot just ended.
+    OnTime,
+    /// First to the refill the buckets turned away meanwhile
+    /// ([`Bucket::consume_late`](crate::bucket::Bucket::consume_late)),
+    /// then to the level: a slot that has passed, sent after a gap.
+    Late,
+    /// Only out of what the buckets hold, never into debt: a slot before
+    /// a ledger without a checkpoint began, admitted on the refill of a
+    /// ledger it has no record of.
+    Emptying,
+}
