@@ -7,15 +7,30 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use throttle_layer::{Reporter, SlotStore};
-use throttle_test_servers::{CentralProcess, Etcd, until};
+use throttle_proto::v1::{self, central_client::CentralClient, central_message, node_message};
+use throttle_test_servers::{CentralProcess, Etcd, TempDir, until};
+use tokio_stream::wrappers::ReceiverStream;
 
-/// A `throttle-central` process in election `test` on `etcd`.
-struct Central(CentralProcess);
+/// alice's limit, so that the leader has quotas to push.
+const LIMITS: &str =
+    "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = { requests = 100 }\n";
+
+/// A `throttle-central` process in election `test` on `etcd`, and the
+/// directory of its limits file (kept as long as it runs).
+struct Central {
+    process: CentralProcess,
+    _limits: TempDir,
+}
 
 impl Central {
     fn start(etcd: &Etcd) -> Self {
         let grpc = throttle_test_servers::free_port();
+        let dir = TempDir::new("election");
+        let limits = dir.path().join("limits.toml");
+        std::fs::write(&limits, LIMITS).expect("limits written");
         let args = [
+            "--limits",
+            &limits.display().to_string(),
             "--slot-ms",
             "200",
             "--election",
@@ -26,21 +41,21 @@ impl Central {
             &format!("http://127.0.0.1:{grpc}"),
         ];
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        Self(CentralProcess::start_on(
-            env!("CARGO_BIN_EXE_throttle-central"),
-            grpc,
-            &args,
-        ))
+        let bin = env!("CARGO_BIN_EXE_throttle-central");
+        Self {
+            process: CentralProcess::start_on(bin, grpc, &args),
+            _limits: dir,
+        }
     }
 
     fn url(&self) -> String {
-        self.0.url()
+        self.process.url()
     }
 
     /// `/healthz`, or `None` if it does not answer within 80 ms (a
     /// stopped process).
     fn health(&self) -> Option<Value> {
-        let body = self.0.get("/healthz", Duration::from_millis(80))?;
+        let body = self.process.get("/healthz", Duration::from_millis(80))?;
         serde_json::from_str(&body).ok()
     }
 
@@ -49,7 +64,7 @@ impl Central {
     }
 
     fn signal(&self, name: &str) {
-        self.0.signal(name);
+        self.process.signal(name);
     }
 }
 
@@ -150,4 +165,115 @@ fn a_stopped_leader_is_deposed_and_never_leads_beside_another() {
     assert_eq!(last["leader_address"], b.url().as_str(), "{last}");
     assert!(b.leads());
     eprintln!("{} samples 100 ms apart, never two leaders", samples.len());
+}
+
+/// A node stream opened with the generated client: its sender and what
+/// the central sends back.
+struct RawStream {
+    tx: tokio::sync::mpsc::Sender<v1::NodeMessage>,
+    inbound: tonic::Streaming<v1::CentralMessage>,
+}
+
+impl RawStream {
+    async fn open(url: String) -> Self {
+        let mut client = CentralClient::connect(url).await.expect("connects");
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let hello = v1::Hello {
+            node_id: "raw".into(),
+            slot_ms: SLOT_MS,
+            services: vec!["front".into()],
+            version: "test".into(),
+            accepts: Vec::new(),
+        };
+        let hello = node_message::Kind::Hello(hello);
+        tx.send(v1::NodeMessage { kind: Some(hello) })
+            .await
+            .expect("Hello sent");
+        let stream = client.exchange(ReceiverStream::new(rx)).await;
+        let inbound = stream.expect("stream opened").into_inner();
+        Self { tx, inbound }
+    }
+
+    /// The next message within `wait`: `None` once the stream ended or
+    /// nothing came.
+    async fn next(&mut self, wait: Duration) -> Option<central_message::Kind> {
+        let message = tokio::time::timeout(wait, self.inbound.message()).await;
+        message.ok()?.ok()??.kind
+    }
+
+    /// Sends an empty report of the slot that just ended.
+    async fn report(&self) {
+        let report = v1::Report {
+            node_id: "raw".into(),
+            slot_number: slot_now(),
+            ..v1::Report::default()
+        };
+        let report = node_message::Kind::Report(report);
+        let _ = self.tx.send(v1::NodeMessage { kind: Some(report) }).await;
+    }
+}
+
+const SLOT_MS: u32 = 200;
+
+fn slot_now() -> i64 {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    ms / i64::from(SLOT_MS)
+}
+
+/// The newest slot a quota message holds a table of.
+fn newest_slot(kind: &central_message::Kind) -> Option<i64> {
+    let central_message::Kind::Quota(q) = kind else {
+        return None;
+    };
+    q.services
+        .values()
+        .flat_map(|s| s.slots.keys())
+        .copied()
+        .max()
+}
+
+/// A leader stopped past its lease's deadline and resumed sends its open
+/// streams no quota computed after it resumed, answers no report, tells
+/// them `NotLeader`, and tells a new stream the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_leader_pushes_no_quota_and_says_it_does_not_lead() {
+    let test = "a_resumed_leader_pushes_no_quota_and_says_it_does_not_lead";
+    let Some(etcd) = Etcd::start(test) else {
+        return;
+    };
+    let (a, b) = tokio::task::block_in_place(|| pair(&etcd));
+    let mut old = RawStream::open(a.url()).await;
+    let welcome = old.next(Duration::from_secs(2)).await;
+    assert!(
+        matches!(welcome, Some(central_message::Kind::Welcome(_))),
+        "{welcome:?}"
+    );
+    old.report().await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    a.signal("STOP");
+    // What was sent before the stop is read now, and set aside.
+    while old.next(Duration::from_millis(300)).await.is_some() {}
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    a.signal("CONT");
+    let resumed = slot_now();
+    old.report().await;
+    let mut told_not_leader = false;
+    while let Some(kind) = old.next(Duration::from_secs(2)).await {
+        assert!(
+            newest_slot(&kind).is_none_or(|s| s < resumed),
+            "a quota computed after the leader resumed: {kind:?}"
+        );
+        told_not_leader |= matches!(kind, central_message::Kind::NotLeader(_));
+    }
+    assert!(told_not_leader, "the open stream is told NotLeader");
+    tokio::task::block_in_place(|| {
+        until(Duration::from_secs(10), "the standby leads", || b.leads())
+    });
+    let mut new = RawStream::open(a.url()).await;
+    match new.next(Duration::from_secs(5)).await {
+        Some(central_message::Kind::NotLeader(nl)) => assert_eq!(nl.leader, b.url()),
+        other => panic!("a new stream to the resumed central got {other:?}"),
+    }
 }

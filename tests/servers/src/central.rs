@@ -84,12 +84,9 @@ impl CentralProcess {
 
     /// Sends signal `name` (`STOP`, `CONT`...) to the process.
     pub fn signal(&self, name: &str) {
-        let Some(child) = &self.child else { return };
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{name}");
+        if let Some(child) = &self.child {
+            crate::signal(child, name);
+        }
     }
 
     /// `kill -9`, and waits for the process to be gone.

@@ -166,9 +166,10 @@ impl Drop for Redis {
 /// A one-member `etcd` cluster with its data in a temporary directory.
 #[derive(Debug)]
 pub struct Etcd {
-    child: Child,
+    child: Option<Child>,
     port: u16,
-    _dir: TempDir,
+    peer: u16,
+    dir: TempDir,
 }
 
 impl Etcd {
@@ -177,14 +178,36 @@ impl Etcd {
         if !available("etcd", test) {
             return None;
         }
-        let (port, peer) = (free_port(), free_port());
-        let dir = TempDir::new("etcd");
-        let client = format!("http://127.0.0.1:{port}");
-        let peer = format!("http://127.0.0.1:{peer}");
+        let mut etcd = Self {
+            child: None,
+            port: free_port(),
+            peer: free_port(),
+            dir: TempDir::new("etcd"),
+        };
+        etcd.restart();
+        Some(etcd)
+    }
+
+    /// `http://127.0.0.1:PORT`, its client URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it (SIGKILL), its data left on disk.
+    pub fn kill(&mut self) {
+        kill(&mut self.child);
+    }
+
+    /// Starts it again on the same ports and data directory (after
+    /// [`Etcd::kill`]): its keys and leases are back.
+    pub fn restart(&mut self) {
+        self.kill();
+        let client = self.url();
+        let peer = format!("http://127.0.0.1:{}", self.peer);
         let child = Command::new("etcd")
             .args(["--name", "test", "--log-level", "error"])
             .arg("--data-dir")
-            .arg(dir.path())
+            .arg(self.dir.path())
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
@@ -194,23 +217,30 @@ impl Etcd {
             .stderr(Stdio::null())
             .spawn()
             .expect("etcd starts");
-        wait_listening(SocketAddr::from(([127, 0, 0, 1], port)));
-        Some(Self {
-            child,
-            port,
-            _dir: dir,
-        })
+        self.child = Some(child);
+        wait_listening(SocketAddr::from(([127, 0, 0, 1], self.port)));
     }
 
-    /// `http://127.0.0.1:PORT`, its client URL.
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+    /// Sends signal `name` (`STOP`, `CONT`) to it.
+    pub fn signal(&self, name: &str) {
+        if let Some(child) = &self.child {
+            signal(child, name);
+        }
     }
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // SIGKILL ends a stopped process too.
+        kill(&mut self.child);
     }
+}
+
+/// Sends signal `name` to `child`.
+pub fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{name}");
 }
