@@ -181,6 +181,21 @@ mod tests {
         assert_eq!(level(&mut l, 11_000), start - 40.0, "unanswered: charged");
     }
 
+    /// The same central leading again, under a new epoch, after its lease
+    /// ran out: its own buckets hold what it charged after its last
+    /// checkpoint, and are kept.
+    #[test]
+    fn a_ledger_newer_than_the_checkpoint_keeps_its_own_buckets() {
+        let mut l = ledger(1000);
+        l.ingest(&report("n1", 11, 50, false), 11_000).unwrap();
+        let checkpoint = l.checkpoint(11_000);
+        l.ingest(&report("n1", 12, 70, false), 12_000).unwrap();
+        let own = l.bucket_level("front", "alice", "requests", 12_000);
+        let restored = l.restore(&checkpoint, 12_000).unwrap();
+        assert_eq!(restored.buckets, 0, "nothing put back");
+        assert_eq!(l.bucket_level("front", "alice", "requests", 12_000), own);
+    }
+
     #[test]
     fn a_restored_ledger_charges_only_what_its_checkpoint_lacks() {
         let mut old = ledger(1000);

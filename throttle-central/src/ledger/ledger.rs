@@ -487,6 +487,13 @@ impl Ledger {
                 found: checkpoint.slot_ms,
             });
         }
+        if self.newer_than(checkpoint) {
+            // This ledger wrote it, and has charged since: its own buckets
+            // are kept, and it holds as a ledger leading again after a gap.
+            tracing::info!("this ledger is newer than the checkpoint; kept");
+            self.await_nodes(now_ms);
+            return Ok(Restoration::default());
+        }
         let mut out = Restoration::default();
         for service in &checkpoint.services {
             if !valid_name(&service.service) || !self.has_room_for(&service.service) {
@@ -523,6 +530,15 @@ impl Ledger {
         self.restored = Some(Restored::new(filed, from_slot));
         self.key_total = self.key_count();
         Ok(out)
+    }
+
+    /// Whether this ledger has filed a slot at least as new as the newest
+    /// `checkpoint` holds: the same central leading again, whose buckets
+    /// hold the charges made after its last checkpoint.
+    fn newer_than(&self, checkpoint: &v1::Checkpoint) -> bool {
+        let own = self.reported.keys().next_back();
+        let theirs = checkpoint.filed.iter().map(|f| f.slot).max();
+        own.zip(theirs).is_some_and(|(own, theirs)| *own >= theirs)
     }
 
     /// Restores one bucket's level; false if it has no such bucket.
