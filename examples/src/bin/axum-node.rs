@@ -67,6 +67,10 @@ struct Args {
     /// shared limits alone.
     #[arg(long)]
     no_central: bool,
+    /// Seconds a kept-alive connection waits for its next request before
+    /// it is closed gracefully.
+    #[arg(long, env = "THROTTLE_IDLE_TIMEOUT", default_value_t = 60)]
+    idle_timeout: u64,
     /// Log filter, e.g. `info` or `throttle_layer=debug`.
     #[arg(long, default_value = "info")]
     log: String,
@@ -108,7 +112,8 @@ async fn main() -> anyhow::Result<()> {
         false => args.reporter.centrals.join(", "),
     };
     println!("axum-node {node_id} listening on http://{addr} (central: {central})");
-    serve(listener, router, async {
+    let idle = Duration::from_secs(args.idle_timeout);
+    serve(listener, router, idle, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await?;

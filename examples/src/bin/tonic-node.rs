@@ -116,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::spawn(throttle_examples::serve::serve(
             listener,
             router,
+            throttle_examples::serve::IDLE_TIMEOUT,
             std::future::pending(),
         ));
         println!("tonic-node metrics on http://{at}/metrics");

@@ -1,10 +1,14 @@
 //! An HTTP server's accept loop, the central's and the example apps': TLS
 //! when configured, a request head within
-//! [`ConnectionLimits::header_read`] (slow clients are closed, not held),
-//! HTTP/2 pings, and at most [`ConnectionLimits::max_http_connections`]
-//! open at once; the peer's address reaches the app as axum's
-//! `ConnectInfo`. `axum::serve` has neither TLS nor a header timeout, hence
-//! this loop over hyper-util's server, which has both.
+//! [`ConnectionLimits::header_read`] of its first byte (slow clients are
+//! closed, not held), connections kept alive between requests for
+//! [`ConnectionLimits::idle`] and then closed gracefully, HTTP/2 pings,
+//! and at most [`ConnectionLimits::max_http_connections`] open at once;
+//! the peer's address reaches the app as axum's `ConnectInfo`.
+//! `axum::serve` has neither TLS nor a header timeout, hence this loop
+//! over hyper-util's server; the two timeouts are its own
+//! ([`Activity`]), since hyper's header timeout also runs between the
+//! requests of a kept-alive connection.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -15,15 +19,17 @@ use axum::Router;
 use axum::extract::connect_info::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use metrics::counter;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::ConnectionLimits;
+use super::activity::{Activity, Verdict};
+use super::counted::Counted;
+use super::watched_io::WatchedIo;
 use crate::log::Throttled;
 
 static AT_CAP: Throttled = Throttled::new();
@@ -38,17 +44,18 @@ pub async fn serve_http(
     stop: impl Future<Output = ()>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The head's timeout is the connection's own (see the module docs).
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read);
+        .header_read_timeout(None);
     builder
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(limits.keepalive)
         .keep_alive_timeout(limits.keepalive);
     let places = Arc::new(Semaphore::new(limits.max_http_connections.max(1)));
-    let graceful = GracefulShutdown::new();
+    let (stopping, stopped) = watch::channel(false);
     tokio::pin!(stop);
     loop {
         let (stream, peer, place) = tokio::select! {
@@ -58,7 +65,8 @@ pub async fn serve_http(
         let connection = Connection {
             builder: builder.clone(),
             router: router.clone().layer(axum::Extension(ConnectInfo(peer))),
-            watcher: graceful.watcher(),
+            stopping: stopped.clone(),
+            limits,
             _place: place,
         };
         let tls = tls.clone();
@@ -75,7 +83,10 @@ pub async fn serve_http(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Open requests finish; every connection gives its place back.
+    let _ = stopping.send(true);
+    let all = u32::try_from(limits.max_http_connections.max(1)).unwrap_or(u32::MAX);
+    let _ = places.acquire_many(all).await;
 }
 
 /// The next connection, once there is room for it.
@@ -114,19 +125,63 @@ async fn accept(
 struct Connection {
     builder: auto::Builder<TokioExecutor>,
     router: Router,
-    watcher: Watcher,
+    /// Turns true when the server stops.
+    stopping: watch::Receiver<bool>,
+    limits: ConnectionLimits,
     _place: OwnedSemaphorePermit,
 }
 
 impl Connection {
-    async fn serve<I>(self, io: I)
+    /// Serves the connection until it ends, its request head is too slow,
+    /// it stays idle too long, or the server stops (the last two close it
+    /// gracefully, once its requests are answered).
+    async fn serve<I>(mut self, io: I)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let service = TowerToHyperService::new(self.router);
-        let conn = self.builder.serve_connection(TokioIo::new(io), service);
-        if let Err(e) = self.watcher.watch(conn).await {
-            tracing::debug!(error = %e, "HTTP connection ended");
+        let activity = Arc::new(Activity::new());
+        let io = TokioIo::new(WatchedIo::new(io, activity.clone()));
+        let service = TowerToHyperService::new(Counted {
+            router: self.router,
+            activity: activity.clone(),
+        });
+        let conn = self.builder.serve_connection(io, service);
+        tokio::pin!(conn);
+        let (head, idle) = (self.limits.header_read, self.limits.idle);
+        let mut look = tokio::time::interval(look_every(head, idle));
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "HTTP connection ended");
+                    }
+                    return;
+                }
+                _ = look.tick() => match activity.verdict(head, idle) {
+                    Verdict::Serve => {}
+                    Verdict::SlowHead => {
+                        tracing::debug!("request head not whole in time; connection closed");
+                        return;
+                    }
+                    Verdict::Idle => {
+                        if !std::mem::replace(&mut closing, true) {
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
+                },
+                _ = self.stopping.wait_for(|s| *s), if !closing => {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
         }
     }
+}
+
+/// How often a connection's timeouts are looked at: a tenth of the
+/// shorter, between 100 ms and 1 s.
+fn look_every(head: Duration, idle: Duration) -> Duration {
+    (head.min(idle) / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }

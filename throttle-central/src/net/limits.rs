@@ -16,9 +16,12 @@ pub struct ConnectionLimits {
     /// How often an idle HTTP/2 connection is pinged; one whose peer does
     /// not answer within the same time again is closed. Default 10 s.
     pub keepalive: Duration,
-    /// How long an HTTP client may take to send a request's head. Default
-    /// 10 s.
+    /// How long an HTTP client may take to send a request's head, from
+    /// its first byte. Default 10 s.
     pub header_read: Duration,
+    /// How long an HTTP connection with no request under way is kept
+    /// open before it is closed gracefully. Default 60 s.
+    pub idle: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -29,6 +32,7 @@ impl Default for ConnectionLimits {
             first_stream: Duration::from_secs(10),
             keepalive: Duration::from_secs(10),
             header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(60),
         }
     }
 }
