@@ -126,11 +126,15 @@ impl Bucket {
 
     /// As [`Bucket::consume_down_to`], for the report of a slot that has
     /// passed (a gap's, sent again): charged first to the refill the
-    /// capacity turned away meanwhile, then to the level.
+    /// capacity turned away meanwhile, then to the level, but not into a
+    /// debt: what nodes admitted in a gap on their last quotas beyond its
+    /// refill (a node admits one request past its quota each slot) would
+    /// otherwise be repaid in one slot, all at once.
     pub fn consume_late(&mut self, amount: i64, now_ms: i64, floor: f64) {
         self.refill(now_ms);
         let covered = self.spilled.min(amount as f64);
         self.spilled -= covered;
+        let floor = floor.max(self.level.min(0.0));
         self.take(amount as f64 - covered, floor);
     }
 
@@ -204,6 +208,10 @@ mod tests {
         b.consume_late(500, 6_000, b.floor(2.0));
         assert_eq!(b.level(6_000), 20.0);
         assert_eq!(b.spilled(), 0.0);
+        // More than the gap's refill and the level: no debt is left to
+        // repay at once.
+        b.consume_late(60, 6_000, b.floor(2.0));
+        assert_eq!(b.level(6_000), 0.0);
         // On time, a report is charged to the level alone.
         let mut on_time = Bucket::new(100.0, 2.0, 0);
         assert_eq!(on_time.level(10_000), 200.0);

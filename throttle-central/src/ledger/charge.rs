@@ -10,7 +10,8 @@ pub(super) enum Charge {
     OnTime,
     /// First to the refill the buckets turned away meanwhile
     /// ([`Bucket::consume_late`](crate::bucket::Bucket::consume_late)),
-    /// then to the level: a slot that has passed, sent after a gap.
+    /// then to the level, never into debt: a slot that has passed, sent
+    /// after a gap.
     Late,
     /// Only out of what the buckets hold, never into debt: a slot before
     /// a ledger without a checkpoint began, admitted on the refill of a
