@@ -249,11 +249,15 @@ impl<'a> World<'a> {
         }
         self.generation += 1;
         self.central = new_central(self.scenario, &self.policy, now);
-        if let Some(cp) = &self.checkpoint {
-            let ledger = self.central.ledger_mut();
-            ledger
-                .restore(cp, now)
-                .expect("a checkpoint of the same slot length");
+        let ledger = self.central.ledger_mut();
+        match &self.checkpoint {
+            Some(cp) => {
+                ledger
+                    .restore(cp, now)
+                    .expect("a checkpoint of the same slot length");
+            }
+            // As the ledger's task does at its first leadership.
+            None => ledger.begin(now),
         }
     }
 
