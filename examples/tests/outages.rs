@@ -25,6 +25,12 @@ service = "front"
 user = "alice"
 per_second = { requests = 100 }
 burst_seconds = 2
+
+[[limit]]
+service = "front"
+user = "hourly"
+per_second = { requests = 50 }
+per_hour = { requests = 600 }
 "#;
 
 /// One scenario at a time: each measures seconds on two cores.
@@ -342,4 +348,51 @@ async fn a_lone_central_restarted_on_its_checkpoint_is_not_noticed() {
 async fn a_lone_central_restarted_without_state_is_not_noticed() {
     let test = "a_lone_central_restarted_without_state_is_not_noticed";
     lone_central_restarted(test, false).await;
+}
+
+/// All `load` admitted so far.
+fn admitted_in_all(load: &Load) -> u64 {
+    let tallies = load.tallies();
+    tallies
+        .values()
+        .flat_map(|r| r.values())
+        .map(|t| t.admitted)
+        .sum()
+}
+
+/// A lone central down 30 s while a user with 600 an hour, 50 a second,
+/// has about 200 left: the nodes keep to what the central last told them
+/// of the hour, and do not admit 50 a second through the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_central_down_30_s_keeps_an_hourly_budget() {
+    let test = "a_lone_central_down_30_s_keeps_an_hourly_budget";
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(bin) = central_bin(test) else { return };
+    let dir = TempDir::new("outages");
+    let mut central = CentralProcess::start(&bin, &["--limits".to_owned(), limits_file(&dir)]);
+    let url = [central.url()];
+    let nodes = [node("node-a", &url), node("node-b", &url)];
+    until(Duration::from_secs(10), "both nodes connected", || {
+        streams(&central).len() == 2
+    });
+    let load = Load::new(nodes.iter().map(|n| n.addr).collect(), "/");
+    load.flow("hourly", 0, 30.0);
+    load.flow("hourly", 1, 30.0);
+    let running = load.clone();
+    let task = tokio::spawn(async move { running.run(Duration::from_secs(45)).await });
+    until(Duration::from_secs(20), "400 of the hour spent", || {
+        admitted_in_all(&load) >= 400
+    });
+    let before = admitted_in_all(&load);
+    central.kill();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let during = admitted_in_all(&load) - before;
+    println!("{before} admitted before the central went away, {during} in the 30 s it was");
+    task.abort();
+    // What was left of the hour (600 less what was admitted, and the
+    // hour's refill, 1 every 6 s), and a slot of 50 on quota that the
+    // last budget did not see yet.
+    let left = 600 - before.min(600) + 8;
+    assert!(during <= left + 50, "{during} admitted of the {left} left");
+    assert!(during >= left / 2, "{during} admitted of the {left} left");
 }

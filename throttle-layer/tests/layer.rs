@@ -786,6 +786,7 @@ async fn a_refusal_names_the_period_that_binds() {
             resource: "requests".into(),
             window_seconds: 60,
         }],
+        budgets: Vec::new(),
     });
     let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
     assert_eq!(
@@ -800,6 +801,84 @@ async fn a_refusal_names_the_period_that_binds() {
         res.headers()["grpc-message"].to_str().unwrap(),
         "rate limit exceeded: requests (3000 per minute) of service front exhausted"
     );
+}
+
+/// While the node has no quota for the slot (the central away), a user
+/// with little left of their hour is admitted at most this node's share
+/// of it, spent by every admission since the central said so, and refused
+/// naming the hour after; on quota, the budget is spent but never refuses.
+#[tokio::test]
+async fn without_quotas_a_node_keeps_to_the_budget_it_was_told() {
+    let (clock, store) = store();
+    let app = hello().layer(builder(&store).build().unwrap());
+    quota(
+        &store,
+        r#"{"front": {"100": {"alice": {"requests": 50.0}}}}"#,
+    );
+    let allowance = |window_seconds, amount| v1::Allowance {
+        resource: "requests".into(),
+        window_seconds,
+        amount,
+    };
+    store.set_limits(v1::Limits {
+        service: "front".into(),
+        every: vec![allowance(1, 50.0), allowance(3600, 600.0)],
+        ..v1::Limits::default()
+    });
+    let budget = v1::Budget {
+        user: "alice".into(),
+        resource: "requests".into(),
+        window_seconds: 3600,
+        remaining: 21.0,
+        nodes: 2,
+    };
+    store.set_bound(v1::Bound {
+        service: "front".into(),
+        keys: Vec::new(),
+        budgets: vec![budget],
+    });
+    let admitted = |n: usize| {
+        let app = app.clone();
+        async move {
+            let mut ok = 0;
+            let mut last = None;
+            for _ in 0..n {
+                let res = app.clone().oneshot(get_as("alice", "/")).await.unwrap();
+                if res.status() == StatusCode::OK {
+                    ok += 1;
+                } else {
+                    last = Some(res.headers()["ratelimit-policy"].clone());
+                }
+            }
+            (ok, last)
+        }
+    };
+    // On quota: 14 of its 50, all admitted; 10 (21 over two nodes) is
+    // not a bound while the quota holds.
+    assert_eq!(admitted(14).await, (14, None));
+    // Two slots on, no quota came: the last one would admit 50, the
+    // budget is spent.
+    clock.set(T + 2_000);
+    let (ok, policy) = admitted(20).await;
+    assert_eq!(ok, 0, "spent on quota already");
+    assert_eq!(policy.unwrap(), r#""requests";q=600;w=3600"#);
+    // A fresh budget: 7 of it.
+    let budget = v1::Budget {
+        user: "alice".into(),
+        resource: "requests".into(),
+        window_seconds: 3600,
+        remaining: 14.0,
+        nodes: 2,
+    };
+    store.set_bound(v1::Bound {
+        service: "front".into(),
+        keys: Vec::new(),
+        budgets: vec![budget],
+    });
+    assert_eq!(admitted(20).await.0, 7);
+    // Others keep to the last quota alone.
+    let res = app.clone().oneshot(get_as("bob", "/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
 }
 
 /// A handler takes an amount before the work it pays for: allowed while

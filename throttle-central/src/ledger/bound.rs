@@ -3,23 +3,37 @@
 //! bucket, and the nodes' refusals name it. Read from the keys of several
 //! periods after each assign binds them; unchanged, it is the very same
 //! `Arc`, so a stream compares pointers to know it has it.
+//!
+//! With them go the [`v1::Budget`]s of the keys closest to spending a
+//! longer period: what its bucket still holds, which a node keeps to while
+//! the central is away. A node with last slot's quota would otherwise
+//! admit at that pace through the whole outage, whatever the hour or the
+//! day had left.
 
 use std::sync::Arc;
 
 use throttle_proto::v1;
 
 use super::ids::KeyId;
+use super::key::NodeUsage;
 use super::state::ServiceState;
+use super::told::ACTIVE_SLOTS;
 use crate::limits::Period;
 
 /// Most keys one [`v1::Bound`] lists.
 pub const MAX_BOUND_KEYS: usize = 100_000;
+
+/// A key is given a budget when one of its longer buckets holds less than
+/// this many seconds of its shortest rate: an outage this long at that
+/// rate cannot spend the others.
+pub(super) const BUDGET_SECONDS: f64 = 120.0;
 
 /// A service's bound keys as last read: each key's id, generation and
 /// binding window, and the message built from them.
 #[derive(Debug, Default)]
 pub(crate) struct Bound {
     keys: Vec<(KeyId, u32, u32)>,
+    budgets: Vec<v1::Budget>,
     message: Option<Arc<v1::Bound>>,
 }
 
@@ -27,8 +41,14 @@ impl Bound {
     /// The keys of `service` (its keys: `state`) bound now by a longer
     /// period than their shortest. Asked every tick: the keys are compared
     /// by id first, and the message is built (names copied) only when
-    /// they changed.
-    pub(crate) fn read(&mut self, service: &str, state: &ServiceState) -> Option<Arc<v1::Bound>> {
+    /// they or the budgets changed.
+    pub(crate) fn read(
+        &mut self,
+        service: &str,
+        state: &ServiceState,
+        now_ms: i64,
+    ) -> Option<Arc<v1::Bound>> {
+        let budgets = budgets(state, now_ms);
         let keys: Vec<(KeyId, u32, u32)> = (state.several.iter())
             .map(|&id| (id, state.key(id)))
             .filter(|(_, key)| {
@@ -39,7 +59,7 @@ impl Bound {
             .take(MAX_BOUND_KEYS)
             .collect();
         let bound = self;
-        if bound.message.is_none() || bound.keys != keys {
+        if bound.message.is_none() || bound.keys != keys || bound.budgets != budgets {
             let mut listed: Vec<v1::BoundKey> = (keys.iter())
                 .map(|&(id, _, window_seconds)| v1::BoundKey {
                     user: state.key(id).user().to_owned(),
@@ -52,11 +72,51 @@ impl Bound {
             bound.message = Some(Arc::new(v1::Bound {
                 service,
                 keys: listed,
+                budgets: budgets.clone(),
             }));
             bound.keys = keys;
+            bound.budgets = budgets;
         }
         bound.message.clone()
     }
+}
+
+/// The budgets of `state`'s keys of several periods at `now_ms`: for each
+/// longer bucket holding less than [`BUDGET_SECONDS`] of the shortest
+/// one's rate, what it holds in whole units, shared by the nodes that
+/// reported the key in the last slots.
+fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
+    let mut out = Vec::new();
+    for &id in &state.several {
+        let key = state.key(id);
+        let Some(short) = key.buckets().min_by_key(|(p, _)| *p) else {
+            continue;
+        };
+        let (short_period, short_rate) = (short.0, short.1.rate());
+        for (period, bucket) in key.buckets().filter(|(p, _)| *p != short_period) {
+            let remaining = bucket.level_at(now_ms).max(0.0).floor();
+            if remaining >= short_rate * BUDGET_SECONDS || out.len() >= MAX_BOUND_KEYS {
+                continue;
+            }
+            out.push(v1::Budget {
+                user: key.user().to_owned(),
+                resource: key.resource().to_owned(),
+                window_seconds: window_seconds(period),
+                remaining,
+                nodes: recent_nodes(key.nodes()),
+            });
+        }
+    }
+    out.sort_unstable_by(|a, b| (&a.user, &a.resource).cmp(&(&b.user, &b.resource)));
+    out
+}
+
+/// How many nodes reported a key in the last slots of its newest report
+/// (at least 1).
+fn recent_nodes(nodes: &[NodeUsage]) -> u32 {
+    let newest = nodes.iter().map(|n| n.slot).max().unwrap_or(0);
+    let recent = nodes.iter().filter(|n| n.slot > newest - ACTIVE_SLOTS);
+    (recent.count() as u32).max(1)
 }
 
 /// A period's length in whole seconds, as the protocol writes it.

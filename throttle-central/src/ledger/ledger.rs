@@ -644,9 +644,10 @@ impl Ledger {
     }
 
     /// The keys of `service` bound now by a longer period than their
-    /// shortest; `None` for a service the ledger does not know.
-    pub fn bound(&mut self, service: &str) -> Option<Arc<v1::Bound>> {
+    /// shortest, and the budgets of those closest to it at `now_ms`;
+    /// `None` for a service the ledger does not know.
+    pub fn bound(&mut self, service: &str, now_ms: i64) -> Option<Arc<v1::Bound>> {
         let svc = self.services.get_mut(service)?;
-        svc.bound.read(service, &svc.state)
+        svc.bound.read(service, &svc.state, now_ms)
     }
 }

@@ -583,7 +583,7 @@ impl Actor {
             .filter_map(|s| ledger.told(s, now).map(|l| (s.clone(), l)))
             .collect();
         let bound: ToldNow<v1::Bound> = (services.into_iter())
-            .filter_map(|s| ledger.bound(&s).map(|b| (s, b)))
+            .filter_map(|s| ledger.bound(&s, now).map(|b| (s, b)))
             .collect();
         for c in self.conns.values_mut() {
             if let Some(services) = self.assigner.services_of(c.node) {

@@ -256,7 +256,7 @@ impl ServiceStore {
     ) -> Admission {
         let slot = self.current_slot();
         let admission = self.with_entry(user, slot, |st| {
-            let decision = self.decide(st, slot, costs, fallback, record);
+            let decision = self.decide(st, user, slot, costs, fallback, record);
             let handle = want_handle.then(|| UserHandle {
                 service: self.clone(),
                 user: user.into(),
@@ -315,6 +315,65 @@ impl ServiceStore {
 
     #[inline]
     pub(super) fn decide(
+        &self,
+        st: &mut UserState,
+        user: &str,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+    ) -> Decision {
+        if self.has_budgets.load(Ordering::Relaxed) {
+            return self.decide_within_budget(st, user, slot, costs, fallback, record);
+        }
+        self.decide_by_quota(st, slot, costs, fallback, record)
+    }
+
+    /// As [`ServiceStore::decide`] for a service with budgets: without a
+    /// quota for the slot, a cost `user`'s budget cannot pay is refused;
+    /// whatever is admitted is spent from it.
+    #[cold]
+    fn decide_within_budget(
+        &self,
+        st: &mut UserState,
+        user: &str,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+    ) -> Decision {
+        let budgets = self.budgets.load();
+        let on_quota = self.quota_version(slot).is_some();
+        if !on_quota && let Some((resource, left)) = budgets.short(user, costs) {
+            let used = st.cell(resource.index()).used;
+            if record {
+                let cell = st.cell(resource.index());
+                cell.rejected = cell.rejected.saturating_add(1);
+            } else {
+                // Shadow mode lets it through: it consumes.
+                st.charge(costs);
+                budgets.spend(user, costs);
+            }
+            let quota = left.max(0) as f64;
+            return Decision {
+                allowed: false,
+                basis: Basis::Fallback,
+                tightest: Some(Tightest {
+                    resource,
+                    quota,
+                    used,
+                }),
+            };
+        }
+        let decision = self.decide_by_quota(st, slot, costs, fallback, record);
+        if decision.allowed || !record {
+            budgets.spend(user, costs);
+        }
+        decision
+    }
+
+    #[inline]
+    fn decide_by_quota(
         &self,
         st: &mut UserState,
         slot: i64,

@@ -15,6 +15,10 @@ use std::str::FromStr;
 /// died, keeps every slot of a user at 3x the limit within 2% of it with
 /// this default; [`Fallback::Allow`] admits 3x the limit meanwhile and
 /// the debt then refuses the user for seconds.
+///
+/// Whatever the fallback, a user the central gave a budget of a longer
+/// period (a minute, an hour or a day nearly spent) is admitted, without
+/// a quota, no more than this node's share of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fallback {
     /// Let everything through (fail-open, the original behaviour).

@@ -91,6 +91,7 @@
 //! takes before its work), `slot_store` ([`SlotStore`]).
 
 mod blocked;
+mod budgets;
 mod collect;
 mod decision;
 mod default_row;

@@ -12,6 +12,7 @@ use throttle_clock::{Clock, SlotLength};
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::blocked::Blocked;
+use super::budgets::Budgets;
 use super::limits::{Allowance, Bound, ServiceLimits};
 use super::resource::MAX_RESOURCES;
 use super::resource::ResourceId;
@@ -62,6 +63,11 @@ pub struct ServiceStore {
     pub(super) has_default: AtomicBool,
     /// The keys bound now by a longer period, as the central sent them.
     pub(super) bound: ArcSwap<Bound>,
+    /// What the users closest to spending a longer period may still be
+    /// admitted of it, as the central sent it.
+    pub(super) budgets: ArcSwap<Budgets>,
+    /// Whether `budgets` has any: checked first.
+    pub(super) has_budgets: AtomicBool,
 }
 
 impl ServiceStore {
@@ -103,8 +109,17 @@ impl ServiceStore {
         let names = self.resources.load();
         let name = names.get(resource.index())?;
         let bound = self.bound.load();
-        if !bound.is_empty()
-            && let Some(window) = bound.window(user, name)
+        let told = (!bound.is_empty())
+            .then(|| bound.window(user, name))
+            .flatten();
+        let window = match told {
+            Some(w) => Some(w),
+            None if self.has_budgets.load(Ordering::Relaxed) => {
+                self.budgets.load().spent_window(user, resource)
+            }
+            None => None,
+        };
+        if let Some(window) = window
             && let Some(allowance) = limits.over(user, name, window)
         {
             return Some(allowance);
@@ -112,10 +127,16 @@ impl ServiceStore {
         limits.shortest(user, name)
     }
 
-    /// Makes `bound` the service's keys bound by a longer period (the
-    /// central's `Bound`).
+    /// Makes `bound` the service's keys bound by a longer period, and its
+    /// budgets the ones it spends while it has no quota (the central's
+    /// `Bound`).
     #[doc(hidden)]
-    pub fn set_bound(&self, bound: v1::Bound) {
+    pub fn set_bound(&self, mut bound: v1::Bound) {
+        let list = std::mem::take(&mut bound.budgets);
+        let budgets = Budgets::from_message(list, |r| self.find_resource(r));
+        self.has_budgets
+            .store(!budgets.is_empty(), Ordering::Relaxed);
+        self.budgets.store(Arc::new(budgets));
         self.bound.store(Arc::new(Bound::from_message(bound)));
     }
 

@@ -106,6 +106,8 @@ impl SlotStore {
             limits: ArcSwap::default(),
             has_default: AtomicBool::new(false),
             bound: ArcSwap::default(),
+            budgets: ArcSwap::default(),
+            has_budgets: AtomicBool::new(false),
         });
         services.push(s.clone());
         self.shared.registered.send_replace(services.len());

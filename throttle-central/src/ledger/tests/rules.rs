@@ -249,22 +249,40 @@ fn a_key_bound_by_its_longer_period_is_told() {
         T,
     );
     l.assign(T);
-    let before = l.bound("front").unwrap();
+    let before = l.bound("front", T).unwrap();
     assert!(before.keys.is_empty(), "{before:?}");
+    // A minute holds less than two minutes of the per-second rate: its
+    // budget is told from the start.
+    let full: Vec<_> = (before.budgets.iter())
+        .map(|b| (b.user.as_str(), b.window_seconds, b.remaining, b.nodes))
+        .collect();
+    assert_eq!(full, [("minute", 60, 3000.0, 1)]);
     l.ingest(
         &report("n1", 101, r#"{"minute": {"requests": 2990}}"#, "{}"),
         T + 1_000,
     )
     .unwrap();
     l.assign(T + 1_500);
-    let bound = l.bound("front").unwrap();
+    let bound = l.bound("front", T + 1_500).unwrap();
     let keys: Vec<_> = bound
         .keys
         .iter()
         .map(|k| (k.user.as_str(), k.resource.as_str(), k.window_seconds))
         .collect();
     assert_eq!(keys, [("minute", "requests", 60)]);
-    assert!(Arc::ptr_eq(&bound, &l.bound("front").unwrap()), "unchanged");
+    // What is left of the minute goes with it, for the one node.
+    let [budget] = &bound.budgets[..] else {
+        panic!("one budget: {bound:?}")
+    };
+    assert_eq!(
+        (budget.user.as_str(), budget.window_seconds, budget.nodes),
+        ("minute", 60, 1)
+    );
+    assert!(budget.remaining < 100.0, "{budget:?}");
+    assert!(
+        Arc::ptr_eq(&bound, &l.bound("front", T + 1_500).unwrap()),
+        "unchanged"
+    );
     // The per-minute quota lifted: the per-second bucket binds.
     l.apply_limits(
         "front",
@@ -274,5 +292,39 @@ fn a_key_bound_by_its_longer_period_is_told() {
         T + 2_000,
     );
     l.assign(T + 2_000);
-    assert!(l.bound("front").unwrap().keys.is_empty());
+    let lifted = l.bound("front", T + 2_000).unwrap();
+    assert!(
+        lifted.keys.is_empty() && lifted.budgets.is_empty(),
+        "{lifted:?}"
+    );
+}
+
+/// A key's longer period is told as a budget only once it holds less than
+/// two minutes of the shortest rate, shared by the nodes that serve it.
+#[test]
+fn a_budget_is_told_when_a_longer_period_runs_low() {
+    let mut l = keeping(5);
+    let limits = "[[limit]]\nservice = \"front\"\nuser = \"ann\"\nper_second = { requests = 5 }\nper_hour = { requests = 1000 }\n";
+    l.apply_limits("front", &rules(limits), T);
+    l.assign(T);
+    let budgets = |l: &mut Ledger, now| {
+        let bound = l.bound("front", now).unwrap();
+        (bound.budgets.iter())
+            .map(|b| (b.window_seconds, b.remaining, b.nodes))
+            .collect::<Vec<_>>()
+    };
+    // 1,000 left of the hour is 200 s at 5/s: no budget.
+    assert_eq!(budgets(&mut l, T), []);
+    let spent = r#"{"ann": {"requests": 250}}"#;
+    l.ingest(&report("n1", 101, spent, "{}"), T + 1_000)
+        .unwrap();
+    l.ingest(&report("n2", 101, spent, "{}"), T + 1_000)
+        .unwrap();
+    l.assign(T + 1_500);
+    // 500 left: 100 s at 5/s, a budget for two nodes.
+    let told = budgets(&mut l, T + 1_500);
+    let [(3600, remaining, 2)] = told[..] else {
+        panic!("{told:?}")
+    };
+    assert!((500.0..502.0).contains(&remaining), "{remaining}");
 }
