@@ -88,7 +88,7 @@ impl UserState {
 
     /// Applies row `row`: counts rejections (if `record`) and refuses, or
     /// admits and adds `costs`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn decide(
         &mut self,
         row: usize,
@@ -228,6 +228,9 @@ impl ServiceStore {
         costs: &[(ResourceId, i64)],
         fallback: Fallback,
     ) -> Admission {
+        if self.has_budgets.load(Ordering::Relaxed) {
+            return self.admit_within_budget(user, costs, fallback, true, false);
+        }
         self.admit_inner(user, costs, fallback, true, false)
     }
 
@@ -242,6 +245,9 @@ impl ServiceStore {
         fallback: Fallback,
         record_rejection: bool,
     ) -> Admission {
+        if self.has_budgets.load(Ordering::Relaxed) {
+            return self.admit_within_budget(user, costs, fallback, record_rejection, true);
+        }
         self.admit_inner(user, costs, fallback, record_rejection, true)
     }
 
@@ -256,7 +262,34 @@ impl ServiceStore {
     ) -> Admission {
         let slot = self.current_slot();
         let admission = self.with_entry(user, slot, |st| {
-            let decision = self.decide(st, user, slot, costs, fallback, record);
+            let decision = self.decide(st, slot, costs, fallback, record);
+            let handle = want_handle.then(|| UserHandle {
+                service: self.clone(),
+                user: user.into(),
+            });
+            Admission { decision, handle }
+        });
+        admission.unwrap_or(Admission {
+            decision: Decision::fallback(fallback, Basis::AtCap),
+            handle: None,
+        })
+    }
+
+    /// As [`ServiceStore::admit_inner`], for a service with budgets (kept
+    /// off the path of the others).
+    #[cold]
+    #[inline(never)]
+    fn admit_within_budget(
+        self: &Arc<Self>,
+        user: &str,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+        want_handle: bool,
+    ) -> Admission {
+        let slot = self.current_slot();
+        let admission = self.with_entry(user, slot, |st| {
+            let decision = self.decide_within_budget(st, user, slot, costs, fallback, record);
             let handle = want_handle.then(|| UserHandle {
                 service: self.clone(),
                 user: user.into(),
@@ -313,26 +346,10 @@ impl ServiceStore {
         }
     }
 
-    #[inline]
-    pub(super) fn decide(
-        &self,
-        st: &mut UserState,
-        user: &str,
-        slot: i64,
-        costs: &[(ResourceId, i64)],
-        fallback: Fallback,
-        record: bool,
-    ) -> Decision {
-        if self.has_budgets.load(Ordering::Relaxed) {
-            return self.decide_within_budget(st, user, slot, costs, fallback, record);
-        }
-        self.decide_by_quota(st, slot, costs, fallback, record)
-    }
-
-    /// As [`ServiceStore::decide`] for a service with budgets: without a
+    /// As [`ServiceStore::decide`], for a service with budgets: without a
     /// quota for the slot, a cost `user`'s budget cannot pay is refused;
     /// whatever is admitted is spent from it.
-    #[cold]
+    #[inline]
     fn decide_within_budget(
         &self,
         st: &mut UserState,
@@ -365,15 +382,15 @@ impl ServiceStore {
                 }),
             };
         }
-        let decision = self.decide_by_quota(st, slot, costs, fallback, record);
+        let decision = self.decide(st, slot, costs, fallback, record);
         if decision.allowed || !record {
             budgets.spend(user, costs);
         }
         decision
     }
 
-    #[inline]
-    fn decide_by_quota(
+    #[inline(always)]
+    pub(super) fn decide(
         &self,
         st: &mut UserState,
         slot: i64,
