@@ -62,6 +62,9 @@ pub struct ServiceState {
     /// How many ids have been given to a new key: a list in `recent` made
     /// before the count changed may name keys that are no longer its.
     pub(super) reused: u64,
+    /// The generation a key pushed at the end of the arena starts at:
+    /// above every generation its id had before the arena was cut.
+    pub(super) generation_floor: u32,
     /// The rules that limit the service's keys, new ones included.
     pub(super) rules: ServiceRules,
     /// Keys limited over several periods, whose binding bucket is chosen
@@ -324,7 +327,8 @@ impl ServiceState {
         }
         // Each key is over 100 bytes: memory runs out long before 2^32 keys.
         let id = KeyId(u32::try_from(self.keys.len()).expect("fewer than 2^32 keys"));
-        self.keys.push(Key::new(user, resource, 0));
+        self.keys
+            .push(Key::new(user, resource, self.generation_floor));
         id
     }
 
@@ -386,5 +390,34 @@ impl ServiceState {
             }
         }
         self.names.retain(|n| Arc::strong_count(&n.0) > 1);
+        self.release();
+    }
+
+    /// Gives back what keys that left took: the arena is cut after its
+    /// last key that is live or whose id may not be reused yet, and the
+    /// arena and the user map give back their spare room once they are
+    /// at most a quarter full. A churn of users otherwise leaves the
+    /// arena and the map at their largest for good.
+    fn release(&mut self) {
+        let waiting = self.freed.iter().filter(|(_, from)| *from > self.cutoff);
+        let last_waiting = waiting.map(|(id, _)| id.index() + 1).max().unwrap_or(0);
+        let last_live = self.keys.iter().rposition(|k| k.live).map_or(0, |i| i + 1);
+        let len = last_waiting.max(last_live);
+        if len < self.keys.len() {
+            let cut = self.keys[len..].iter().map(|k| k.generation).max();
+            let floor = cut.map_or(0, |g| g.wrapping_add(1));
+            self.generation_floor = self.generation_floor.max(floor);
+            self.keys.truncate(len);
+            self.freed.retain(|(id, _)| id.index() < len);
+            // Lists of ids made before the cut may name ids given again.
+            self.reused += 1;
+        }
+        if self.keys.capacity() > 4 * self.keys.len().max(1024) {
+            self.keys.shrink_to(2 * self.keys.len());
+            self.freed.shrink_to_fit();
+        }
+        if self.users.capacity() > 4 * self.users.len().max(1024) {
+            self.users.shrink_to(2 * self.users.len());
+        }
     }
 }

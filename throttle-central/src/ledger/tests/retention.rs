@@ -65,3 +65,46 @@ fn freed_key_ids_are_reused_only_once_the_book_lets_go() {
     assert_eq!(l.slot_sum("front", "dave", "requests", 114, false), 1);
     assert_eq!(l.slot_sum("front", "bob", "requests", 99, false), 0);
 }
+
+/// Keys that left are given back once their ids could be given again: the
+/// arena is cut after its last key in use, and a key at a cut id is a new
+/// generation.
+#[test]
+fn the_arena_is_cut_after_its_last_key_in_use() {
+    let mut l = keeping(5);
+    let one = |user: &str| format!(r#"{{"{user}": {{"requests": 1}}}}"#);
+    for (i, user) in ["bob", "carol", "dave"].iter().enumerate() {
+        l.ingest(&report(&format!("n{i}"), 100, &one(user), "{}"), T)
+            .unwrap();
+    }
+    fn state(l: &Ledger) -> &ServiceState {
+        &l.services["front"].state
+    }
+    assert_eq!(state(&l).id_bound(), 3);
+    // Carol (id 1) stays; bob and dave leave at slot 105.
+    l.ingest(&report("n1", 104, &one("carol"), "{}"), T + 4_000)
+        .unwrap();
+    l.forget(T + 5_000);
+    l.ingest(&report("n1", 112, &one("carol"), "{}"), T + 12_000)
+        .unwrap();
+    l.forget(T + 13_000);
+    assert_eq!(state(&l).id_bound(), 3, "dave's id may still be named");
+    l.forget(T + 14_000);
+    assert_eq!(state(&l).id_bound(), 2, "cut after carol");
+    // Erin reuses bob's id; frank is pushed where dave was.
+    l.ingest(&report("n1", 114, &one("erin"), "{}"), T + 14_000)
+        .unwrap();
+    l.ingest(&report("n2", 114, &one("frank"), "{}"), T + 14_000)
+        .unwrap();
+    let generation = |user| {
+        let id = state(&l).find(user, "requests").unwrap();
+        (id, state(&l).key(id).generation())
+    };
+    assert_eq!(generation("erin"), (KeyId(0), 1));
+    assert_eq!(
+        generation("frank"),
+        (KeyId(2), 1),
+        "a cut id is a new generation"
+    );
+    assert_eq!(state(&l).find("dave", "requests"), None);
+}
