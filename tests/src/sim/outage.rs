@@ -18,6 +18,9 @@ pub struct Outage {
     pub to_ms: i64,
     /// Who answers then.
     pub comeback: Comeback,
+    /// The nodes come back over this long after `to_ms`, in an order
+    /// drawn from the scenario's seed (0: all at once, in index order).
+    pub spread_ms: i64,
 }
 
 /// The central that answers after an [`Outage`].
@@ -42,6 +45,25 @@ impl Outage {
     /// Whether no central answers at `t` (ms since the start).
     pub fn covers(&self, t: i64) -> bool {
         (self.from_ms..self.to_ms).contains(&t)
+    }
+
+    /// When each of `nodes` nodes is back: from `to_ms` on, `spread_ms`
+    /// apart over the nodes, in an order shuffled by `seed`.
+    pub fn back_at(&self, nodes: usize, seed: u64) -> Vec<i64> {
+        let mut order: Vec<usize> = (0..nodes).collect();
+        let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
+        for i in (1..nodes).rev() {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            order.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        let gap = self.spread_ms / (nodes.max(2) as i64 - 1);
+        let mut at = vec![self.to_ms; nodes];
+        for (rank, &node) in order.iter().enumerate() {
+            at[node] = self.to_ms + gap * rank as i64;
+        }
+        at
     }
 
     /// The 30 slots of 1 s centred on the outage, as data-slot indexes

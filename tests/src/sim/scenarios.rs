@@ -160,7 +160,7 @@ pub fn scenarios() -> Vec<Scenario> {
 /// The central away from 30.4 s on while one user offers 3x its limit
 /// over 3 nodes; the accuracy program runs each under every fallback.
 pub fn outages() -> Vec<Scenario> {
-    let away = |name, seed, ms: i64, comeback| {
+    let away = |name, seed, ms: i64, comeback, spread_ms| {
         let even = vec![1.0 / 3.0; 3];
         let mut s = base(
             name,
@@ -175,29 +175,60 @@ pub fn outages() -> Vec<Scenario> {
             from_ms: 30_400,
             to_ms: 30_400 + ms,
             comeback,
+            spread_ms,
         });
         s
     };
     let checkpoint = Comeback::Checkpoint { every_ms: 1_000 };
     vec![
-        away("14 central killed, back 5 s later", 14, 5_000, checkpoint),
+        away(
+            "14 central killed, back 5 s later",
+            14,
+            5_000,
+            checkpoint,
+            0,
+        ),
         away(
             "15 leader killed, standby leads 2.3 s later",
             15,
             2_300,
             checkpoint,
+            0,
         ),
         away(
             "16 nodes cut off from the central 5 s",
             16,
             5_000,
             Comeback::Same,
+            0,
         ),
         away(
             "17 central killed, back 5 s later, no state",
             17,
             5_000,
             Comeback::Fresh,
+            0,
+        ),
+        away(
+            "21 as 15, nodes back in random order over 1 s",
+            21,
+            2_300,
+            checkpoint,
+            1_000,
+        ),
+        away(
+            "22 as 16, nodes back in random order over 1 s",
+            22,
+            5_000,
+            Comeback::Same,
+            1_000,
+        ),
+        away(
+            "23 as 17, nodes back in random order over 1 s",
+            23,
+            5_000,
+            Comeback::Fresh,
+            1_000,
         ),
     ]
 }

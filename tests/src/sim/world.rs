@@ -76,6 +76,8 @@ pub(super) struct World<'a> {
     /// When after each boundary each node reports, on the simulator's steps.
     report_at: Vec<i64>,
     rng: Rng,
+    /// When each node is back after the outage (empty without one).
+    back_at: Vec<i64>,
     net: Network,
     tally: Tally,
 }
@@ -179,6 +181,9 @@ impl<'a> World<'a> {
             nodes,
             report_at,
             rng: Rng(scenario.seed),
+            back_at: (scenario.outage)
+                .map(|o| o.back_at(scenario.nodes, scenario.seed))
+                .unwrap_or_default(),
             net: Network::default(),
             tally,
         }
@@ -261,14 +266,17 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Nodes coming and going, connecting when a central answers.
+    /// Nodes coming and going, connecting when a central answers (after
+    /// an outage, each at its time).
     fn nodes_come_and_go(&mut self, t: i64, now: i64) {
         for i in 0..self.nodes.len() {
             let up = (self.scenario.alive)(t, i);
             let n = &mut self.nodes[i];
             n.up = up;
+            let before = self.scenario.outage.is_some_and(|o| t < o.from_ms);
+            let back = before || self.back_at.get(i).is_none_or(|&at| t >= at);
             match (up, n.id) {
-                (true, None) if !self.down => self.connect(i, now),
+                (true, None) if !self.down && back => self.connect(i, now),
                 (false, Some(id)) => {
                     self.central.disconnect(id, Accepts::NONE);
                     // A node that stops loses what its reporter kept.

@@ -123,3 +123,40 @@ fn a_ledger_restored_from_an_empty_checkpoint_grants_at_once() {
     let (_, pushes) = a.connect("n1", &["front".to_owned()], Accepts::NONE, 6_000);
     assert!(!pushes.is_empty());
 }
+
+/// Every node cut off from a central that led on: the first node back is
+/// granted nothing, at its connect or its first report, until the other
+/// has sent its kept reports too.
+#[test]
+fn nodes_back_after_a_silence_are_granted_once_all_have_reported() {
+    let mut a = assigner();
+    let services = ["front".to_owned()];
+    let (n1, _) = a.connect("n1", &services, Accepts::NONE, 9_000);
+    let (n2, _) = a.connect("n2", &services, Accepts::NONE, 9_000);
+    for slot in 10..=11 {
+        let now = slot * SLOT_MS + 50;
+        a.report(n1, &report("n1", slot, 100), now).unwrap();
+        a.report(n2, &report("n2", slot, 100), now).unwrap();
+        a.tick(now + 400);
+    }
+    assert!(!a.ledger().holding(), "reports every slot are no silence");
+    a.disconnect(n1, Accepts::NONE);
+    a.disconnect(n2, Accepts::NONE);
+    // Nothing heard from 11.5 s to 16.3 s: the buckets refill meanwhile.
+    for t in [12_500, 13_500, 14_500, 15_500] {
+        a.tick(t);
+    }
+    let (n1, pushes) = a.connect("n1", &services, Accepts::NONE, 16_300);
+    assert!(pushes.is_empty(), "nothing granted at the connect");
+    assert!(a.ledger().holding());
+    for slot in 12..=16 {
+        a.report(n1, &report("n1", slot, 100), 16_300).unwrap();
+    }
+    assert!(a.ledger().holding(), "n2 is still away");
+    let (n2, _) = a.connect("n2", &services, Accepts::NONE, 16_600);
+    for slot in 12..=16 {
+        a.report(n2, &report("n2", slot, 100), 16_600).unwrap();
+    }
+    a.tick(16_700);
+    assert!(!a.ledger().holding(), "both back: granting again");
+}

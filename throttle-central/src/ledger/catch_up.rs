@@ -18,8 +18,9 @@
 //! charged to it first (`Bucket::consume_late`), however late they come.
 //!
 //! A ledger that leads again after a time without leading (an etcd outage
-//! that ended with the same central leading) holds in the same way for the
-//! nodes that reported just before (`Ledger::await_nodes`).
+//! that ended with the same central leading), or that hears again from
+//! its nodes after none reported for two slots, holds in the same way for
+//! the nodes that reported just before (`Ledger::await_nodes`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

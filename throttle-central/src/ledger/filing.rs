@@ -101,6 +101,7 @@ impl Ledger {
         self.config.check(report, now_ms)?;
         let node = self.node_id(report.node_id());
         let slot = report.slot_number() - 1;
+        self.await_after_silence(now_ms);
         if !self.reported.entry(slot).or_default().insert(node) {
             return Ok(Ingested {
                 duplicate: true,

@@ -199,6 +199,8 @@ impl Ledger {
         services: impl IntoIterator<Item = &'a str>,
         now_ms: i64,
     ) {
+        // A node back after no node reported: hold before it is granted.
+        self.await_after_silence(now_ms);
         let before = self.config.slot.slot_at(now_ms) - 1;
         for name in services {
             if valid_name(name) && self.has_room_for(name) {
@@ -384,8 +386,21 @@ impl Ledger {
         if let Some(c) = &self.catch_up {
             tracing::info!(
                 nodes = c.awaited(),
-                "leading again: holding grants until the nodes' reports are back"
+                "after a time without reports: holding grants until the nodes' reports are back"
             );
+        }
+    }
+
+    /// Holds as [`Ledger::await_nodes`] does when a report comes after no
+    /// node reported for two slots or more: every node was cut off from a
+    /// central that led on, and its buckets refilled meanwhile. Granted
+    /// to the first node back before the others' kept reports are filed,
+    /// that refill would be spent twice.
+    pub(super) fn await_after_silence(&mut self, now_ms: i64) {
+        let current = self.config.slot.slot_at(now_ms);
+        let newest = self.reported.keys().next_back();
+        if self.catch_up.is_none() && newest.is_some_and(|&n| n < current - 2) {
+            self.await_nodes(now_ms);
         }
     }
 
