@@ -77,10 +77,10 @@ impl Clock for SystemClock {
 /// tick old is as good. Where there is no such clock (other than Linux and
 /// FreeBSD) it reads the system clock.
 ///
-/// No thread keeps it: an earlier version stored the time in an atomic
-/// from a thread woken every millisecond, which made each read one load
-/// but took about 2% of a core here, requests or none, and preempted the
-/// app's threads some 900 times a second.
+/// No thread keeps it: a thread woken every millisecond to store the time
+/// in an atomic would make each read one load, but would cost a share of
+/// a core, requests or none, and preempt the app's threads about 900
+/// times a second.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CoarseClock;
 
@@ -204,7 +204,7 @@ impl Default for SlotLength {
 }
 
 impl SlotLength {
-    /// One-second slots, the default of the original system.
+    /// One-second slots, the default of the legacy system.
     pub const SECOND: Self = Self(NonZeroU32::MIN.saturating_add(999));
 
     /// A slot length of `ms` milliseconds.

@@ -32,3 +32,23 @@ pub fn default_node_id(port: u16) -> String {
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The layer guide's code blocks, compiled as doctests.
+#[doc = include_str!("../../docs/guides/layer.md")]
+#[cfg(doctest)]
+pub struct LayerGuideDoctests;
+
+/// The central guide's code blocks, compiled as doctests.
+#[doc = include_str!("../../docs/guides/central.md")]
+#[cfg(doctest)]
+pub struct CentralGuideDoctests;
+
+/// The operations guide's code blocks, compiled as doctests.
+#[doc = include_str!("../../docs/guides/operations.md")]
+#[cfg(doctest)]
+pub struct OperationsGuideDoctests;
+
+/// The policies guide's code blocks, compiled as doctests.
+#[doc = include_str!("../../docs/guides/policies.md")]
+#[cfg(doctest)]
+pub struct PoliciesGuideDoctests;

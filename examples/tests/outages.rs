@@ -163,7 +163,7 @@ async fn at_second_plus(after: Duration) {
     tokio::time::sleep(wait).await;
 }
 
-/// The README's high-availability setup: two centrals with
+/// The high-availability setup of `docs/guides/operations.md`: two centrals with
 /// `--etcd --advertise --limits FILE --state etcd` on one etcd, and two
 /// example nodes listing both, all at their default flags.
 struct Pair {

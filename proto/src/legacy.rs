@@ -1,4 +1,4 @@
-//! The JSON documents of the original system, and their lossless conversion
+//! The JSON documents of the legacy system, and their lossless conversion
 //! to and from the protobuf messages.
 //!
 //! A report is `{"node_id", "slot_number", "consumption", "rejection"}` where
@@ -41,7 +41,7 @@ pub type JsonUsage = BTreeMap<String, BTreeMap<String, BTreeMap<String, i64>>>;
 /// `service -> slot (decimal string) -> user -> resource -> amount`, a JSON quota.
 pub type JsonQuota = BTreeMap<String, BTreeMap<String, BTreeMap<String, BTreeMap<String, f64>>>>;
 
-/// A report in its JSON form (SPEC §3).
+/// A report in its JSON form.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JsonReport {
     /// The reporting node.

@@ -18,7 +18,7 @@
 //! - [`etcd`]: a client of etcd's API, for the central's election,
 //!   checkpoints and limits;
 //! - [`auth`]: how a node signs its stream with an access key and secret;
-//! - [`legacy`]: the JSON documents of the original system and their lossless
+//! - [`legacy`]: the JSON documents of the legacy system and their lossless
 //!   conversion to and from the protobuf messages.
 //!
 //! # Examples

@@ -1,4 +1,4 @@
-//! The SPEC §8 accuracy targets, asserted on the simulator with the default
+//! The accuracy targets, asserted on the simulator with the default
 //! policy. Deterministic: the scenarios are seeded and run in virtual time.
 
 use throttle_central::policy::{Classic, Projected};

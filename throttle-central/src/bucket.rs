@@ -1,4 +1,4 @@
-//! Token buckets, one per (service, user, resource), as in the original.
+//! Token buckets, one per (service, user, resource), as in the legacy system.
 //!
 //! A bucket refills continuously at `rate` per second up to `capacity`
 //! (`burst_seconds x rate`), starts with one second's worth, and is charged

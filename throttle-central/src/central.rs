@@ -101,7 +101,7 @@ impl CentralBuilder {
         self
     }
 
-    /// Slots of history kept (the original's `nr_slot`).
+    /// Slots of history kept (the legacy system's `nr_slot`).
     pub fn nr_slot(mut self, nr_slot: u32) -> Self {
         self.ledger.nr_slot = nr_slot.max(1);
         self

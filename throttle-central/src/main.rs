@@ -48,7 +48,7 @@ struct Args {
     nr_slot: u32,
     /// Quota policy of every service the limits file sets none for
     /// (`[service.NAME] policy = ...`): `projected` (default; see
-    /// docs/accuracy.md), `classic` (the original algorithm, exactly) or
+    /// docs/accuracy.md), `classic` (the legacy system's algorithm, exactly) or
     /// `static-split` (the rate divided evenly between the nodes).
     #[arg(long, env = "THROTTLE_CENTRAL_POLICY", default_value = "projected", value_parser = ["projected", "classic", "static-split"])]
     policy: String,

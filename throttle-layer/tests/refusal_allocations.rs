@@ -1,4 +1,4 @@
-//! SPEC §8: a refused request allocates nothing besides its response.
+//! A refused request allocates nothing besides its response.
 //!
 //! A test binary of its own, for its counting allocator: a refusal's
 //! allocations are compared with those of the response it returns.

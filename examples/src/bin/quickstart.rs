@@ -206,7 +206,7 @@ async fn main() -> anyhow::Result<()> {
     central.shutdown().await;
     println!(
         "\nThe dashboard at http://{http}/dashboard drew this while it ran (--seconds 120 \
-         to look longer). Next: the README's \"Running the central node\" runs the central \
+         to look longer). Next: docs/guides/central.md runs the central \
          and a node as programs, with your own limits."
     );
     Ok(())

@@ -20,10 +20,10 @@
 //! Nodes accept packed quotas ([`v1::PackedQuota`]) and answers that
 //! refer to the push before them ([`v1::QuotaRef`]), and write packed
 //! reports ([`v1::PackedUsage`]), as the reporter's do with this central;
-//! `--refs 0` has them take whole answers, `--classic 1` use the original
+//! `--refs 0` has them take whole answers, `--classic 1` use the legacy system
 //! forms both ways.
 //!
-//! Every node reports at boundary + 50 ms, as the original nodes did;
+//! Every node reports at boundary + 50 ms, as the legacy nodes did;
 //! `--spread-ms S` spreads them over S ms after that, each at the point
 //! the reporter gives its node id (`throttle_layer::reporter::report_point`).
 //!

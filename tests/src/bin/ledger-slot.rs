@@ -24,9 +24,9 @@
 //! The nodes accept packed quotas ([`throttle_proto::v1::PackedQuota`])
 //! and answers that refer to the push before them
 //! ([`throttle_proto::v1::QuotaRef`]), as the reporter's do; `--refs 0`
-//! renders every answer whole, `--classic 1` the original form.
+//! renders every answer whole, `--classic 1` the legacy form.
 //!
-//! `--nr-slot N` keeps `N` slots of history instead of the original's 60.
+//! `--nr-slot N` keeps `N` slots of history instead of the legacy system's 60.
 //! `--scale N` makes every amount but the requests `N` times larger (the
 //! fleet reports 1 to 5 of each resource per user and node). `--vary 1`
 //! draws each user's amounts anew every slot, rather than the same every
@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
         refs: packed && throttle_tests::arg("--refs", 1.0) != 0.0,
     };
     let mut config = LedgerConfig::default();
-    // Slots of history kept (the original's 60): a shorter one shows what
+    // Slots of history kept (the legacy system's 60): a shorter one shows what
     // the history costs beside the live state.
     config.nr_slot = throttle_tests::arg("--nr-slot", f64::from(config.nr_slot)) as u32;
     let warm_up = i64::from(config.nr_slot) + 5;

@@ -14,7 +14,7 @@ use crate::limits::LimitSource;
 /// A quota to send to one node.
 pub type Push<Q = v1::Quota> = (NodeId, Q);
 
-/// The forms of quota a stream's node reads besides the original maps, as
+/// The forms of quota a stream's node reads besides the legacy maps, as
 /// its Hello's [`accepts`](v1::Hello::accepts) names them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Accepts {

@@ -1,4 +1,4 @@
-//! The monitor's answers as JSON, in the shapes of the original central
+//! The monitor's answers as JSON, in the shapes of the legacy central
 //! node's monitor: nested objects keyed by service, slot, user, resource
 //! and node.
 

@@ -18,7 +18,6 @@ use super::ids::KeyId;
 use super::key::NodeUsage;
 use super::state::ServiceState;
 use super::told::ACTIVE_SLOTS;
-use crate::limits::Period;
 
 /// Most keys one [`v1::Bound`] lists.
 pub const MAX_BOUND_KEYS: usize = 100_000;
@@ -55,7 +54,7 @@ impl Bound {
                 let shortest = key.buckets().map(|(p, _)| p).min();
                 shortest.is_some_and(|p| p != key.period())
             })
-            .map(|(id, key)| (id, key.generation(), window_seconds(key.period())))
+            .map(|(id, key)| (id, key.generation(), key.period().window_seconds()))
             .take(MAX_BOUND_KEYS)
             .collect();
         let bound = self;
@@ -101,7 +100,7 @@ fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
             out.push(v1::Budget {
                 user: key.user().to_owned(),
                 resource: key.resource().to_owned(),
-                window_seconds: window_seconds(period),
+                window_seconds: period.window_seconds(),
                 remaining,
                 nodes: recent_nodes(key.nodes()),
             });
@@ -117,9 +116,4 @@ fn recent_nodes(nodes: &[NodeUsage]) -> u32 {
     let newest = nodes.iter().map(|n| n.slot).max().unwrap_or(0);
     let recent = nodes.iter().filter(|n| n.slot > newest - ACTIVE_SLOTS);
     (recent.count() as u32).max(1)
-}
-
-/// A period's length in whole seconds, as the protocol writes it.
-pub(super) fn window_seconds(period: Period) -> u32 {
-    period.seconds() as u32
 }

@@ -11,7 +11,7 @@ use super::source::ReportSource;
 pub struct LedgerConfig {
     /// Slot length shared with the nodes.
     pub slot: SlotLength,
-    /// How many slots of history to keep (the original's `nr_slot`).
+    /// How many slots of history to keep (the legacy system's `nr_slot`).
     pub nr_slot: u32,
     /// Most users one report may carry, over all its services.
     pub max_users_per_report: usize,

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use throttle_proto::v1;
 
-use super::bound::window_seconds;
 use super::rules::ServiceRules;
 use crate::limits::{Limit, limited_resources, resolve};
 
@@ -117,7 +116,7 @@ fn allowances(own: Option<&Limit>, every: Option<&Limit>) -> Vec<v1::Allowance> 
         for a in resolve(own, every, resource).allowances {
             out.push(v1::Allowance {
                 resource: resource.to_owned(),
-                window_seconds: window_seconds(a.period),
+                window_seconds: a.period.window_seconds(),
                 amount: a.amount(),
             });
         }

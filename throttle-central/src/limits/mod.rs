@@ -120,7 +120,7 @@ pub struct Limit {
     /// Capacity of the per-second buckets, in seconds of rate.
     pub burst_seconds: f64,
     /// How far below zero a bucket may go, in seconds of rate: `None`
-    /// for as far as its capacity, infinity for no bound (the original
+    /// for as far as its capacity, infinity for no bound (the legacy system
     /// behaviour).
     pub max_debt_seconds: Option<f64>,
     /// Resource -> its allowances over periods longer than a second.

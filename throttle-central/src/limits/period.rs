@@ -27,11 +27,16 @@ impl Period {
 
     /// The period's length in seconds.
     pub fn seconds(self) -> f64 {
+        f64::from(self.window_seconds())
+    }
+
+    /// The period's length in whole seconds, as the protocol writes it.
+    pub fn window_seconds(self) -> u32 {
         match self {
-            Self::Second => 1.0,
-            Self::Minute => 60.0,
-            Self::Hour => 3_600.0,
-            Self::Day => 86_400.0,
+            Self::Second => 1,
+            Self::Minute => 60,
+            Self::Hour => 3_600,
+            Self::Day => 86_400,
         }
     }
 

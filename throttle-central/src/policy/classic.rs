@@ -1,4 +1,4 @@
-//! The original assign algorithm (SPEC §5), kept exactly.
+//! The legacy system's assign algorithm, kept exactly.
 
 use super::assignment::{Assignment, Grant};
 use super::granted::Granted;

@@ -1,12 +1,12 @@
 //! How a service's stored tokens are split between nodes.
 //!
-//! Each service has one [`Policy`], as each service of the original central
+//! Each service has one [`Policy`], as each service of the legacy central
 //! node was a module with `consume`, `get_quota` and `assign`. The ledger
 //! calls [`Policy::consume`] after filing each report, [`Policy::assign`]
 //! once per slot, and [`Policy::grants_for`] to answer a report.
 //!
 //! - [`Projected`]: the default; see its docs.
-//! - [`Classic`]: the original algorithm, kept exactly.
+//! - [`Classic`]: the legacy system's algorithm, kept exactly.
 //! - [`StaticSplit`]: each node gets the rate divided by the number of
 //!   active nodes; a baseline for comparisons.
 //! - [`Hierarchical`]: a service's capacity shared by applications

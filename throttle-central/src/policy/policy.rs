@@ -26,7 +26,7 @@ pub trait Policy: Send + fmt::Debug {
 
     /// Whether the central node should re-assign the *current* slot and push
     /// it as soon as every active node has reported the previous one
-    /// (default: no, as the original).
+    /// (default: no, as the legacy system).
     fn reassign_when_reported(&self) -> bool {
         false
     }
@@ -52,7 +52,7 @@ pub trait Policy: Send + fmt::Debug {
     /// The grants of `node` for `slot`, to answer a report or push: what
     /// [`Policy::assign`] computed, found in `book` (slot -> assignment).
     ///
-    /// A slot not assigned yet has none (as the original), except for a
+    /// A slot not assigned yet has none (as the legacy system), except for a
     /// policy that assigns one slot ahead ([`Policy::lead`] 1): a report is
     /// answered before its next slot is assigned, so until then the node's
     /// grants of the slot before stand in, a safety net should the coming

@@ -13,7 +13,7 @@ const GRANTS: i64 = 4;
 /// A node with rejections wants at least this much more than it consumed.
 const HUNGRY_GROWTH: f64 = 1.2;
 /// The part of a key's slack (the budget its busy nodes' demand leaves)
-/// that its idle nodes share, as the original shares a tenth of the bucket.
+/// that its idle nodes share, as the legacy system shares a tenth of the bucket.
 const IDLE_RESERVE: f64 = 0.1;
 /// Up to this many limited keys, every active node gets a quota for every
 /// key: a floor where it has no recent use, an even split of keys nobody used
@@ -216,7 +216,7 @@ impl Policy for Projected {
             let floor = (rate * slot_secs * 0.01).max(1.0);
             let busy = nodes.iter().filter(|(_, d)| *d > 0.0).count();
             // Idle nodes share a tenth of what the busy ones will not use
-            // (the original's reserve, taken from the slack rather than the
+            // (the legacy system's reserve, taken from the slack rather than the
             // whole bucket), each as much as its share of all the nodes;
             // the busy ones split the rest, never less than their demand.
             let each_idle = IDLE_RESERVE * (budget - total).max(0.0) / nodes.len() as f64;

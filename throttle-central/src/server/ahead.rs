@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// the lock from checking the answer to queuing it, so an answer never
 /// overtakes a newer push.
 ///
-/// An answer still acknowledges a filed report, as the original's did:
+/// An answer still acknowledges a filed report, as the legacy system's did:
 ///
 /// - the stream queues the report for the ledger first, marked as answered,
 ///   and answers only once it is queued;

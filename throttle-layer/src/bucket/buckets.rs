@@ -108,7 +108,7 @@ impl<S: Store> Buckets<S> {
 /// use throttle_layer::bucket::{Bucket, MemoryStore, Shape};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// // 5 tokens every 100 ms, at most 20: the original's fill interval
+/// // 5 tokens every 100 ms, at most 20: the legacy system's fill interval
 /// // and quantum.
 /// let shape = Shape::new(20, 5, Duration::from_millis(100)).unwrap();
 /// let bucket = Bucket::new(MemoryStore::new(), "batch", "cluster", shape);

@@ -1,5 +1,5 @@
 //! [`Levels`]: one request checked against a user's bucket, its service's
-//! and the whole cluster's, as the original token-bucket library's levels.
+//! and the whole cluster's, as the legacy token-bucket library's levels.
 
 use std::time::Duration;
 

@@ -21,7 +21,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(5);
 /// What a decision is when Redis cannot answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Unavailable {
-    /// Let the request pass, as the original design did.
+    /// Let the request pass, as the legacy design did.
     #[default]
     Allow,
     /// Refuse it ([`Wait::Unavailable`]).

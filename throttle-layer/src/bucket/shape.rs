@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// How a bucket fills: `quantum` tokens every `interval`, up to
-/// `capacity` (the original design's fill interval and quantum). A new or
+/// `capacity` (the legacy design's fill interval and quantum). A new or
 /// long idle bucket is full.
 ///
 /// ```

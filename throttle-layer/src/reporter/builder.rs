@@ -162,7 +162,7 @@ impl ReporterBuilder {
     }
 
     /// Spreads a fleet's reports over `spread` after the report delay
-    /// (default 0: every node reports at the same moment, as the original
+    /// (default 0: every node reports at the same moment, as the legacy system
     /// node did). The node sends each report at its own fixed point of the
     /// window, taken from its node id, so its reports stay one slot apart,
     /// and a fleet's nodes fall evenly over the window.

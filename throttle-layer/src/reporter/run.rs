@@ -242,7 +242,7 @@ impl Run {
             version: throttle_proto::VERSION.to_owned(),
             // Packed: a third of the bytes. Refs: an answer that repeats
             // the push before it names that push rather than sending it
-            // again. A central that knows neither sends the original form.
+            // again. A central that knows neither sends the legacy form.
             accepts: vec![
                 throttle_proto::PACKED_QUOTAS.to_owned(),
                 throttle_proto::QUOTA_REFS.to_owned(),
@@ -464,7 +464,7 @@ impl Run {
 
     /// Rewrites the reports kept from before the stream opened in the form
     /// this central reads: packed where it reads packed reports (fewer
-    /// bytes), as the original maps where it does not. A report collected
+    /// bytes), as the legacy maps where it does not. A report collected
     /// while the stream was opening was written before the Welcome said
     /// which.
     pub(super) fn rewrite_pending(&mut self, packed: bool) {

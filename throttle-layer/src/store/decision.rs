@@ -220,7 +220,7 @@ impl ServiceStore {
         }
     }
 
-    /// Decides whether `user` may make a request now, with the original
+    /// Decides whether `user` may make a request now, with the legacy system
     /// rules (see the [module docs](crate::store)); if so, adds `costs`.
     pub fn admit(
         self: &Arc<Self>,

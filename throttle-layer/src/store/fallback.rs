@@ -9,7 +9,7 @@ use std::str::FromStr;
 /// The default, [`Fallback::LastKnownThenAllow`] over 60 slots, keeps a
 /// user at the share the central gave this node last, for as long as the
 /// node keeps reports to send the central when it is back (60 slots),
-/// then fails open as the original did. In the simulator
+/// then fails open as the legacy system did. In the simulator
 /// (`docs/accuracy.md`, "Outages") a central killed and back 5 s later
 /// from its checkpoint, or a standby taking over 2.3 s after the leader
 /// died, keeps every slot of a user at 3x the limit within 2% of it with
@@ -21,7 +21,7 @@ use std::str::FromStr;
 /// a quota, no more than this node's share of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fallback {
-    /// Let everything through (fail-open, the original behaviour).
+    /// Let everything through (fail-open, the legacy behaviour).
     Allow,
     /// Refuse everything (fail-closed).
     Deny,

@@ -1,11 +1,11 @@
 //! The node's slot store: per-slot counters and the quotas the central node
-//! sent, with the original node's decision rules.
+//! sent, with the legacy node's decision rules.
 //!
 //! The store is plain synchronous code reading an injected
 //! [`Clock`](throttle_clock::Clock); the layer calls it on the request path and the
 //! reporter drains it once per slot.
 //!
-//! - [`ServiceStore::admit`] applies the original `throttle` rules: with no
+//! - [`ServiceStore::admit`] applies the legacy `throttle` rules: with no
 //!   quota for the current slot the [`Fallback`] decides (by default: the
 //!   last quota the central sent, for up to 60 slots, then allow as the
 //!   original); with a quota table for the slot but no row for the user,

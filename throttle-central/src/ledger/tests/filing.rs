@@ -268,7 +268,11 @@ fn debt_is_bounded_by_the_burst_unless_the_limit_says_otherwise() {
     l.ingest(&report("n1", 100, flood, "{}"), T).unwrap();
     let level = |l: &mut Ledger, user| l.bucket_level("front", user, "requests", T).unwrap();
     assert_eq!(level(&mut l, "alice"), -1_000.0, "as deep as the capacity");
-    assert_eq!(level(&mut l, "bob"), 100.0 - 1_000_000.0, "the original's");
+    assert_eq!(
+        level(&mut l, "bob"),
+        100.0 - 1_000_000.0,
+        "the legacy system's"
+    );
     assert_eq!(level(&mut l, "carol"), -200.0, "two seconds of rate");
     assert_eq!(level(&mut l, "dave"), 0.0, "no debt at all");
 }

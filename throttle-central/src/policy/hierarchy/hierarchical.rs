@@ -30,7 +30,7 @@ use crate::policy::projected::{Newest, Projected, WINDOW};
 ///
 /// A user nobody used lately (no report of theirs in the last 5 slots)
 /// gets no quota of a resource under a capacity: their first requests
-/// on a node are allowed, as the original allows a user it has no quota
+/// on a node are allowed, as the legacy system allows a user it has no quota
 /// for, and count from their first report on. The grants of a slot
 /// therefore never add up to more than the capacity.
 #[derive(Debug, Default)]
