@@ -234,8 +234,16 @@ impl Campaign {
 
     /// Renews the lease, then reads who leads.
     async fn renew_and_look(&self, term: &mut Term) -> Result<(), TermError> {
-        let sent = self.now_ms();
-        let ttl_ms = self.renew(term).await?;
+        let mut sent = self.now_ms();
+        let mut ttl_ms = self.renew(term).await?;
+        // A renewal that took half the TTL or more (etcd coming back, a
+        // keep-alive call opened again) leaves a lead too short to use:
+        // it would lead for a moment and stand by again, dropping every
+        // stream. Renewed again at once, on the open call, it is whole.
+        if lead_until(sent, ttl_ms) < self.now_ms().saturating_add(ttl_ms / 2) {
+            sent = self.now_ms();
+            ttl_ms = self.renew(term).await?;
+        }
         let prefix = self.prefix();
         let first = term
             .kv
