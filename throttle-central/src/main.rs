@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use clap::builder::TypedValueParser;
 use throttle_central::election::{ElectionConfig, Running};
 use throttle_central::keys::NodeKeys;
 use throttle_central::ledger::PolicyFactory;
@@ -49,8 +50,9 @@ struct Args {
     /// Quota policy of every service the limits file sets none for
     /// (`[service.NAME] policy = ...`): `projected` (default; see
     /// docs/accuracy.md), `classic` (the legacy system's algorithm, exactly) or
-    /// `static-split` (the rate divided evenly between the nodes).
-    #[arg(long, env = "THROTTLE_CENTRAL_POLICY", default_value = "projected", value_parser = ["projected", "classic", "static-split"])]
+    /// `static-split` (the rate divided evenly between the nodes). A
+    /// service's `capacity` in the limits file selects `hierarchical`.
+    #[arg(long, env = "THROTTLE_CENTRAL_POLICY", default_value = "projected", value_parser = policy_name)]
     policy: String,
     /// File holding the bearer token every HTTP route but /healthz then
     /// requires (`Authorization: Bearer <token>`).
@@ -65,6 +67,17 @@ struct Args {
     /// slot; an entry above it is dropped and the rest of the report filed.
     #[arg(long, env = "THROTTLE_CENTRAL_MAX_AMOUNT", default_value_t = throttle_central::ledger::MAX_AMOUNT, value_parser = clap::value_parser!(i64).range(1..))]
     max_amount: i64,
+    /// Most (user, resource) keys the ledger holds over every service; a
+    /// new one past it is dropped from its report and counted.
+    #[arg(long, env = "THROTTLE_CENTRAL_MAX_KEYS", default_value_t = throttle_central::ledger::MAX_KEYS, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    max_keys: usize,
+    /// Most services the central tracks; a node's service past it gets no
+    /// quotas (the node fails open there).
+    #[arg(long, env = "THROTTLE_CENTRAL_MAX_SERVICES", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    max_services: usize,
+    /// Most users one report may carry; a larger report is refused whole.
+    #[arg(long, env = "THROTTLE_CENTRAL_MAX_USERS_PER_REPORT", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    max_users_per_report: usize,
     /// PEM certificate chain: both servers then speak TLS only.
     #[arg(long, env = "THROTTLE_CENTRAL_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -137,6 +150,9 @@ async fn main() -> anyhow::Result<()> {
         .slot(slot)
         .nr_slot(args.nr_slot)
         .max_amount(args.max_amount)
+        .max_keys(args.max_keys)
+        .max_services(args.max_services)
+        .max_users_per_report(args.max_users_per_report)
         .policies(policy)
         .metrics(metrics);
     if let Some(path) = &args.http_token_file {
@@ -280,4 +296,17 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     Ok(async {
         let _ = tokio::signal::ctrl_c().await;
     })
+}
+
+/// A `--policy` name: one that can apply to every service.
+fn policy_name(name: &str) -> Result<String, String> {
+    match name {
+        "projected" | "classic" | "static-split" => Ok(name.to_owned()),
+        "hierarchical" => Err(
+            "hierarchical is chosen per service by its `capacity` in the limits file \
+             ([service.NAME] capacity = {...}), not by --policy"
+                .to_owned(),
+        ),
+        _ => Err("expected projected, classic or static-split".to_owned()),
+    }
 }

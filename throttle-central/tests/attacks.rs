@@ -41,6 +41,11 @@ fn addr_after(line: &str, field: &str) -> Option<SocketAddr> {
 }
 
 fn start(test: &str) -> Program {
+    start_with(test, &[])
+}
+
+/// [`start`], with `extra` flags.
+fn start_with(test: &str, extra: &[&str]) -> Program {
     let dir = std::env::temp_dir().join(format!("throttle-attacks-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let limits = dir.join("limits.toml");
@@ -53,6 +58,7 @@ fn start(test: &str) -> Program {
         .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
         .arg("--limits")
         .arg(&limits)
+        .args(extra)
         .env("THROTTLE_CENTRAL_LOG", "warn,throttle_central=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -371,4 +377,48 @@ async fn a_monitor_query_over_400k_users_stalls_nothing() {
         "quotas arrived within {:?}",
         asked.elapsed()
     );
+}
+
+/// The caps are flags: a report of more users than `--max-users-per-report`
+/// is refused whole, a service past `--max-services` is not tracked; and
+/// `--policy hierarchical` is refused with a word on how to choose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_caps_are_flags() {
+    let args = ["--max-users-per-report", "2", "--max-services", "1"];
+    let central = start_with("caps", &args);
+    let users = (0..3).map(|i| (format!("u{i}"), 1));
+    let (_, status) = exchange(
+        central.grpc,
+        vec![
+            hello("n1", vec!["front".into()]),
+            report("n1", current_slot(), users),
+        ],
+        Duration::from_secs(5),
+    )
+    .await;
+    let status = status.expect("refused");
+    assert!(status.message().contains("limit of 2"), "{status:?}");
+    let two = (0..2).map(|i| (format!("u{i}"), 1));
+    let (_, status) = exchange(
+        central.grpc,
+        vec![
+            hello("n2", vec!["front".into(), "back".into()]),
+            report("n2", current_slot(), two),
+        ],
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(status.is_none(), "two users are within the cap: {status:?}");
+    let (_, metrics) = central.get("/metrics").await;
+    assert!(
+        metrics.contains("throttle_central_services_at_cap_total 1"),
+        "back is past --max-services 1: {metrics}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_throttle-central"))
+        .args(["--policy", "hierarchical"])
+        .output()
+        .expect("the binary runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("capacity"), "{stderr}");
 }
