@@ -17,8 +17,9 @@
 //! per_second = { requests = 1000 }
 //! per_minute = { requests = 6000 }
 //! per_day = { requests = 1000000 }
-//! # burst_seconds = 10           # capacity in seconds of rate; for periods
-//! #                              # of a minute and more, the whole amount
+//! # burst_seconds = 10           # the per-second capacity in seconds of
+//! #                              # rate; a longer period holds its whole
+//! #                              # amount, unless { minute = 30, ... } says
 //! # max_debt_seconds = 10        # how deep in debt; the capacity if left
 //! #                              # out, or "unbounded"
 //! ```

@@ -225,7 +225,7 @@ fn users(
 impl Entry {
     /// The rule, for no user yet.
     fn rule(&self) -> Result<Limit, String> {
-        let burst = self.burst_seconds()?;
+        let burst = self.burst_of(Period::Second)?;
         let mut rule = Limit {
             burst_seconds: burst.unwrap_or(DEFAULT_BURST_SECONDS),
             max_debt_seconds: self.max_debt_seconds()?,
@@ -247,9 +247,9 @@ impl Entry {
                     rule.per_second.insert(resource.clone(), rate);
                     continue;
                 }
-                // A day's quota may be spent at any pace, unless the rule
-                // says how much at once.
-                let burst_seconds = burst.unwrap_or_else(|| period.seconds());
+                // A minute's, an hour's or a day's quota may be spent at
+                // any pace, unless the rule's `burst` says how much at once.
+                let burst_seconds = self.burst_of(period)?.unwrap_or_else(|| period.seconds());
                 let allowance = Allowance {
                     period,
                     rate,
@@ -264,9 +264,26 @@ impl Entry {
         Ok(rule)
     }
 
-    fn burst_seconds(&self) -> Result<Option<f64>, String> {
-        let Some(v) = &self.burst_seconds else {
-            return Ok(None);
+    /// The capacity the rule sets for `period`, in seconds of its rate:
+    /// `burst_seconds = N` sets the per-second period's only, `burst_seconds
+    /// = { second = .., minute = .., hour = .., day = .. }` each one named.
+    fn burst_of(&self, period: Period) -> Result<Option<f64>, String> {
+        let v = match &self.burst_seconds {
+            None => return Ok(None),
+            Some(toml::Value::Table(table)) => {
+                if let Some(unknown) = table.keys().find(|k| period_named(k).is_none()) {
+                    return Err(format!(
+                        "burst_seconds names second, minute, hour or day, not {unknown:?}"
+                    ));
+                }
+                let named = table.iter().find(|(k, _)| period_named(k) == Some(period));
+                match named {
+                    Some((_, v)) => v,
+                    None => return Ok(None),
+                }
+            }
+            Some(v) if period == Period::Second => v,
+            Some(_) => return Ok(None),
         };
         match number(v) {
             Some(x) if x > 0.0 && x <= MAX_BURST_SECONDS => Ok(Some(x)),
@@ -287,5 +304,16 @@ impl Entry {
                 )),
             },
         }
+    }
+}
+
+/// The period a `burst` key names.
+fn period_named(key: &str) -> Option<Period> {
+    match key {
+        "second" => Some(Period::Second),
+        "minute" => Some(Period::Minute),
+        "hour" => Some(Period::Hour),
+        "day" => Some(Period::Day),
+        _ => None,
     }
 }

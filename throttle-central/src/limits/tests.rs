@@ -238,14 +238,16 @@ fn rules_name_every_user_several_users_and_periods() {
     assert_eq!(day.amount(), 1e6);
     assert_eq!(day.burst_seconds, 86_400.0);
     assert_eq!(alice.allowance("requests", Period::Second), None);
-    // An explicit burst holds for the longer periods too.
+    // burst_seconds is the per-second period's: carol's hour may still be
+    // spent at any pace.
     let carol = set.get("front", "carol").unwrap();
+    assert_eq!(carol.burst_seconds, 2.0);
     assert_eq!(
         carol
             .allowance("requests", Period::Hour)
             .unwrap()
             .burst_seconds,
-        2.0
+        3_600.0
     );
     let resources: Vec<&str> = carol.resources().collect();
     assert_eq!(resources, ["requests"]);
@@ -479,4 +481,35 @@ fn bad_applications_are_refused_with_their_line() {
     let classic = "[service.front]\npolicy = \"classic\"\ncapacity = { requests = 1 }\n";
     let e = LimitSet::from_toml(classic).unwrap_err();
     assert!(e.to_string().contains("hierarchical"), "{e}");
+}
+
+/// `burst_seconds` as a table sets each period's capacity; left out, a
+/// longer period's is its whole amount; as a number, it is the second's.
+#[test]
+fn each_period_has_its_own_burst() {
+    let rule = |extra: &str| {
+        let toml = format!(
+            "[[limit]]\nservice = \"s\"\nuser = \"u\"\nper_second = {{ r = 200 }}\nper_minute = {{ r = 6000 }}\nper_day = {{ r = 10000000 }}\n{extra}"
+        );
+        LimitSet::from_toml(&toml).map(|set| set.get("s", "u").cloned().unwrap())
+    };
+    let u = rule("burst_seconds = { second = 2, minute = 30 }").unwrap();
+    assert_eq!(u.burst_seconds, 2.0);
+    assert_eq!(
+        u.allowance("r", Period::Minute).unwrap().burst_seconds,
+        30.0
+    );
+    assert_eq!(
+        u.allowance("r", Period::Day).unwrap().burst_seconds,
+        86_400.0
+    );
+    let u = rule("burst_seconds = 2").unwrap();
+    assert_eq!(
+        u.allowance("r", Period::Minute).unwrap().burst_seconds,
+        60.0
+    );
+    let unknown = rule("burst_seconds = { week = 3 }").unwrap_err();
+    assert!(unknown.to_string().contains("week"), "{unknown}");
+    let zero = rule("burst_seconds = { minute = 0 }").unwrap_err();
+    assert!(zero.to_string().contains("> 0"), "{zero}");
 }
