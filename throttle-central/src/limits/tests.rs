@@ -345,6 +345,15 @@ fn the_example_file_parses() {
         bob.allowance("requests", Period::Minute).unwrap().amount(),
         6000.0
     );
+    // alice, as her comment says: 200 a second with 2 s of burst, and a
+    // daily cap that binds only once ten million are spent.
+    let alice = set.get("front", "alice").unwrap();
+    assert_eq!(
+        (alice.per_second["requests"], alice.burst_seconds),
+        (200.0, 2.0)
+    );
+    let day = alice.allowance("requests", Period::Day).unwrap();
+    assert_eq!((day.amount(), day.burst_seconds), (1e7, 86_400.0));
     let media = set.hierarchy("media").unwrap();
     assert_eq!(media.apps.len(), 2);
     assert_eq!(media.app_of("reindex"), Some(1));
