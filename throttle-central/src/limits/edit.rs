@@ -239,6 +239,8 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
+    use crate::limits::Period;
+
     const FILE: &str = r#"# Our limits.
 
 [[limit]]
@@ -268,6 +270,27 @@ per_minute = { requests = 6000 }
         // Again: still one rule for alice.
         let again = edit_rule(&out, "front", "alice", Some(&rule)).unwrap();
         assert_eq!(LimitSet::from_toml(&again).unwrap().len(), 3);
+    }
+
+    /// A burst per period goes into the file as a table and comes back
+    /// out of the rule the same.
+    #[test]
+    fn a_burst_per_period_round_trips() {
+        let rule = json!({
+            "per_second": {"requests": 5},
+            "per_minute": {"requests": 100},
+            "burst_seconds": {"second": 2, "minute": 30},
+        });
+        let out = edit_rule(FILE, "front", "carol", Some(&rule)).unwrap();
+        let set = LimitSet::from_toml(&out).unwrap();
+        let carol = set.get("front", "carol").unwrap();
+        let minute = carol.allowance("requests", Period::Minute).unwrap();
+        assert_eq!((carol.burst_seconds, minute.burst_seconds), (2.0, 30.0));
+        let shown = serde_json::to_value(carol).unwrap();
+        assert_eq!(
+            shown["burst_seconds"],
+            json!({"second": 2.0, "minute": 30.0})
+        );
     }
 
     #[test]

@@ -181,7 +181,20 @@ impl Serialize for Limit {
                 map.serialize_entry(&format!("per_{}", period.as_str()), &amounts)?;
             }
         }
-        map.serialize_entry("burst_seconds", &self.burst_seconds)?;
+        // A longer period's capacity other than its whole amount makes the
+        // burst a table, as the limits file writes it.
+        let named: BTreeMap<&str, f64> = (self.per_period.values())
+            .flatten()
+            .filter(|a| a.burst_seconds != a.period.seconds())
+            .map(|a| (a.period.as_str(), a.burst_seconds))
+            .collect();
+        if named.is_empty() {
+            map.serialize_entry("burst_seconds", &self.burst_seconds)?;
+        } else {
+            let mut table = named;
+            table.insert(Period::Second.as_str(), self.burst_seconds);
+            map.serialize_entry("burst_seconds", &table)?;
+        }
         match self.max_debt_seconds {
             Some(x) if x.is_infinite() => map.serialize_entry("max_debt_seconds", "unbounded")?,
             Some(x) => map.serialize_entry("max_debt_seconds", &x)?,
