@@ -340,20 +340,43 @@ fn the_example_file_parses() {
     let text = include_str!("../../../examples/limits.toml");
     let set = LimitSet::from_toml(text).unwrap();
     assert!(set.get("front", EVERY_USER).is_some());
-    let bob = set.get("front", "bob").unwrap();
+    // Each user as the file's comments say: (period, amount, burst
+    // seconds) per resource, the "*" rule's where theirs is silent.
+    let every = set.get("front", EVERY_USER);
+    let effective = |user: &str, resource: &str| {
+        let r = resolve(set.get("front", user), every, resource);
+        (r.allowances.iter())
+            .map(|a| (a.period, a.amount(), a.burst_seconds))
+            .collect::<Vec<_>>()
+    };
+    const MIB: f64 = 1_048_576.0;
+    let stranger = effective("stranger", "requests");
+    assert_eq!(stranger, [(Period::Second, 100.0, 10.0)]);
     assert_eq!(
-        bob.allowance("requests", Period::Minute).unwrap().amount(),
-        6000.0
+        effective("alice", "requests"),
+        [(Period::Second, 200.0, 2.0), (Period::Day, 1e7, 86_400.0)]
     );
-    // alice, as her comment says: 200 a second with 2 s of burst, and a
-    // daily cap that binds only once ten million are spent.
-    let alice = set.get("front", "alice").unwrap();
     assert_eq!(
-        (alice.per_second["requests"], alice.burst_seconds),
-        (200.0, 2.0)
+        effective("alice", "traffic_down"),
+        [(Period::Second, 100.0 * MIB, 2.0)],
+        "more than a stranger's 50 MiB"
     );
-    let day = alice.allowance("requests", Period::Day).unwrap();
-    assert_eq!((day.amount(), day.burst_seconds), (1e7, 86_400.0));
+    assert_eq!(
+        effective("bob", "requests"),
+        [
+            (Period::Second, 1000.0, 10.0),
+            (Period::Minute, 12_000.0, 60.0)
+        ],
+        "12,000 a minute, at up to 1,000 a second"
+    );
+    assert_eq!(
+        effective("dave", "traffic_down"),
+        [(Period::Second, 50.0 * MIB, 10.0)]
+    );
+    assert_eq!(
+        effective("dave", "traffic_up"),
+        [(Period::Second, MIB, 10.0)]
+    );
     let media = set.hierarchy("media").unwrap();
     assert_eq!(media.apps.len(), 2);
     assert_eq!(media.app_of("reindex"), Some(1));
