@@ -214,8 +214,8 @@ impl Ledger {
     }
 
     /// Runs every service's policy for the slot it assigns (the next, or
-    /// the current one for a policy of lead 0); returns that slot per
-    /// service.
+    /// the current one for a policy of lead 0) and books its grants;
+    /// returns that slot per service.
     pub fn assign(&mut self, now_ms: i64) -> BTreeMap<String, i64> {
         let current = self.config.slot.slot_at(now_ms);
         let mut assigned = BTreeMap::new();

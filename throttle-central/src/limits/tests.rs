@@ -545,3 +545,43 @@ fn each_period_has_its_own_burst() {
     let zero = rule("burst_seconds = { minute = 0 }").unwrap_err();
     assert!(zero.to_string().contains("> 0"), "{zero}");
 }
+
+/// The limits examples of the central guide parse, and its first one does
+/// what the text beside it says: alice's and bob's minute and day may be
+/// spent at any pace, their second is the `*` rule's.
+#[test]
+fn the_guides_limits_examples_are_true() {
+    let guide = include_str!("../../../docs/guides/central.md");
+    let blocks: Vec<&str> = guide
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .collect();
+    assert_eq!(blocks.len(), 2, "the guide's toml blocks");
+    for block in &blocks {
+        if let Err(e) = LimitSet::from_toml(block) {
+            panic!("{e}\n{block}");
+        }
+    }
+    let set = LimitSet::from_toml(blocks[0]).unwrap();
+    let every = set.get("front", EVERY_USER);
+    let periods = |user: &str| {
+        let r = resolve(set.get("front", user), every, "requests");
+        (r.allowances.iter())
+            .map(|a| (a.period, a.amount(), a.burst_seconds))
+            .collect::<Vec<_>>()
+    };
+    let whole = [
+        (Period::Second, 100.0, 10.0),
+        (Period::Minute, 6000.0, 60.0),
+        (Period::Day, 1e6, 86_400.0),
+    ];
+    assert_eq!(periods("alice"), whole);
+    assert_eq!(periods("bob"), whole);
+    assert!(
+        set.hierarchy("media").is_none(),
+        "the first block has no app"
+    );
+    let media = LimitSet::from_toml(blocks[1]).unwrap();
+    assert_eq!(media.hierarchy("media").unwrap().apps.len(), 1);
+}
