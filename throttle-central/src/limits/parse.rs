@@ -69,8 +69,10 @@ impl LimitSet {
     /// [`LimitsError::Syntax`] or [`LimitsError::Entry`], naming the line:
     /// bad TOML, unknown keys, an empty or overlong name, a negative, NaN,
     /// non-numeric or absurd amount or burst, an unknown unit, a rule with
-    /// no amounts or with both or neither of `user` and `users`, a user in
-    /// two rules of one service.
+    /// no amounts or with both or neither of `user` and `users`. A user
+    /// named by several rules of a service has them all: per resource and
+    /// period, a rule naming the user alone outranks a list, and between
+    /// rules of one rank the lower rate wins.
     pub fn from_toml(text: &str) -> Result<Self, LimitsError> {
         let file: File =
             parse_toml(text).map_err(|(line, message)| LimitsError::Syntax { line, message })?;
@@ -93,6 +95,9 @@ impl LimitSet {
             let app = e.app(&hierarchy.capacity).map_err(bad)?;
             add_app(hierarchy, app).map_err(bad)?;
         }
+        // Who set each (resource, period) of a user named by several
+        // rules: a rule of the user alone outranks a list.
+        let mut ranks: Ranks = BTreeMap::new();
         for spanned in file.limit {
             let line = line_of(text, spanned.span().start);
             let e = spanned.into_inner();
@@ -100,18 +105,21 @@ impl LimitSet {
             let who = who(&e.user, &e.users);
             let users = users(&e.service, &e.user, &e.users).map_err(|m| bad(&who, m))?;
             let rule = e.rule().map_err(|m| bad(&who, m))?;
+            let rank = if e.user.is_some() { ALONE } else { LISTED };
             for user in users {
-                if set.get(&e.service, &user).is_some() {
-                    return Err(bad(
-                        &user,
-                        "duplicate rule: this user has one already in this service".into(),
-                    ));
-                }
+                let key = (e.service.clone(), user.clone());
                 let limit = Limit {
                     user,
                     ..rule.clone()
                 };
-                set.insert(e.service.clone(), limit);
+                let merged = match set.get(&e.service, &limit.user) {
+                    Some(held) => merge(held, &limit, rank, ranks.entry(key).or_default()),
+                    None => {
+                        ranks.insert(key, rank_all(&limit, rank));
+                        limit
+                    }
+                };
+                set.insert(e.service.clone(), merged);
             }
         }
         for spanned in file.block {
@@ -316,4 +324,76 @@ fn period_named(key: &str) -> Option<Period> {
         "day" => Some(Period::Day),
         _ => None,
     }
+}
+
+/// A rule that names its user alone.
+const ALONE: u8 = 2;
+/// A rule that names its user in a list.
+const LISTED: u8 = 1;
+
+/// Per (service, user): who set each (resource, period) of its rule.
+type Ranks = BTreeMap<(String, String), BTreeMap<(String, Period), u8>>;
+
+/// Every (resource, period) of `limit`, set by a rule of `rank`.
+fn rank_all(limit: &Limit, rank: u8) -> BTreeMap<(String, Period), u8> {
+    let seconds = limit.per_second.keys().map(|r| (r.clone(), Period::Second));
+    let longer = (limit.per_period.iter())
+        .flat_map(|(r, list)| list.iter().map(move |a| (r.clone(), a.period)));
+    seconds.chain(longer).map(|k| (k, rank)).collect()
+}
+
+/// `held` with another rule of its user, `next` (of `rank`), applied:
+/// per (resource, period) the higher rank wins, and between equal ranks
+/// the lower rate; the per-second burst and the debt bound are the
+/// smaller of the two.
+fn merge(
+    held: &Limit,
+    next: &Limit,
+    rank: u8,
+    ranks: &mut BTreeMap<(String, Period), u8>,
+) -> Limit {
+    let mut out = held.clone();
+    let wins = |ranks: &BTreeMap<(String, Period), u8>,
+                key: &(String, Period),
+                held: Option<f64>,
+                rate: f64| {
+        match (ranks.get(key), held) {
+            (Some(&r), Some(h)) => rank > r || (rank == r && rate < h),
+            _ => true,
+        }
+    };
+    for (resource, &rate) in &next.per_second {
+        let key = (resource.clone(), Period::Second);
+        if wins(ranks, &key, out.per_second.get(resource).copied(), rate) {
+            out.per_second.insert(resource.clone(), rate);
+            ranks.insert(key, rank);
+        }
+    }
+    for (resource, list) in &next.per_period {
+        for a in list {
+            let key = (resource.clone(), a.period);
+            let mine = out.per_period.entry(resource.clone()).or_default();
+            let at = mine.iter().position(|m| m.period == a.period);
+            if wins(ranks, &key, at.map(|i| mine[i].rate), a.rate) {
+                match at {
+                    Some(i) => mine[i] = *a,
+                    None => mine.push(*a),
+                }
+                mine.sort_by_key(|m| m.period);
+                ranks.insert(key, rank);
+            }
+        }
+    }
+    if !next.per_second.is_empty() {
+        out.burst_seconds = if held.per_second.is_empty() {
+            next.burst_seconds
+        } else {
+            held.burst_seconds.min(next.burst_seconds)
+        };
+    }
+    out.max_debt_seconds = match (held.max_debt_seconds, next.max_debt_seconds) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    out
 }

@@ -50,13 +50,62 @@ fn negative_nan_and_non_numeric_rates_name_the_line() {
     }
 }
 
+/// A user named by several rules has them all: per resource and period a
+/// rule naming the user alone outranks a list, and between lists the
+/// lower rate wins.
 #[test]
-fn duplicates_and_bad_names_are_refused() {
-    let dup =
-        format!("{GOOD}\n[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = {{}}\n");
-    let e = LimitSet::from_toml(&dup).unwrap_err();
-    assert!(e.to_string().contains("duplicate"), "{e}");
-    assert!(e.to_string().contains("line 14"), "{e}");
+fn a_user_named_by_several_rules_has_them_all() {
+    let text = r#"
+[[limit]]
+service = "front"
+users = ["ann", "ben"]
+per_second = { requests = 100, bytes = 1000 }
+per_minute = { requests = 3000 }
+
+[[limit]]
+service = "front"
+user = "ann"
+per_second = { requests = 500 }
+per_day = { requests = 100000 }
+burst_seconds = 2
+
+[[limit]]
+service = "front"
+users = ["ann"]
+per_second = { requests = 50 }
+per_minute = { requests = 2000 }
+"#;
+    let set = LimitSet::from_toml(text).unwrap();
+    let of = |user: &str, resource: &str| {
+        let limit = set.get("front", user).unwrap();
+        Period::ALL
+            .iter()
+            .filter_map(|&p| {
+                limit
+                    .allowance(resource, p)
+                    .map(|a| (p, a.amount().round()))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of("ann", "requests"),
+        [
+            (Period::Second, 500.0),
+            (Period::Minute, 2000.0),
+            (Period::Day, 100_000.0)
+        ],
+        "her own second, the lower of the lists' minutes, her own day"
+    );
+    assert_eq!(of("ann", "bytes"), [(Period::Second, 1000.0)]);
+    assert_eq!(set.get("front", "ann").unwrap().burst_seconds, 2.0);
+    assert_eq!(
+        of("ben", "requests"),
+        [(Period::Second, 100.0), (Period::Minute, 3000.0)]
+    );
+}
+
+#[test]
+fn bad_names_are_refused() {
     let e = LimitSet::from_toml("[[limit]]\nservice = \"\"\nuser = \"u\"\nper_second = {}\n")
         .unwrap_err();
     assert!(matches!(e, LimitsError::Entry { line: 1, .. }), "{e}");
@@ -319,11 +368,6 @@ fn bad_rules_name_their_line_and_what_is_wrong() {
             other => panic!("{body}: {other:?}"),
         }
     }
-    let twice = format!(
-        "{RULES}\n[[limit]]\nservice = \"front\"\nusers = [\"zoe\", \"bob\"]\nper_second = {{ r = 1 }}\n"
-    );
-    let e = LimitSet::from_toml(&twice).unwrap_err();
-    assert!(e.to_string().contains("(front/bob)"), "{e}");
 }
 
 #[test]
