@@ -629,3 +629,30 @@ fn the_guides_limits_examples_are_true() {
     let media = LimitSet::from_toml(blocks[1]).unwrap();
     assert_eq!(media.hierarchy("media").unwrap().apps.len(), 1);
 }
+
+proptest::proptest! {
+    /// However many rules name a user, in whatever order: a rule of the
+    /// user alone sets the rate, else the lowest of the lists'.
+    #[test]
+    fn the_rule_alone_then_the_lowest_list_sets_the_rate(
+        lists in proptest::collection::vec(1u32..1000, 0..4),
+        alone in proptest::option::of(1u32..1000),
+        alone_at in 0usize..4,
+    ) {
+        proptest::prop_assume!(!lists.is_empty() || alone.is_some());
+        let list_rule = |rate: u32| {
+            format!("[[limit]]\nservice = \"s\"\nusers = [\"u\", \"v\"]\nper_second = {{ r = {rate} }}\n\n")
+        };
+        let mut rules: Vec<String> = lists.iter().map(|&r| list_rule(r)).collect();
+        if let Some(rate) = alone {
+            let rule = format!("[[limit]]\nservice = \"s\"\nuser = \"u\"\nper_second = {{ r = {rate} }}\n\n");
+            rules.insert(alone_at.min(rules.len()), rule);
+        }
+        let set = LimitSet::from_toml(&rules.concat()).unwrap();
+        let want = alone.or_else(|| lists.iter().copied().min()).unwrap();
+        proptest::prop_assert_eq!(set.get("s", "u").unwrap().per_second["r"], f64::from(want));
+        if let Some(lowest) = lists.iter().copied().min() {
+            proptest::prop_assert_eq!(set.get("s", "v").unwrap().per_second["r"], f64::from(lowest));
+        }
+    }
+}
