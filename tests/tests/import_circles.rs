@@ -412,15 +412,7 @@ fn definitions(code: &str) -> BTreeSet<String> {
         else {
             continue;
         };
-        let name: String = words
-            .get(k + 1)
-            .unwrap_or(&"")
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        if name.chars().next().is_some_and(char::is_uppercase) {
-            out.insert(name);
-        }
+        out.extend(type_name(words.get(k + 1).unwrap_or(&"")));
     }
     out
 }
@@ -451,15 +443,21 @@ fn impls(code: &str) -> BTreeSet<String> {
             .rsplit("::")
             .next()
             .unwrap_or("");
-        let name: String = name
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        if name.chars().next().is_some_and(char::is_uppercase) {
-            out.insert(name);
-        }
+        out.extend(type_name(name));
     }
     out
+}
+
+/// The identifier `text` starts with, if it names a type (an uppercase
+/// first letter).
+fn type_name(text: &str) -> Option<String> {
+    let name: String = (text.chars())
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    name.chars()
+        .next()
+        .is_some_and(char::is_uppercase)
+        .then_some(name)
 }
 
 /// `text` after a leading `<...>`.

@@ -13,7 +13,7 @@ use common::{ALICE_HAS_NONE, T, amount, builder, get_as, hello, quota, store};
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use throttle_layer::store::Fallback;
-use throttle_layer::{MissingUser, ThrottleLayer, Usage, UserKey};
+use throttle_layer::{MissingUser, SlotStore, ThrottleLayer, Usage, UserKey};
 use throttle_proto::v1;
 use tower::ServiceExt;
 
@@ -769,16 +769,7 @@ async fn a_refusal_names_the_period_that_binds() {
         .route("/pkg.Svc/Call", post(|| async { "never" }))
         .layer(builder(&store).build().unwrap());
     quota(&store, ALICE_HAS_NONE);
-    let allowance = |window_seconds, amount| v1::Allowance {
-        resource: "requests".into(),
-        window_seconds,
-        amount,
-    };
-    store.set_limits(v1::Limits {
-        service: "front".into(),
-        every: vec![allowance(1, 100.0), allowance(60, 3000.0)],
-        ..v1::Limits::default()
-    });
+    requests_limited(&store, &[(1, 100.0), (60, 3000.0)]);
     store.set_bound(v1::Bound {
         service: "front".into(),
         keys: vec![v1::BoundKey {
@@ -803,6 +794,39 @@ async fn a_refusal_names_the_period_that_binds() {
     );
 }
 
+/// Every user of `front` limited in requests to each (window in seconds,
+/// amount) of `periods`, as the central tells it.
+fn requests_limited(store: &SlotStore, periods: &[(u32, f64)]) {
+    let every = (periods.iter())
+        .map(|&(window_seconds, amount)| v1::Allowance {
+            resource: "requests".into(),
+            window_seconds,
+            amount,
+        })
+        .collect();
+    store.set_limits(v1::Limits {
+        service: "front".into(),
+        every,
+        ..v1::Limits::default()
+    });
+}
+
+/// The central's budget of alice's hour: `remaining` for two nodes.
+fn alice_has_left_of_the_hour(store: &SlotStore, remaining: f64) {
+    let budget = v1::Budget {
+        user: "alice".into(),
+        resource: "requests".into(),
+        window_seconds: 3600,
+        remaining,
+        nodes: 2,
+    };
+    store.set_bound(v1::Bound {
+        service: "front".into(),
+        keys: Vec::new(),
+        budgets: vec![budget],
+    });
+}
+
 /// While the node has no quota for the slot (the central away), a user
 /// with little left of their hour is admitted at most this node's share
 /// of it, spent by every admission since the central said so, and refused
@@ -815,28 +839,8 @@ async fn without_quotas_a_node_keeps_to_the_budget_it_was_told() {
         &store,
         r#"{"front": {"100": {"alice": {"requests": 50.0}}}}"#,
     );
-    let allowance = |window_seconds, amount| v1::Allowance {
-        resource: "requests".into(),
-        window_seconds,
-        amount,
-    };
-    store.set_limits(v1::Limits {
-        service: "front".into(),
-        every: vec![allowance(1, 50.0), allowance(3600, 600.0)],
-        ..v1::Limits::default()
-    });
-    let budget = v1::Budget {
-        user: "alice".into(),
-        resource: "requests".into(),
-        window_seconds: 3600,
-        remaining: 21.0,
-        nodes: 2,
-    };
-    store.set_bound(v1::Bound {
-        service: "front".into(),
-        keys: Vec::new(),
-        budgets: vec![budget],
-    });
+    requests_limited(&store, &[(1, 50.0), (3600, 600.0)]);
+    alice_has_left_of_the_hour(&store, 21.0);
     let admitted = |n: usize| {
         let app = app.clone();
         async move {
@@ -863,18 +867,7 @@ async fn without_quotas_a_node_keeps_to_the_budget_it_was_told() {
     assert_eq!(ok, 0, "spent on quota already");
     assert_eq!(policy.unwrap(), r#""requests";q=600;w=3600"#);
     // A fresh budget: 7 of it.
-    let budget = v1::Budget {
-        user: "alice".into(),
-        resource: "requests".into(),
-        window_seconds: 3600,
-        remaining: 14.0,
-        nodes: 2,
-    };
-    store.set_bound(v1::Bound {
-        service: "front".into(),
-        keys: Vec::new(),
-        budgets: vec![budget],
-    });
+    alice_has_left_of_the_hour(&store, 14.0);
     assert_eq!(admitted(20).await.0, 7);
     // Others keep to the last quota alone.
     let res = app.clone().oneshot(get_as("bob", "/")).await.unwrap();

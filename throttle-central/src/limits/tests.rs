@@ -386,13 +386,7 @@ fn the_example_file_parses() {
     assert!(set.get("front", EVERY_USER).is_some());
     // Each user as the file's comments say: (period, amount, burst
     // seconds) per resource, the "*" rule's where theirs is silent.
-    let every = set.get("front", EVERY_USER);
-    let effective = |user: &str, resource: &str| {
-        let r = resolve(set.get("front", user), every, resource);
-        (r.allowances.iter())
-            .map(|a| (a.period, a.amount(), a.burst_seconds))
-            .collect::<Vec<_>>()
-    };
+    let effective = |user: &str, resource: &str| effective(&set, user, resource);
     const MIB: f64 = 1_048_576.0;
     let stranger = effective("stranger", "requests");
     assert_eq!(stranger, [(Period::Second, 100.0, 10.0)]);
@@ -608,13 +602,7 @@ fn the_guides_limits_examples_are_true() {
         }
     }
     let set = LimitSet::from_toml(blocks[0]).unwrap();
-    let every = set.get("front", EVERY_USER);
-    let periods = |user: &str| {
-        let r = resolve(set.get("front", user), every, "requests");
-        (r.allowances.iter())
-            .map(|a| (a.period, a.amount(), a.burst_seconds))
-            .collect::<Vec<_>>()
-    };
+    let periods = |user: &str| effective(&set, user, "requests");
     let whole = [
         (Period::Second, 100.0, 10.0),
         (Period::Minute, 6000.0, 60.0),
@@ -655,4 +643,14 @@ proptest::proptest! {
             proptest::prop_assert_eq!(set.get("s", "v").unwrap().per_second["r"], f64::from(lowest));
         }
     }
+}
+
+/// What limits `user`'s `resource` in service `front` of `set`, the `*`
+/// rule's where theirs is silent: (period, amount, burst seconds).
+fn effective(set: &LimitSet, user: &str, resource: &str) -> Vec<(Period, f64, f64)> {
+    let every = set.get("front", EVERY_USER);
+    let r = resolve(set.get("front", user), every, resource);
+    (r.allowances.iter())
+        .map(|a| (a.period, a.amount(), a.burst_seconds))
+        .collect()
 }

@@ -260,18 +260,8 @@ impl ServiceStore {
         record: bool,
         want_handle: bool,
     ) -> Admission {
-        let slot = self.current_slot();
-        let admission = self.with_entry(user, slot, |st| {
-            let decision = self.decide(st, slot, costs, fallback, record);
-            let handle = want_handle.then(|| UserHandle {
-                service: self.clone(),
-                user: user.into(),
-            });
-            Admission { decision, handle }
-        });
-        admission.unwrap_or(Admission {
-            decision: Decision::fallback(fallback, Basis::AtCap),
-            handle: None,
+        self.admit_by(user, fallback, want_handle, |st, slot| {
+            self.decide(st, slot, costs, fallback, record)
         })
     }
 
@@ -287,9 +277,24 @@ impl ServiceStore {
         record: bool,
         want_handle: bool,
     ) -> Admission {
+        self.admit_by(user, fallback, want_handle, |st, slot| {
+            self.decide_within_budget(st, user, slot, costs, fallback, record)
+        })
+    }
+
+    /// `user`'s admission as `decide` makes it on their entry in the
+    /// current slot; the fallback's at the key cap.
+    #[inline(always)]
+    fn admit_by(
+        self: &Arc<Self>,
+        user: &str,
+        fallback: Fallback,
+        want_handle: bool,
+        decide: impl FnOnce(&mut UserState, i64) -> Decision,
+    ) -> Admission {
         let slot = self.current_slot();
         let admission = self.with_entry(user, slot, |st| {
-            let decision = self.decide_within_budget(st, user, slot, costs, fallback, record);
+            let decision = decide(st, slot);
             let handle = want_handle.then(|| UserHandle {
                 service: self.clone(),
                 user: user.into(),
