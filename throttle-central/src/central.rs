@@ -21,7 +21,7 @@ use serde_json::Value;
 use throttle_clock::{Clock, SlotLength, SystemClock};
 use throttle_proto::wire::server::central_server::CentralServer;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::assigner::Assigner;
@@ -29,6 +29,7 @@ use crate::http::{self, HttpState};
 use crate::keys::NodeKeys;
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
+use crate::legacy::Endpoint;
 use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource};
 use crate::net::{self, ConnectionLimits, ServerTls};
 use crate::server::{
@@ -53,6 +54,7 @@ pub struct CentralBuilder {
     connections: ConnectionLimits,
     state: Option<Arc<dyn StateStore>>,
     checkpoint_every: Duration,
+    legacy: Option<TcpListener>,
 }
 
 impl std::fmt::Debug for CentralBuilder {
@@ -90,6 +92,7 @@ impl Central {
             connections: ConnectionLimits::default(),
             state: None,
             checkpoint_every: Duration::from_secs(1),
+            legacy: None,
         }
     }
 }
@@ -242,13 +245,24 @@ impl CentralBuilder {
         self
     }
 
+    /// Serves the legacy nodes (lua-resty-throttle) on `listener`: their
+    /// WebSocket at `/throttle`, over TLS when [`CentralBuilder::tls`] is
+    /// set, their URLs checked against [`CentralBuilder::node_keys`].
+    /// Legacy nodes count 1 s slots: [`CentralBuilder::spawn`] refuses
+    /// another slot length.
+    pub fn legacy_listener(mut self, listener: TcpListener) -> Self {
+        self.legacy = Some(listener);
+        self
+    }
+
     /// Starts serving node streams on `grpc` and, if given, the monitor API
     /// on `http`. Must be called within a Tokio runtime.
     ///
     /// # Errors
     ///
-    /// When the listeners' addresses cannot be read, or tonic refuses the
-    /// TLS configuration.
+    /// When the listeners' addresses cannot be read, tonic refuses the
+    /// TLS configuration, or legacy nodes are served with slots other than
+    /// 1 s.
     pub fn spawn(
         self,
         grpc: TcpListener,
@@ -256,6 +270,15 @@ impl CentralBuilder {
     ) -> std::io::Result<RunningCentral> {
         let grpc_addr = grpc.local_addr()?;
         let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
+        let legacy_addr = self
+            .legacy
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?;
+        if legacy_addr.is_some() && self.ledger.slot.as_ms() != 1_000 {
+            let why = "legacy nodes count 1 s slots: serve them with a slot of 1000 ms";
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why));
+        }
         let slot = self.ledger.slot;
         let config = self.ledger.clone();
         let ledger = match self.policies {
@@ -321,6 +344,21 @@ impl CentralBuilder {
             tasks.push(tokio::spawn(keeper.run(stop_rx.clone())));
             gate
         });
+        if let (Some(listener), Some(addr)) = (self.legacy, legacy_addr) {
+            let endpoint = Endpoint {
+                commands: commands.clone(),
+                leadership: self.leadership.clone(),
+                keys: self.keys.clone(),
+                clock: self.clock.clone(),
+                restored: restored.clone(),
+                max_users_per_report: config.max_users_per_report,
+                sessions: Arc::new(Semaphore::new(self.connections.max_node_connections.max(1))),
+            };
+            let tls = self.tls.as_ref().map(ServerTls::http);
+            let stop = stopped(stop_rx.clone());
+            tasks.push(endpoint.serve(listener, tls, self.connections, stop));
+            tracing::info!(legacy_addr = %addr, tls = self.tls.is_some(), "listening for legacy nodes");
+        }
         let service = CentralService {
             commands: commands.clone(),
             leadership: self.leadership.clone(),
@@ -362,6 +400,7 @@ impl CentralBuilder {
         Ok(RunningCentral {
             grpc_addr,
             http_addr,
+            legacy_addr,
             commands,
             stop: stop_tx,
             tasks,
@@ -441,6 +480,7 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 pub struct RunningCentral {
     grpc_addr: SocketAddr,
     http_addr: Option<SocketAddr>,
+    legacy_addr: Option<SocketAddr>,
     commands: mpsc::Sender<Command>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -455,6 +495,11 @@ impl RunningCentral {
     /// Where the monitor API listens, if it does.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http_addr
+    }
+
+    /// Where legacy nodes connect, if they are served.
+    pub fn legacy_addr(&self) -> Option<SocketAddr> {
+        self.legacy_addr
     }
 
     /// Asks the ledger a monitor question (see [`Subject`]), every row

@@ -49,6 +49,12 @@ struct NodeKey {
     node_ids: Vec<String>,
 }
 
+impl NodeKey {
+    fn allows(&self, node_id: &str) -> bool {
+        self.node_ids.is_empty() || self.node_ids.iter().any(|p| matches(p, node_id))
+    }
+}
+
 /// The access keys a central accepts.
 #[derive(Clone, Default)]
 pub struct KeySet {
@@ -179,13 +185,22 @@ impl KeySet {
             .get(&signed.access_key)
             .ok_or(AuthError::UnknownKey)?;
         Verifier::new(SKEW_MS).verify(&key.secret_key, signed, now_ms)?;
-        let allowed =
-            key.node_ids.is_empty() || key.node_ids.iter().any(|p| matches(p, &signed.node_id));
-        if allowed {
+        if key.allows(&signed.node_id) {
             Ok(())
         } else {
             Err(AuthError::NodeNotAllowed)
         }
+    }
+
+    /// The secret key of `access_key`, for a signature computed otherwise
+    /// (the legacy nodes' presigned URLs).
+    pub fn secret_of(&self, access_key: &str) -> Option<&str> {
+        self.keys.get(access_key).map(|k| k.secret_key.as_str())
+    }
+
+    /// Whether `access_key` may be used by `node_id`.
+    pub fn allows(&self, access_key: &str, node_id: &str) -> bool {
+        self.keys.get(access_key).is_some_and(|k| k.allows(node_id))
     }
 }
 

@@ -33,6 +33,7 @@ mod http;
 pub mod keys;
 pub mod leadership;
 pub mod ledger;
+mod legacy;
 pub mod limits;
 mod log;
 pub mod net;

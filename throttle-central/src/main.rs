@@ -35,6 +35,11 @@ struct Args {
     /// HTTP address of the monitor API, /metrics and /healthz.
     #[arg(long, env = "THROTTLE_CENTRAL_HTTP", default_value = "127.0.0.1:7076")]
     http: SocketAddr,
+    /// Address of the legacy nodes' WebSocket (lua-resty-throttle in
+    /// nginx: `wss://ADDR/throttle`, over TLS with --tls-cert, their URLs
+    /// signed with --node-keys). Not served without it.
+    #[arg(long, env = "THROTTLE_CENTRAL_LEGACY_LISTEN")]
+    legacy_listen: Option<SocketAddr>,
     /// TOML file of limits, reloaded when it changes; or `etcd:///KEY`
     /// (with `--etcd`): the same document kept in etcd at KEY, watched, so
     /// every central reads the same. Without it nobody is limited (every
@@ -190,6 +195,12 @@ async fn main() -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(args.http)
         .await
         .with_context(|| format!("binding HTTP address {}", args.http))?;
+    if let Some(addr) = args.legacy_listen {
+        let legacy = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the legacy address {addr}"))?;
+        builder = builder.legacy_listener(legacy);
+    }
     let election = election(&args)?;
     if let Some(running) = &election {
         builder = builder.leadership(running.elected.clone());

@@ -8,9 +8,13 @@
 mod app;
 mod central;
 mod chromium;
+mod legacy_client;
+mod legacy_node;
 pub use app::AppProcess;
 pub use central::CentralProcess;
 pub use chromium::Chromium;
+pub use legacy_client::{LegacyClient, presigned_query};
+pub use legacy_node::{ANSWER_WAIT, LegacyNode};
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -145,7 +145,8 @@ impl Connection {
             router: self.router,
             activity: activity.clone(),
         });
-        let conn = self.builder.serve_connection(io, service);
+        // Upgrades: the legacy nodes' WebSocket.
+        let conn = self.builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
         let (head, idle) = (self.limits.header_read, self.limits.idle);
         let mut look = tokio::time::interval(look_every(head, idle));

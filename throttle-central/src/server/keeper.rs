@@ -25,6 +25,23 @@ const LOAD_ATTEMPTS: u32 = 3;
 /// Lines about failed writes, at most once a second.
 static SAVE_FAILED: Throttled = Throttled::new();
 
+/// The longest a stream waits for a new leadership's checkpoint to be
+/// restored before it is refused (the node tries again).
+const RESTORE_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits until the checkpoint of the leadership of `epoch` is back in the
+/// ledger (a report filed before it would be charged twice), at most
+/// [`RESTORE_WAIT`]; true once it is, or when there is no checkpoint to
+/// wait for (`restored` is `None`: no state store).
+pub(crate) async fn restored(restored: Option<&watch::Receiver<Option<u64>>>, epoch: u64) -> bool {
+    let Some(restored) = restored else {
+        return true;
+    };
+    let mut restored = restored.clone();
+    let wait = restored.wait_for(|r| *r == Some(epoch));
+    matches!(tokio::time::timeout(RESTORE_WAIT, wait).await, Ok(Ok(_)))
+}
+
 /// Restores and writes checkpoints; see the module docs.
 pub(crate) struct Keeper {
     pub(crate) store: Arc<dyn StateStore>,

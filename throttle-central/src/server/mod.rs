@@ -38,8 +38,10 @@ mod timers;
 mod told;
 
 pub(crate) use actor::Actor;
+pub(crate) use ahead::AnswerAhead;
 pub(crate) use command::{Command, ask};
-pub(crate) use keeper::Keeper;
+pub(crate) use keeper::{Keeper, restored};
 pub use monitor::{Connection, Connections, MonitorView, Subject};
+pub(crate) use received::Received;
 pub(crate) use stream::CentralService;
 pub(crate) use timers::{follow_etcd, reloader, ticker};

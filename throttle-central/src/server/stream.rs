@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::ahead::AnswerAhead;
 use super::auth::{authenticate, other_node_id};
 use super::command::{Command, Outgoing};
+use super::keeper::restored;
 use super::received::Received;
 use super::standby::{Settled, Standby};
 use crate::keys::NodeKeys;
@@ -35,10 +36,6 @@ const MAX_SERVICES_PER_HELLO: usize = 1_000;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages queued per node stream before pushes are dropped.
 const STREAM_QUEUE: usize = 32;
-
-/// The longest a stream waits for a new leadership's checkpoint to be
-/// restored before it is refused with `UNAVAILABLE` (the node tries again).
-const RESTORE_WAIT: Duration = Duration::from_secs(2);
 
 /// What to do after a report: read the next, end the stream quietly, or
 /// end it with a status.
@@ -261,18 +258,11 @@ impl CentralService {
     }
 
     /// Waits until the checkpoint of this leadership is back in the ledger
-    /// (a report filed before it would be charged twice), at most
-    /// [`RESTORE_WAIT`].
+    /// ([`restored`]).
     async fn restored_state(&self) -> Result<(), Status> {
-        let Some(restored) = &self.restored else {
-            return Ok(());
-        };
-        let epoch = self.leadership.epoch();
-        let mut restored = restored.clone();
-        let wait = restored.wait_for(|r| *r == Some(epoch));
-        match tokio::time::timeout(RESTORE_WAIT, wait).await {
-            Ok(Ok(_)) => Ok(()),
-            _ => Err(Status::unavailable("restoring the checkpoint; try again")),
+        match restored(self.restored.as_ref(), self.leadership.epoch()).await {
+            true => Ok(()),
+            false => Err(Status::unavailable("restoring the checkpoint; try again")),
         }
     }
 

@@ -1,0 +1,296 @@
+//! One legacy node's WebSocket: a report per text frame, filed by the
+//! ledger's task as a node stream's are, and answered by one text frame.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+use metrics::counter;
+use prost::Message as _;
+use throttle_proto::v1::{self, central_message};
+use throttle_proto::wire::Outbound;
+use throttle_proto::{MAX_NAME_LEN, legacy};
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+use super::endpoint::Endpoint;
+use super::quotas::LegacyQuotas;
+use crate::log::{Throttled, peer, truncate};
+use crate::server::{AnswerAhead, Command, Received, restored};
+
+/// Most services one legacy node may name, as for a node stream's Hello.
+const MAX_SERVICES: usize = 1_000;
+
+/// A connection silent this long is closed: a legacy node reports every
+/// second, and keeps an idle connection 20 s at most.
+const IDLE: Duration = Duration::from_secs(60);
+
+/// Messages from the ledger queued for one connection.
+const QUEUE: usize = 32;
+
+/// Lines about refused frames, at most once a second.
+static REFUSED: Throttled = Throttled::new();
+
+/// Why a session ends.
+enum End {
+    /// The node closed, went silent, or the ledger stopped.
+    Closed,
+    /// The node sent what it may not.
+    Refused(&'static str, String),
+}
+
+/// A legacy node's connection, once its handshake was accepted.
+pub(super) struct Session {
+    pub(super) endpoint: Endpoint,
+    pub(super) addr: SocketAddr,
+    /// The access key its URL was signed with, when keys are required.
+    pub(super) access_key: Option<String>,
+}
+
+/// The node's registration with the ledger's task: a node stream's.
+struct Registered {
+    conn: u64,
+    node_id: String,
+    services: BTreeSet<String>,
+}
+
+/// What a session holds while it runs.
+struct Running {
+    tx: mpsc::Sender<Result<Outbound, Status>>,
+    rx: mpsc::Receiver<Result<Outbound, Status>>,
+    quotas: LegacyQuotas,
+    registered: Option<Registered>,
+}
+
+impl Session {
+    /// Serves the connection until it ends; a frame the node may not send
+    /// ends it, counted and logged.
+    pub(super) async fn run(self, mut socket: WebSocket) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let mut running = Running {
+            tx,
+            rx,
+            quotas: LegacyQuotas::default(),
+            registered: None,
+        };
+        let mut deposed = self.endpoint.leadership.deposed();
+        let end = loop {
+            let frame = tokio::select! {
+                frame = tokio::time::timeout(IDLE, socket.recv()) => frame,
+                pushed = running.rx.recv() => match pushed.map(|m| running.absorb(m)) {
+                    Some(true) => continue,
+                    _ => break End::Closed,
+                },
+                () = &mut deposed => break End::Closed,
+            };
+            let text = match frame {
+                Ok(Some(Ok(Message::Text(text)))) => text,
+                Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+                Ok(Some(Ok(Message::Binary(_)))) => {
+                    break End::Refused("legacy_frame", "a binary frame".into());
+                }
+                Ok(Some(Err(e))) => break End::Refused("legacy_frame", e.to_string()),
+                Ok(Some(Ok(Message::Close(_))) | None) | Err(_) => break End::Closed,
+            };
+            let answer = match self.report(&mut running, text.as_str()).await {
+                Ok(answer) => answer,
+                Err(end) => break end,
+            };
+            if socket.send(Message::Text(answer.into())).await.is_err() {
+                break End::Closed;
+            }
+        };
+        if let End::Refused(reason, why) = end {
+            self.refused(reason, &why);
+        }
+        if let Some(r) = running.registered {
+            let _ = self
+                .endpoint
+                .commands
+                .send(Command::Disconnect { conn: r.conn })
+                .await;
+        }
+    }
+
+    /// Files one report and renders its answer.
+    async fn report(&self, running: &mut Running, text: &str) -> Result<String, End> {
+        let report = legacy::report_from_json(text)
+            .map_err(|e| End::Refused("legacy_json", e.to_string()))?;
+        self.check(running, &report)?;
+        if !self.endpoint.leadership.is_leader() {
+            return Err(End::Closed);
+        }
+        let services: BTreeSet<String> = report
+            .consumption
+            .keys()
+            .chain(report.rejection.keys())
+            .cloned()
+            .collect();
+        self.register(running, &report.node_id, &services).await?;
+        let conn = running.registered.as_ref().map_or(0, |r| r.conn);
+        let slot = report.slot_number;
+        let (reply, filed) = oneshot::channel();
+        let report = Received::Decoded(report);
+        let command = Command::Report {
+            conn,
+            report,
+            reply,
+            answered: false,
+        };
+        self.endpoint
+            .commands
+            .send(command)
+            .await
+            .map_err(|_| End::Closed)?;
+        match filed.await {
+            Ok((Ok(()), _)) => {}
+            Ok((Err(status), _)) => {
+                return Err(End::Refused("legacy_report", status.message().to_owned()));
+            }
+            Err(_) => return Err(End::Closed),
+        }
+        while let Ok(message) = running.rx.try_recv() {
+            if !running.absorb(message) {
+                return Err(End::Closed);
+            }
+        }
+        let answer = running
+            .quotas
+            .answer(services.iter().map(String::as_str), slot);
+        Ok(serde_json::to_string(&answer).unwrap_or_default())
+    }
+
+    /// The report's node id and size, before anything is filed: the node
+    /// id one the key allows, the same on every report of the connection.
+    fn check(&self, running: &Running, report: &v1::Report) -> Result<(), End> {
+        let node_id = report.node_id.as_str();
+        if node_id.is_empty() || node_id.len() > MAX_NAME_LEN {
+            let why = format!("node_id must be 1 to {MAX_NAME_LEN} bytes");
+            return Err(End::Refused("legacy_report", why));
+        }
+        let allowed = match &self.access_key {
+            Some(key) => self.endpoint.keys_allow(key, node_id),
+            None => true,
+        };
+        let same = running
+            .registered
+            .as_ref()
+            .is_none_or(|r| r.node_id == node_id);
+        if !allowed || !same {
+            let why = format!("node id {:?} not allowed here", truncate(node_id));
+            return Err(End::Refused("node_not_allowed", why));
+        }
+        let services = report.consumption.keys().chain(report.rejection.keys());
+        if services.count() > 2 * MAX_SERVICES {
+            let why = format!("more than {MAX_SERVICES} services");
+            return Err(End::Refused("legacy_report", why));
+        }
+        let users: usize = report.consumption.values().map(|u| u.users.len()).sum();
+        let max_users = self.endpoint.max_users_per_report;
+        if users > max_users {
+            let why = format!("report carries more users than the limit of {max_users}");
+            return Err(End::Refused("too_many_users", why));
+        }
+        Ok(())
+    }
+
+    /// Registers the node with the ledger's task for `services` (and those
+    /// it named before), as a node stream's Hello does, unless it is
+    /// already registered for them.
+    async fn register(
+        &self,
+        running: &mut Running,
+        node_id: &str,
+        services: &BTreeSet<String>,
+    ) -> Result<(), End> {
+        let mut all = services.clone();
+        if let Some(r) = &running.registered {
+            if services.is_subset(&r.services) {
+                return Ok(());
+            }
+            all.extend(r.services.iter().cloned());
+        }
+        if all.len() > MAX_SERVICES || all.iter().any(|s| s.is_empty() || s.len() > MAX_NAME_LEN) {
+            let why =
+                format!("services must be at most {MAX_SERVICES}, of 1 to {MAX_NAME_LEN} bytes");
+            return Err(End::Refused("legacy_report", why));
+        }
+        let endpoint = &self.endpoint;
+        if !restored(endpoint.restored.as_ref(), endpoint.leadership.epoch()).await {
+            return Err(End::Closed);
+        }
+        if let Some(r) = running.registered.take() {
+            let _ = endpoint
+                .commands
+                .send(Command::Disconnect { conn: r.conn })
+                .await;
+        }
+        let hello = v1::Hello {
+            node_id: node_id.to_owned(),
+            slot_ms: 1_000,
+            services: all.iter().cloned().collect(),
+            version: "lua-resty-throttle".to_owned(),
+            accepts: Vec::new(),
+        };
+        let (reply, conn) = oneshot::channel();
+        let connect = Command::Connect {
+            hello,
+            addr: Some(self.addr),
+            tx: running.tx.clone(),
+            ahead: Arc::new(AnswerAhead::default()),
+            reply,
+        };
+        endpoint
+            .commands
+            .send(connect)
+            .await
+            .map_err(|_| End::Closed)?;
+        let conn = conn.await.map_err(|_| End::Closed)?;
+        running.quotas.keep_only(&all);
+        running.registered = Some(Registered {
+            conn,
+            node_id: node_id.to_owned(),
+            services: all,
+        });
+        Ok(())
+    }
+
+    fn refused(&self, reason: &'static str, why: &str) {
+        match reason {
+            "node_not_allowed" => {
+                counter!("throttle_central_unauthenticated_total", "reason" => reason)
+            }
+            _ => counter!("throttle_central_invalid_messages_total", "reason" => reason),
+        }
+        .increment(1);
+        if let Some(skipped) = REFUSED.allow_now() {
+            let addr = peer(Some(self.addr));
+            tracing::warn!(reason, %addr, skipped, "legacy node connection closed: {why}");
+        }
+    }
+}
+
+impl Running {
+    /// Takes a message the ledger queued for the node; false when it ends
+    /// the connection (the ledger closed it, or this central no longer
+    /// leads).
+    fn absorb(&mut self, message: Result<Outbound, Status>) -> bool {
+        let message = match message {
+            Ok(Outbound::Message(m)) => m,
+            Ok(Outbound::Encoded(bytes)) => match v1::CentralMessage::decode(bytes) {
+                Ok(m) => m,
+                Err(_) => return true,
+            },
+            Err(_) => return false,
+        };
+        match message.kind {
+            Some(central_message::Kind::Quota(q)) => self.quotas.take(q),
+            Some(central_message::Kind::Blocks(b)) => self.quotas.take_blocks(b),
+            Some(central_message::Kind::NotLeader(_)) => return false,
+            _ => {}
+        }
+        true
+    }
+}
