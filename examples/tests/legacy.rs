@@ -28,6 +28,11 @@ const LIMITS: &str = r#"
 service = "front"
 user = "alice"
 per_second = { requests = 100 }
+
+[[limit]]
+service = "front"
+user = "*"
+per_second = { requests = 50 }
 "#;
 
 const KEYS: &str = r#"
@@ -435,4 +440,68 @@ async fn a_standby_refuses_legacy_nodes_and_they_reach_the_new_leader() {
         "served again {back:?} after the kill"
     );
     assert!(leads(&centrals[standby]));
+}
+
+/// A report of `users` users with one request each.
+fn crowd(node_id: &str, slot: i64, users: usize) -> String {
+    let users: Vec<String> = (0..users)
+        .map(|u| format!(r#""user-{u:04}": {{"requests": 1}}"#))
+        .collect();
+    format!(
+        r#"{{"node_id": "{node_id}", "slot_number": {slot}, "consumption": {{"front": {{{}}}}}, "rejection": {{"front": {{}}}}}}"#,
+        users.join(", ")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_of_1000_users_from_5_nodes_are_answered_in_time() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let test = "reports_of_1000_users_from_5_nodes_are_answered_in_time";
+    let Some(bin) = central_bin(test) else { return };
+    let dir = TempDir::new("legacy-crowd");
+    let (_central, legacy) = central(&bin, &dir, &[("limits.toml", LIMITS)], &[]);
+    let nodes: Vec<_> = (0..5)
+        .map(|n| {
+            std::thread::spawn(move || {
+                let mut client = LegacyClient::connect(legacy, false, "").expect("upgraded");
+                let mut trips = Vec::new();
+                let mut sizes = Vec::new();
+                for _ in 0..6 {
+                    let next = unix_second() + 1;
+                    let at =
+                        SystemTime::UNIX_EPOCH + Duration::from_millis(next as u64 * 1000 + 50);
+                    std::thread::sleep(at.duration_since(SystemTime::now()).unwrap_or_default());
+                    let sent = std::time::Instant::now();
+                    client
+                        .send_text(&crowd(&format!("lua-{n}"), next, 1_000))
+                        .expect("sent");
+                    let answer = client.recv_text(ANSWER_WAIT);
+                    trips.push(sent.elapsed());
+                    sizes.push(answer.map_or(0, |a| a.len()));
+                }
+                (trips, sizes)
+            })
+        })
+        .collect();
+    let mut trips = Vec::new();
+    let mut sizes = Vec::new();
+    for node in nodes {
+        let (t, s) = node.join().expect("node ran");
+        // The first two: before the central has seen the users.
+        trips.extend(t.into_iter().skip(2));
+        sizes.extend(s.into_iter().skip(2));
+    }
+    trips.sort();
+    let p = |q: f64| trips[((trips.len() - 1) as f64 * q) as usize];
+    let largest = sizes.iter().max().copied().unwrap_or(0);
+    println!(
+        "1,000 users a report, 5 nodes at once: round trip p50 {:?} p99 {:?}, answers up to {largest} bytes",
+        p(0.5),
+        p(0.99)
+    );
+    assert!(
+        sizes.iter().all(|s| (1_000..=65_535).contains(s)),
+        "answered, in one frame: {sizes:?}"
+    );
+    assert!(p(0.99) < ANSWER_WAIT);
 }

@@ -12,13 +12,17 @@
 //! - `presigned`: the URL's AWS Signature V4 query, checked;
 //! - `session`: one connection, each report filed by the ledger's task as a
 //!   node stream's is, then answered;
-//! - `quotas`: what the ledger granted the node, in the legacy form.
+//! - `quotas`: what the ledger granted the node, and the answer to its
+//!   report (`answer`), its tables in whole amounts (`whole_table`), in one
+//!   frame of at most 65,535 bytes.
 //!
 //! `docs/guides/legacy.md` tells an operator how to move a fleet over.
 
+mod answer;
 mod endpoint;
 mod presigned;
 mod quotas;
 mod session;
+mod whole_table;
 
 pub(crate) use endpoint::Endpoint;

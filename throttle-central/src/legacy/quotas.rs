@@ -8,9 +8,12 @@
 //! latest tables and writes them all into the next answer.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use throttle_proto::legacy::JsonQuota;
 use throttle_proto::v1;
+
+use super::answer::Answer;
+use super::whole_table::WholeTable;
 
 /// Slots an answer covers, from the report's: the current one, the next,
 /// and a few more (the latest table again), so that a node whose central
@@ -69,51 +72,76 @@ impl LegacyQuotas {
         self.blocked.retain(|s, _| services.contains(s));
     }
 
-    /// The answer to a report of `slot` naming `services`: for each, the
-    /// slots `slot .. slot + ANSWER_SLOTS`, every one present (empty when
-    /// nothing is known), each holding the latest table of that slot or
-    /// before, in the amounts a legacy node reads ([`legacy_amount`]).
+    /// The answer to a report of `slot` naming `services`, written in at
+    /// most `max_bytes` (a legacy node reads no larger frame): for each
+    /// service the next slot's table, then the current slot's, then the
+    /// latest again for the slots after, as many as fit ([`ANSWER_SLOTS`]
+    /// at most). Every table is the latest of its slot or before, in the
+    /// amounts a legacy node reads ([`legacy_amount`]). When even the next
+    /// slot's tables do not fit, the users with the largest amounts are
+    /// left out (a legacy node admits a user it has no quota for).
     pub(super) fn answer<'s>(
         &self,
         services: impl IntoIterator<Item = &'s str>,
         slot: i64,
-    ) -> JsonQuota {
-        services
-            .into_iter()
-            .map(|service| {
-                let slots = (slot..slot + ANSWER_SLOTS)
-                    .map(|k| (k.to_string(), self.table_at(service, k)))
-                    .collect();
-                (service.to_owned(), slots)
-            })
-            .collect()
+        max_bytes: usize,
+    ) -> Answer {
+        let mut services: Vec<&str> = services.into_iter().collect();
+        services.sort_unstable();
+        services.dedup();
+        let order = std::iter::once(slot + 1)
+            .chain(std::iter::once(slot))
+            .chain(slot + 2..slot + ANSWER_SLOTS);
+        let mut answer = Answer::new(&services, max_bytes);
+        // Tables written once each: the slots ahead repeat the latest.
+        let mut written: BTreeMap<(&str, Option<i64>), Arc<str>> = BTreeMap::new();
+        for k in order {
+            let tables: Vec<Arc<str>> = services
+                .iter()
+                .map(|&s| {
+                    let source = self.source_of(s, k);
+                    let json = written.entry((s, source));
+                    json.or_insert_with(|| self.whole(s, source).to_json())
+                        .clone()
+                })
+                .collect();
+            let added = answer.add(k, tables, || {
+                services
+                    .iter()
+                    .map(|&s| self.whole(s, self.source_of(s, k)))
+                    .collect()
+            });
+            if !added {
+                break;
+            }
+        }
+        answer
     }
 
-    /// The table a legacy node should use in `slot` of `service`.
-    fn table_at(&self, service: &str, slot: i64) -> Table {
-        let latest = self
-            .tables
-            .get(service)
-            .and_then(|t| t.range(..=slot).next_back())
-            .filter(|(at, _)| slot - **at < ANSWER_SLOTS);
-        let mut table: Table = match latest {
-            Some((_, table)) => table
+    /// The slot whose table a legacy node should use in `slot` of
+    /// `service`: the latest at or before it, within [`ANSWER_SLOTS`].
+    fn source_of(&self, service: &str, slot: i64) -> Option<i64> {
+        let tables = self.tables.get(service)?;
+        let (at, _) = tables.range(..=slot).next_back()?;
+        (slot - at < ANSWER_SLOTS).then_some(*at)
+    }
+
+    /// The table of `source` (none: an empty one), with the blocked users,
+    /// in whole amounts.
+    fn whole(&self, service: &str, source: Option<i64>) -> WholeTable {
+        let table = source.and_then(|k| self.tables.get(service)?.get(&k));
+        let mut whole = WholeTable::default();
+        for (user, resources) in table.into_iter().flatten() {
+            let amounts = resources
                 .iter()
-                .map(|(user, resources)| {
-                    let amounts = resources
-                        .iter()
-                        .map(|(r, q)| (r.clone(), legacy_amount(*q)))
-                        .collect();
-                    (user.clone(), amounts)
-                })
-                .collect(),
-            None => Table::new(),
-        };
-        for user in self.blocked.get(service).into_iter().flatten() {
-            let refused = self.resources_of(service, user);
-            table.insert(user.clone(), refused.map(|r| (r, 0.0)).collect());
+                .map(|(r, q)| (r.clone(), legacy_amount(*q)));
+            whole.users.insert(user.clone(), amounts.collect());
         }
-        table
+        for user in self.blocked.get(service).into_iter().flatten() {
+            let refused = self.resources_of(service, user).map(|r| (r, 0));
+            whole.users.insert(user.clone(), refused.collect());
+        }
+        whole
     }
 
     /// The resources a blocked user is refused on: those the tables give
@@ -144,23 +172,27 @@ impl LegacyQuotas {
     }
 }
 
-/// The amount to tell a legacy node for a grant of `q`. A legacy node
-/// admits while what its slot consumed is at most the amount, so an
-/// amount of N lets N + 1 unit requests through: it is told one less. An
-/// amount below 1 refuses everything, so a grant of 1 to 2 is told 1
-/// (two requests may pass; the ledger charges both, and the user's next
-/// grants pay for the second).
-pub(super) fn legacy_amount(q: f64) -> f64 {
-    match q {
-        q if q >= 2.0 => q - 1.0,
-        q if q >= 1.0 => 1.0,
-        q => q.max(0.0),
+/// The amount to tell a legacy node for a grant of `q`, a whole number.
+/// A legacy node admits while what its slot consumed is at most the
+/// amount, so an amount of N lets N + 1 unit requests through: it is told
+/// one less than the whole part of the grant. An amount below 1 refuses
+/// everything, so a grant of 1 to 2 is told 1 (two requests may pass; the
+/// ledger charges both, and the user's next grants pay for the second).
+pub(super) fn legacy_amount(q: f64) -> u64 {
+    match q.floor() {
+        q if q >= 2.0 => q as u64 - 1,
+        q if q >= 1.0 => 1,
+        _ => 0,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    const MAX: usize = 65_535;
 
     fn quota(service: &str, slot: i64, user: &str, amount: f64) -> v1::Quota {
         let resources = v1::ResourceQuotas {
@@ -178,27 +210,35 @@ mod tests {
         }
     }
 
-    fn requests(answer: &JsonQuota, service: &str, slot: i64, user: &str) -> Option<f64> {
-        let table = answer.get(service)?.get(&slot.to_string())?;
-        table.get(user)?.get("requests").copied()
+    fn requests(answer: &Answer, service: &str, slot: i64, user: &str) -> Option<f64> {
+        let json: serde_json::Value = serde_json::from_str(&answer.to_json()).ok()?;
+        json[service][slot.to_string()][user]["requests"].as_f64()
+    }
+
+    fn table(answer: &Answer, service: &str, slot: i64) -> Option<serde_json::Value> {
+        let json: serde_json::Value = serde_json::from_str(&answer.to_json()).ok()?;
+        json[service].get(slot.to_string()).cloned()
     }
 
     #[test]
     fn an_answer_holds_the_current_slot_and_the_latest_share_ahead() {
         let mut q = LegacyQuotas::default();
         q.take(quota("front", 10, "alice", 30.0));
-        q.take(quota("front", 11, "alice", 20.0));
-        let answer = q.answer(["front", "api"], 10);
+        q.take(quota("front", 11, "alice", 20.5));
+        let answer = q.answer(["front", "api"], 10, MAX);
         assert_eq!(requests(&answer, "front", 10, "alice"), Some(29.0));
         assert_eq!(requests(&answer, "front", 11, "alice"), Some(19.0));
         assert_eq!(requests(&answer, "front", 17, "alice"), Some(19.0));
-        assert_eq!(answer["front"].len(), 8);
+        assert_eq!(answer.slots(), 8);
         // A service with nothing granted: every slot, empty.
-        assert_eq!(answer["api"].len(), 8);
-        assert!(answer["api"].values().all(BTreeMap::is_empty));
+        let empty = Some(serde_json::json!({}));
+        assert!((10..18).all(|k| table(&answer, "api", k) == empty));
+        let json: serde_json::Value = serde_json::from_str(&answer.to_json()).unwrap();
+        assert_eq!(json["front"]["11"]["alice"]["requests"], 19);
+        assert_eq!(json["api"]["10"], serde_json::json!({}));
         // A table older than the answer's reach is not used.
-        let later = q.answer(["front"], 19);
-        assert!(later["front"].values().all(BTreeMap::is_empty));
+        let later = q.answer(["front"], 19, MAX);
+        assert!((19..27).all(|k| table(&later, "front", k) == empty));
     }
 
     #[test]
@@ -209,7 +249,7 @@ mod tests {
         }
         q.take(quota("front", 9, "bob", 5.0));
         assert_eq!(q.tables["front"].len(), KEPT_SLOTS);
-        let answer = q.answer(["front"], 9);
+        let answer = q.answer(["front"], 9, MAX);
         assert_eq!(requests(&answer, "front", 9, "alice"), None);
         assert_eq!(requests(&answer, "front", 9, "bob"), Some(4.0));
         q.keep_only(&BTreeSet::new());
@@ -225,11 +265,11 @@ mod tests {
             users: users.iter().map(|u| (*u).to_owned()).collect(),
         };
         q.take_blocks(blocks(&["alice", "mallory"]));
-        let answer = q.answer(["front", "api"], 5);
+        let answer = q.answer(["front", "api"], 5, MAX);
         assert_eq!(requests(&answer, "front", 5, "alice"), Some(0.0));
         assert_eq!(requests(&answer, "front", 5, "mallory"), Some(0.0));
         q.take_blocks(blocks(&[]));
-        let answer = q.answer(["front"], 5);
+        let answer = q.answer(["front"], 5, MAX);
         assert_eq!(requests(&answer, "front", 5, "alice"), Some(29.0));
         assert_eq!(requests(&answer, "front", 5, "mallory"), None);
     }
@@ -238,11 +278,79 @@ mod tests {
     fn a_legacy_node_admits_what_it_was_granted() {
         // The legacy node admits the (n+1)th unit request while n <= amount.
         let admitted = |amount: f64| (0..).take_while(|n| f64::from(*n) <= amount).count();
-        for grant in [2.0, 3.0, 10.0, 57.0, 1000.0] {
-            assert_eq!(admitted(legacy_amount(grant)) as f64, grant);
+        for grant in [2.0, 2.9, 3.0, 10.5, 57.0, 1000.0] {
+            assert_eq!(admitted(legacy_amount(grant) as f64) as f64, grant.floor());
         }
-        assert_eq!(admitted(legacy_amount(1.0)), 2);
-        assert!(legacy_amount(0.5) < 1.0 && legacy_amount(0.0) < 1.0);
-        assert_eq!(legacy_amount(-3.0), 0.0);
+        assert_eq!(admitted(legacy_amount(1.5) as f64), 2);
+        assert_eq!(
+            (legacy_amount(0.9), legacy_amount(0.0), legacy_amount(-3.0)),
+            (0, 0, 0)
+        );
+    }
+
+    /// `users` users with amounts from `amounts`, in `slots` slots.
+    fn many(users: usize, amounts: &[f64], slots: i64) -> LegacyQuotas {
+        let mut q = LegacyQuotas::default();
+        for k in 0..slots {
+            let mut all = quota("front", k, "user-00000", amounts[0]);
+            let table = &mut all
+                .services
+                .get_mut("front")
+                .unwrap()
+                .slots
+                .get_mut(&k)
+                .unwrap()
+                .users;
+            for u in 1..users {
+                let mut resources = table["user-00000"].clone();
+                resources
+                    .resources
+                    .insert("requests".into(), amounts[u % amounts.len()]);
+                table.insert(format!("user-{u:05}"), resources);
+            }
+            if users == 0 {
+                table.clear();
+            }
+            q.take(all);
+        }
+        q
+    }
+
+    #[test]
+    fn an_answer_fits_a_legacy_frame_first_slots_first() {
+        // About 35 bytes a user: 1,000 fit in a frame twice, not eight times.
+        let q = many(1_000, &[1e6, 20.0, 3.0], 2);
+        let answer = q.answer(["front"], 0, MAX);
+        let json = answer.to_json();
+        assert!(json.len() <= MAX, "{}", json.len());
+        assert_eq!(json.len(), answer.len());
+        assert_eq!(answer.slots(), 2, "the next slot, then the current");
+        assert!(table(&answer, "front", 0).is_some() && table(&answer, "front", 1).is_some());
+        assert_eq!(answer.left_out, 0);
+        // 5,000 do not fit in one: the largest amounts are left out.
+        let q = many(5_000, &[1e6, 20.0], 2);
+        let answer = q.answer(["front"], 0, MAX);
+        let json = answer.to_json();
+        assert!(json.len() <= MAX && answer.slots() == 1, "{}", json.len());
+        assert!(answer.left_out > 2_500 - 1);
+        let next = table(&answer, "front", 1).expect("the next slot's table");
+        let users = next.as_object().expect("a table");
+        assert!(users.values().all(|r| r["requests"] == 19));
+    }
+
+    proptest! {
+        #[test]
+        fn the_length_is_counted_exactly_and_within_the_frame(
+            users in 0usize..1_500,
+            amounts in prop::collection::vec(0.0f64..1e12, 1..4),
+            slots in 1i64..4,
+            max in 200usize..MAX,
+        ) {
+            let q = many(users, &amounts, slots);
+            let answer = q.answer(["front", "api \"quoted\""], 0, max);
+            let json = answer.to_json();
+            prop_assert_eq!(json.len(), answer.len());
+            prop_assert!(json.len() <= max);
+        }
     }
 }

@@ -15,7 +15,7 @@ use throttle_proto::{MAX_NAME_LEN, legacy};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
-use super::endpoint::Endpoint;
+use super::endpoint::{Endpoint, MAX_FRAME_BYTES};
 use super::quotas::LegacyQuotas;
 use crate::log::{Throttled, peer, truncate};
 use crate::server::{AnswerAhead, Command, Received, restored};
@@ -32,6 +32,9 @@ const QUEUE: usize = 32;
 
 /// Lines about refused frames, at most once a second.
 static REFUSED: Throttled = Throttled::new();
+
+/// Lines about answers cut to fit a frame, at most once a second.
+static LEFT_OUT: Throttled = Throttled::new();
 
 /// Why a session ends.
 enum End {
@@ -156,10 +159,17 @@ impl Session {
                 return Err(End::Closed);
             }
         }
-        let answer = running
-            .quotas
-            .answer(services.iter().map(String::as_str), slot);
-        Ok(serde_json::to_string(&answer).unwrap_or_default())
+        let names = services.iter().map(String::as_str);
+        let answer = running.quotas.answer(names, slot, MAX_FRAME_BYTES);
+        if answer.left_out > 0 {
+            counter!("throttle_central_legacy_users_left_out_total")
+                .increment(answer.left_out as u64);
+            if let Some(skipped) = LEFT_OUT.allow_now() {
+                let (addr, left_out) = (peer(Some(self.addr)), answer.left_out);
+                tracing::warn!(%addr, left_out, skipped, "legacy answer too large for one frame: users with the largest quotas left out");
+            }
+        }
+        Ok(answer.to_json())
     }
 
     /// The report's node id and size, before anything is filed: the node
