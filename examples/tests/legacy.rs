@@ -10,7 +10,6 @@
 //! prints each second and the round trips.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
@@ -45,18 +44,7 @@ node_ids = ["lua-*"]
 /// The central's binary, beside `axum-node`; `None` (skipped) if it was
 /// not built.
 fn central_bin(test: &str) -> Option<String> {
-    let node = PathBuf::from(env!("CARGO_BIN_EXE_axum-node"));
-    let bin = node.with_file_name("throttle-central");
-    if bin.exists() {
-        return bin.to_str().map(str::to_owned);
-    }
-    let why = format!("{} not built: run `cargo test --workspace`", bin.display());
-    assert!(
-        std::env::var_os("THROTTLE_REQUIRE_SERVERS").is_none(),
-        "{test}: {why}"
-    );
-    eprintln!("SKIPPED {test}: {why}");
-    None
+    throttle_test_servers::central_beside(env!("CARGO_BIN_EXE_axum-node"), test)
 }
 
 /// A central serving legacy nodes on a free port, with `extra` flags; its

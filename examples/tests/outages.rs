@@ -11,7 +11,6 @@
 //! prints each second. The central's binary is the one `cargo test
 //! --workspace` builds beside `axum-node`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use throttle_examples::load::{Load, unix_second};
@@ -39,18 +38,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// The central's binary, beside `axum-node`; `None` (skipped) if it was
 /// not built.
 fn central_bin(test: &str) -> Option<String> {
-    let node = PathBuf::from(env!("CARGO_BIN_EXE_axum-node"));
-    let bin = node.with_file_name("throttle-central");
-    if bin.exists() {
-        return bin.to_str().map(str::to_owned);
-    }
-    let why = format!("{} not built: run `cargo test --workspace`", bin.display());
-    assert!(
-        std::env::var_os("THROTTLE_REQUIRE_SERVERS").is_none(),
-        "{test}: {why}"
-    );
-    eprintln!("SKIPPED {test}: {why}");
-    None
+    throttle_test_servers::central_beside(env!("CARGO_BIN_EXE_axum-node"), test)
 }
 
 /// An `axum-node` at its default flags, listing `centrals`.

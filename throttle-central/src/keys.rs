@@ -345,6 +345,20 @@ secret_key = "fedcba9876543210"
     }
 
     #[test]
+    fn the_legacy_guides_keys_file_is_read() {
+        let guide = include_str!("../../docs/guides/legacy.md");
+        let block = guide
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next());
+        let keys = KeySet::from_toml(block.expect("the guide's keys file")).expect("read");
+        let secret = keys.secret_of("AKIDLUANODES");
+        assert_eq!(secret, Some("the secret_key of the nginx configuration"));
+        assert!(keys.allows("AKIDLUANODES", "nginx-7"));
+        assert!(!keys.allows("AKIDLUANODES", "db-1") && !keys.allows("other", "nginx-7"));
+    }
+
+    #[test]
     fn bad_files_name_the_line() {
         let short = "[[key]]\naccess_key = \"k\"\nsecret_key = \"short\"\n";
         assert!(matches!(

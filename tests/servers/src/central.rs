@@ -100,3 +100,21 @@ impl Drop for CentralProcess {
         self.kill();
     }
 }
+
+/// The `throttle-central` binary beside `node_bin` (another binary of the
+/// same build, such as `env!("CARGO_BIN_EXE_axum-node")`), which `cargo
+/// test --workspace` builds; `None` (`test` is skipped, saying why) if it
+/// was not built, a failure under `THROTTLE_REQUIRE_SERVERS=1`.
+pub fn central_beside(node_bin: &str, test: &str) -> Option<String> {
+    let bin = PathBuf::from(node_bin).with_file_name("throttle-central");
+    if bin.exists() {
+        return bin.to_str().map(str::to_owned);
+    }
+    let why = format!("{} not built: run `cargo test --workspace`", bin.display());
+    assert!(
+        std::env::var_os("THROTTLE_REQUIRE_SERVERS").is_none(),
+        "{test}: {why}"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+    None
+}

@@ -11,7 +11,7 @@ mod chromium;
 mod legacy_client;
 mod legacy_node;
 pub use app::AppProcess;
-pub use central::CentralProcess;
+pub use central::{CentralProcess, central_beside};
 pub use chromium::Chromium;
 pub use legacy_client::{LegacyClient, presigned_query};
 pub use legacy_node::{ANSWER_WAIT, LegacyNode};

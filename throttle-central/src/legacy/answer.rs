@@ -4,6 +4,10 @@ use std::sync::Arc;
 
 use super::whole_table::{WholeTable, json_len};
 
+/// The largest frame, and so answer, a legacy node reads (and sends):
+/// lua-resty-websocket's default.
+pub(super) const MAX_FRAME_BYTES: usize = 65_535;
+
 /// A slot and the JSON of its table.
 type Slot = (i64, Arc<str>);
 

@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
+use super::answer::MAX_FRAME_BYTES;
 use super::presigned::Presigned;
 use super::session::Session;
 use crate::keys::NodeKeys;
@@ -27,9 +28,6 @@ use crate::leadership::Leadership;
 use crate::log::{Throttled, peer};
 use crate::net::{ConnectionLimits, serve_http};
 use crate::server::Command;
-
-/// The largest frame, and message, a legacy node sends.
-pub(super) const MAX_FRAME_BYTES: usize = 65_535;
 
 /// Lines about refused handshakes, at most once a second.
 static REFUSED: Throttled = Throttled::new();
@@ -63,13 +61,6 @@ impl Endpoint {
             .route("/", get(upgrade))
             .with_state(self);
         tokio::spawn(serve_http(listener, router, tls, limits, stop))
-    }
-
-    /// Whether `access_key` may report as `node_id`.
-    pub(super) fn keys_allow(&self, access_key: &str, node_id: &str) -> bool {
-        self.keys
-            .as_ref()
-            .is_none_or(|k| k.current().allows(access_key, node_id))
     }
 
     /// The access key whose signature the URL carries, when keys are
@@ -121,9 +112,12 @@ async fn upgrade(
         return (StatusCode::SERVICE_UNAVAILABLE, "too many connections\n").into_response();
     };
     let session = Session {
-        endpoint,
+        commands: endpoint.commands,
+        leadership: endpoint.leadership,
+        signed: endpoint.keys.zip(access_key),
+        restored: endpoint.restored,
+        max_users_per_report: endpoint.max_users_per_report,
         addr,
-        access_key,
     };
     ws.max_message_size(MAX_FRAME_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)

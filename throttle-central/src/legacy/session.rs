@@ -12,11 +12,13 @@ use prost::Message as _;
 use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::Outbound;
 use throttle_proto::{MAX_NAME_LEN, legacy};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
-use super::endpoint::{Endpoint, MAX_FRAME_BYTES};
+use super::answer::MAX_FRAME_BYTES;
 use super::quotas::LegacyQuotas;
+use crate::keys::NodeKeys;
+use crate::leadership::Leadership;
 use crate::log::{Throttled, peer, truncate};
 use crate::server::{AnswerAhead, Command, Received, restored};
 
@@ -46,10 +48,15 @@ enum End {
 
 /// A legacy node's connection, once its handshake was accepted.
 pub(super) struct Session {
-    pub(super) endpoint: Endpoint,
+    pub(super) commands: mpsc::Sender<Command>,
+    pub(super) leadership: Arc<dyn Leadership>,
+    /// The keys, and the access key its URL was signed with, when keys
+    /// are required.
+    pub(super) signed: Option<(Arc<NodeKeys>, String)>,
+    /// With a state store: the epoch whose checkpoint is restored.
+    pub(super) restored: Option<watch::Receiver<Option<u64>>>,
+    pub(super) max_users_per_report: usize,
     pub(super) addr: SocketAddr,
-    /// The access key its URL was signed with, when keys are required.
-    pub(super) access_key: Option<String>,
 }
 
 /// The node's registration with the ledger's task: a node stream's.
@@ -78,7 +85,7 @@ impl Session {
             quotas: LegacyQuotas::default(),
             registered: None,
         };
-        let mut deposed = self.endpoint.leadership.deposed();
+        let mut deposed = self.leadership.deposed();
         let end = loop {
             let frame = tokio::select! {
                 frame = tokio::time::timeout(IDLE, socket.recv()) => frame,
@@ -110,7 +117,6 @@ impl Session {
         }
         if let Some(r) = running.registered {
             let _ = self
-                .endpoint
                 .commands
                 .send(Command::Disconnect { conn: r.conn })
                 .await;
@@ -122,7 +128,7 @@ impl Session {
         let report = legacy::report_from_json(text)
             .map_err(|e| End::Refused("legacy_json", e.to_string()))?;
         self.check(running, &report)?;
-        if !self.endpoint.leadership.is_leader() {
+        if !self.leadership.is_leader() {
             return Err(End::Closed);
         }
         let services: BTreeSet<String> = report
@@ -142,11 +148,7 @@ impl Session {
             reply,
             answered: false,
         };
-        self.endpoint
-            .commands
-            .send(command)
-            .await
-            .map_err(|_| End::Closed)?;
+        self.commands.send(command).await.map_err(|_| End::Closed)?;
         match filed.await {
             Ok((Ok(()), _)) => {}
             Ok((Err(status), _)) => {
@@ -180,8 +182,8 @@ impl Session {
             let why = format!("node_id must be 1 to {MAX_NAME_LEN} bytes");
             return Err(End::Refused("legacy_report", why));
         }
-        let allowed = match &self.access_key {
-            Some(key) => self.endpoint.keys_allow(key, node_id),
+        let allowed = match &self.signed {
+            Some((keys, key)) => keys.current().allows(key, node_id),
             None => true,
         };
         let same = running
@@ -198,7 +200,7 @@ impl Session {
             return Err(End::Refused("legacy_report", why));
         }
         let users: usize = report.consumption.values().map(|u| u.users.len()).sum();
-        let max_users = self.endpoint.max_users_per_report;
+        let max_users = self.max_users_per_report;
         if users > max_users {
             let why = format!("report carries more users than the limit of {max_users}");
             return Err(End::Refused("too_many_users", why));
@@ -227,12 +229,11 @@ impl Session {
                 format!("services must be at most {MAX_SERVICES}, of 1 to {MAX_NAME_LEN} bytes");
             return Err(End::Refused("legacy_report", why));
         }
-        let endpoint = &self.endpoint;
-        if !restored(endpoint.restored.as_ref(), endpoint.leadership.epoch()).await {
+        if !restored(self.restored.as_ref(), self.leadership.epoch()).await {
             return Err(End::Closed);
         }
         if let Some(r) = running.registered.take() {
-            let _ = endpoint
+            let _ = self
                 .commands
                 .send(Command::Disconnect { conn: r.conn })
                 .await;
@@ -252,11 +253,7 @@ impl Session {
             ahead: Arc::new(AnswerAhead::default()),
             reply,
         };
-        endpoint
-            .commands
-            .send(connect)
-            .await
-            .map_err(|_| End::Closed)?;
+        self.commands.send(connect).await.map_err(|_| End::Closed)?;
         let conn = conn.await.map_err(|_| End::Closed)?;
         running.quotas.keep_only(&all);
         running.registered = Some(Registered {
