@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use serde_json::Value;
 use throttle_clock::{Clock, SlotLength, SystemClock};
 use throttle_proto::wire::server::central_server::CentralServer;
@@ -32,6 +33,7 @@ use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
 use crate::legacy::Endpoint;
 use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource};
 use crate::net::{self, ConnectionLimits, ServerTls};
+use crate::rlqs::{Rlqs, USER_KEY};
 use crate::server::{
     Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, follow_etcd, reloader,
     ticker,
@@ -370,12 +372,21 @@ impl CentralBuilder {
             // Never 0, which says "no incarnation".
             incarnation: rand::random::<u64>() | 1,
         };
+        let rlqs = Rlqs {
+            commands: commands.clone(),
+            leadership: self.leadership.clone(),
+            clock: self.clock.clone(),
+            slot,
+            restored: service.restored.clone(),
+            max_amount: service.config.max_amount,
+            user_key: USER_KEY.to_owned(),
+        };
         let grpc_server = GrpcServer {
             max_message_bytes: self.max_message_bytes,
             tls: self.tls.clone(),
             limits: self.connections,
         };
-        tasks.push(grpc_server.spawn(grpc, service, &stop_rx)?);
+        tasks.push(grpc_server.spawn(grpc, service, rlqs, &stop_rx)?);
         tracing::info!(%grpc_addr, slot_ms = slot.as_ms(), "central node listening for nodes");
         if let Some(http) = http {
             let state = HttpState {
@@ -421,6 +432,7 @@ impl GrpcServer {
         self,
         grpc: TcpListener,
         service: CentralService,
+        rlqs: Rlqs,
         stop: &watch::Receiver<bool>,
     ) -> std::io::Result<JoinHandle<()>> {
         let limits = self.limits;
@@ -434,8 +446,11 @@ impl GrpcServer {
         }
         let service = CentralServer::new(service).max_decoding_message_size(self.max_message_bytes);
         let incoming = net::node_incoming(grpc, limits);
+        let rlqs = RateLimitQuotaServiceServer::new(rlqs)
+            .max_decoding_message_size(self.max_message_bytes);
         let server = builder
             .add_service(service)
+            .add_service(rlqs)
             .serve_with_incoming_shutdown(incoming, stopped(stop.clone()));
         Ok(tokio::spawn(async move {
             if let Err(e) = server.await {

@@ -1,5 +1,5 @@
 //! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits` (`limits`),
-//! `/metrics`, `/healthz`; the page that draws it, `/dashboard`
+//! `/metrics`, `/healthz` (and `/healthz/leader`); the page that draws it, `/dashboard`
 //! (`dashboard`); and the admin API on one user's rule, `GET`,
 //! `PUT`, `DELETE /v1/limits/{service}/{user}` (`admin`). It asks the ledger's task ([`crate::server`])
 //! and renders the typed answers as JSON ([`monitor`]).
@@ -112,6 +112,7 @@ pub(crate) fn router(state: HttpState) -> Router {
     }
     guarded
         .route("/healthz", get(healthz))
+        .route("/healthz/leader", get(healthz_leader))
         .merge(dashboard::routes())
         .with_state(state)
 }
@@ -199,6 +200,17 @@ async fn metrics(State(state): State<HttpState>) -> Response {
             StatusCode::NOT_FOUND,
             "no metrics recorder installed".into(),
         ),
+    }
+}
+
+/// 200 on the leader (or a lone central), 503 elsewhere: the health check
+/// an Envoy cluster of every central uses to send its RLQS stream to the
+/// leader.
+async fn healthz_leader(State(state): State<HttpState>) -> Response {
+    let role = state.leadership.role();
+    match state.leadership.is_leader() {
+        true => (StatusCode::OK, format!("{role}\n")).into_response(),
+        false => (StatusCode::SERVICE_UNAVAILABLE, format!("{role}\n")).into_response(),
     }
 }
 

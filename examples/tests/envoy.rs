@@ -1,0 +1,151 @@
+//! Envoy proxies as nodes: the real `throttle-central`, two real Envoys
+//! configured by the YAML of `docs/guides/envoy.md` (its ports changed) and
+//! one `axum-node` at its default flags, all serving alice and bob.
+//!
+//! Run alone: `cargo test -p throttle-examples --test envoy -- --nocapture`
+//! prints each second.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use throttle_examples::load::{Load, Tallies, unix_second};
+use throttle_test_servers::{
+    AppProcess, CentralProcess, Envoy, TempDir, free_port, wait_listening,
+};
+
+const LIMITS: &str = r#"
+[[limit]]
+service = "front"
+user = "alice"
+per_second = { requests = 100 }
+
+[[limit]]
+service = "front"
+user = "bob"
+per_second = { requests = 50 }
+"#;
+
+/// The guide's Envoy configuration, with its ports and node id changed.
+fn envoy_yaml(node_id: &str, ports: &[(u16, u16)]) -> String {
+    let guide = include_str!("../../docs/guides/envoy.md");
+    let block = guide
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next());
+    let mut yaml = block.expect("the guide's YAML").to_owned();
+    for (from, to) in ports {
+        let from = format!("port_value: {from} ");
+        assert!(yaml.contains(&from), "the guide's YAML names {from}");
+        yaml = yaml.replace(&from, &format!("port_value: {to} "));
+    }
+    assert!(yaml.contains("envoy-1"), "the guide's YAML names envoy-1");
+    yaml.replace("envoy-1", node_id)
+}
+
+/// An app answering 200 to everything, behind the Envoys.
+async fn upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bound");
+    let addr = listener.local_addr().expect("address");
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// `user`'s admitted and refused counts in second `s`, on every node.
+fn counted(tallies: &Tallies, user: &str, s: i64) -> (u64, u64) {
+    let row = tallies.get(&s).into_iter().flat_map(|r| r.iter());
+    row.filter(|((u, _), _)| u == user)
+        .fold((0, 0), |t, (_, c)| (t.0 + c.admitted, t.1 + c.rejected))
+}
+
+/// `user`'s admitted count in second `s` on node `node`.
+fn on_node(tallies: &Tallies, user: &str, node: usize, s: i64) -> u64 {
+    let row = tallies
+        .get(&s)
+        .and_then(|r| r.get(&(user.to_owned(), node)));
+    row.map_or(0, |t| t.admitted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
+    let test = "two_envoys_and_an_axum_node_hold_alice_to_one_limit";
+    let Some(bin) = throttle_test_servers::central_beside(env!("CARGO_BIN_EXE_axum-node"), test)
+    else {
+        return;
+    };
+    let dir = TempDir::new("envoy");
+    let limits = dir.path().join("limits.toml");
+    std::fs::write(&limits, LIMITS).expect("limits written");
+    let central =
+        CentralProcess::start(&bin, &["--limits".to_owned(), limits.display().to_string()]);
+    let app = upstream().await;
+    let mut envoys = Vec::new();
+    for id in ["envoy-1", "envoy-2"] {
+        let (listen, admin) = (free_port(), free_port());
+        let ports = [
+            (9901, admin),
+            (10000, listen),
+            (8080, app.port()),
+            (7075, central.grpc),
+            (7076, central.http.port()),
+        ];
+        let yaml = envoy_yaml(id, &ports);
+        let admin = SocketAddr::from(([127, 0, 0, 1], admin));
+        let Some(envoy) = Envoy::start(test, &yaml, admin) else {
+            return;
+        };
+        let listen = SocketAddr::from(([127, 0, 0, 1], listen));
+        wait_listening(listen);
+        envoys.push((envoy, listen));
+    }
+    let url = central.url();
+    let rust = AppProcess::start(
+        env!("CARGO_BIN_EXE_axum-node"),
+        &["--node-id", "rust-1", "--log", "warn", "--central", &url],
+    );
+    let nodes = vec![envoys[0].1, envoys[1].1, rust.addr];
+    let load = Load::new(nodes, "/");
+    for node in 0..3 {
+        load.flow("alice", node, 100.0);
+        load.flow("bob", node, 10.0);
+    }
+    let start = unix_second() + 1;
+    load.run(Duration::from_secs(42)).await;
+    let tallies = load.tallies();
+    let window = start + 10..start + 40;
+    let mut alice = 0;
+    for s in window.clone() {
+        let per_node: Vec<u64> = (0..3).map(|n| on_node(&tallies, "alice", n, s)).collect();
+        let (bob, bob_refused) = counted(&tallies, "bob", s);
+        println!(
+            "second {s}: alice {per_node:?} = {}, bob {bob} ({bob_refused} refused)",
+            per_node.iter().sum::<u64>()
+        );
+        alice += per_node.iter().sum::<u64>();
+    }
+    println!("alice admitted {alice} in 30 s of a limit of 3000");
+    assert!(
+        (2850..=3150).contains(&alice),
+        "alice admitted {alice} in 30 s, limit 3000"
+    );
+    for (s, row) in &tallies {
+        for ((user, node), t) in row
+            .iter()
+            .filter(|((u, _), t)| u == "bob" && t.rejected > 0)
+        {
+            println!("second {s}: {user} refused {} on node {node}", t.rejected);
+        }
+    }
+    let bob_refused: u64 = (start..start + 40)
+        .map(|s| counted(&tallies, "bob", s).1)
+        .sum();
+    assert_eq!(bob_refused, 0, "bob, under his limit, is never refused");
+    assert!(
+        window
+            .clone()
+            .all(|s| (0..2).all(|n| on_node(&tallies, "alice", n, s) > 0)),
+        "both envoys serve alice"
+    );
+}

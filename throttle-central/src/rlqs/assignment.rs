@@ -1,0 +1,92 @@
+//! What a proxy's bucket is told to do, and its Envoy form.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::google::protobuf::{self, UInt32Value};
+
+/// One bucket's assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Assignment {
+    /// No limit applies (ALLOW_ALL).
+    Allow,
+    /// Nothing is admitted: a share of 0, an exhausted or blocked user
+    /// (DENY_ALL).
+    Deny,
+    /// A token bucket refilled with this many tokens each second, holding
+    /// as many at most: the central's bucket keeps the user's burst, and
+    /// each second's share already holds what of it the proxy may spend.
+    Tokens(u32),
+}
+
+impl Assignment {
+    /// The assignment for a share of `q` requests a second: at least one
+    /// token while the share is above 0.
+    pub(super) fn of(q: f64) -> Self {
+        if q.is_nan() || q <= 0.0 {
+            return Self::Deny;
+        }
+        let tokens = q.floor().clamp(1.0, f64::from(u32::MAX));
+        Self::Tokens(tokens as u32)
+    }
+
+    /// Whether a bucket holding `self` should be told `next`: another kind,
+    /// or a number of tokens more than a tenth (and at least one) away.
+    pub(super) fn differs(self, next: Self) -> bool {
+        match (self, next) {
+            (Self::Tokens(a), Self::Tokens(b)) => a.abs_diff(b) > (a / 10).max(1),
+            (a, b) => a != b,
+        }
+    }
+
+    /// Envoy's rate-limit strategy.
+    pub(super) fn strategy(self) -> RateLimitStrategy {
+        let strategy = match self {
+            Self::Allow => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+            Self::Deny => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+            Self::Tokens(n) => Strategy::TokenBucket(TokenBucket {
+                max_tokens: n,
+                tokens_per_fill: Some(UInt32Value { value: n }),
+                fill_interval: Some(duration(Duration::from_secs(1))),
+            }),
+        };
+        RateLimitStrategy {
+            strategy: Some(strategy),
+        }
+    }
+}
+
+/// A protobuf duration.
+pub(super) fn duration(d: Duration) -> protobuf::Duration {
+    protobuf::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_become_token_buckets() {
+        assert_eq!(Assignment::of(0.0), Assignment::Deny);
+        assert_eq!(Assignment::of(-1.0), Assignment::Deny);
+        assert_eq!(Assignment::of(0.2), Assignment::Tokens(1));
+        assert_eq!(Assignment::of(33.9), Assignment::Tokens(33));
+        assert!(!Assignment::Tokens(100).differs(Assignment::Tokens(109)));
+        assert!(Assignment::Tokens(100).differs(Assignment::Tokens(111)));
+        assert!(!Assignment::Tokens(3).differs(Assignment::Tokens(4)));
+        assert!(Assignment::Tokens(3).differs(Assignment::Tokens(5)));
+        assert!(Assignment::Allow.differs(Assignment::Deny));
+        let Some(Strategy::TokenBucket(b)) = Assignment::Tokens(7).strategy().strategy else {
+            panic!("a token bucket");
+        };
+        assert_eq!(
+            (b.max_tokens, b.tokens_per_fill.map(|t| t.value)),
+            (7, Some(7))
+        );
+        assert_eq!(b.fill_interval.map(|d| d.seconds), Some(1));
+    }
+}

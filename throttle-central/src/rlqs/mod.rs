@@ -1,0 +1,26 @@
+//! Envoy proxies as nodes: the central serves Envoy's Rate Limit Quota
+//! Service (`envoy.service.rate_limit_quota.v3`) on its gRPC address.
+//!
+//! A proxy opens one stream (`StreamRateLimitQuotas`) at its first
+//! request, reports each bucket's admitted and denied requests every 5 s,
+//! and enforces the assignments it is sent. Here the report's `domain` is
+//! the service, a bucket id's `user` entry the user, and the resource
+//! `requests`; the stream is a node of the ledger, named by its
+//! `x-throttle-node` metadata:
+//!
+//! - `service`: the gRPC service, which names the proxy and spawns its
+//!   session;
+//! - `session`: one stream: reports filed a slot at a time (`spread`),
+//!   assignments sent as the shares change (`buckets`, `shares`,
+//!   `assignment`).
+//!
+//! `docs/guides/envoy.md` gives the Envoy configuration.
+
+mod assignment;
+mod buckets;
+mod service;
+mod session;
+mod shares;
+mod spread;
+
+pub(crate) use service::{Rlqs, USER_KEY};

@@ -1,0 +1,369 @@
+//! One Envoy proxy's RLQS stream: its usage reports filed, a slot at a
+//! time, as a node's reports are; its buckets told their share.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    self, AbandonAction, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use futures_util::StreamExt;
+use metrics::counter;
+use prost::Message as _;
+use throttle_proto::v1::{self, central_message};
+use throttle_proto::wire::Outbound;
+use throttle_proto::MAX_NAME_LEN;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Status, Streaming};
+
+use super::assignment::duration;
+use super::buckets::{Action, Buckets, Timing};
+use super::service::Rlqs;
+use super::shares::{REQUESTS, Shares};
+use super::spread::{MAX_SLOTS, Spread};
+use crate::log::{Throttled, peer};
+use crate::server::{AnswerAhead, Command, Received, restored};
+
+/// Envoy's report interval, whatever its configuration says.
+const REPORT_EVERY_S: i64 = 5;
+
+/// An assignment lives three report intervals; it is sent again before
+/// half of that has passed.
+const TTL_S: i64 = 3 * REPORT_EVERY_S;
+
+/// A bucket unused for 12 report intervals is abandoned.
+const IDLE_S: i64 = 12 * REPORT_EVERY_S;
+
+/// Messages from the ledger queued for one stream.
+const QUEUE: usize = 32;
+
+/// Lines about refused reports and buckets, at most once a second.
+static REFUSED: Throttled = Throttled::new();
+
+/// What a stream holds while it runs.
+struct Session {
+    rlqs: Rlqs,
+    node_id: String,
+    addr: Option<SocketAddr>,
+    /// The report's domain: the service.
+    service: Option<String>,
+    conn: Option<u64>,
+    spread: Spread,
+    buckets: Buckets,
+    shares: Shares,
+    ledger_tx: mpsc::Sender<Result<Outbound, Status>>,
+    ledger_rx: mpsc::Receiver<Result<Outbound, Status>>,
+    out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+}
+
+impl Rlqs {
+    /// Serves one proxy's stream until it ends.
+    pub(super) async fn serve(
+        self,
+        node_id: String,
+        addr: Option<SocketAddr>,
+        mut inbound: Streaming<RateLimitQuotaUsageReports>,
+        out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+    ) {
+        let (ledger_tx, ledger_rx) = mpsc::channel(QUEUE);
+        let mut deposed = self.leadership.deposed();
+        let mut session = Session {
+            buckets: Buckets::new(&self.user_key),
+            rlqs: self,
+            node_id,
+            addr,
+            service: None,
+            conn: None,
+            spread: Spread::default(),
+            shares: Shares::default(),
+            ledger_tx,
+            ledger_rx,
+            out,
+        };
+        let end = loop {
+            let wait = session.until_next_slot();
+            tokio::select! {
+                next = inbound.next() => match next {
+                    Some(Ok(reports)) => {
+                        if let Err(status) = session.take(reports).await {
+                            break Some(status);
+                        }
+                    }
+                    Some(Err(_)) | None => break None,
+                },
+                message = session.ledger_rx.recv() => match message.map(|m| session.absorb(m)) {
+                    Some(true) => session.tell().await,
+                    _ => break Some(Status::unavailable("the central stopped")),
+                },
+                () = tokio::time::sleep(wait) => {
+                    if let Err(status) = session.file_slot().await {
+                        break Some(status);
+                    }
+                    session.tell().await;
+                }
+                () = &mut deposed => break Some(Status::unavailable("no longer the leader")),
+            }
+        };
+        session.close(end).await;
+    }
+}
+
+impl Session {
+    fn slot_now(&self) -> i64 {
+        self.rlqs.slot.slot_at(self.rlqs.clock.now_ms())
+    }
+
+    /// Time until 20 ms into the next slot, when the slot before is filed.
+    fn until_next_slot(&self) -> Duration {
+        let now = self.rlqs.clock.now_ms();
+        let next = self.rlqs.slot.start_ms(self.rlqs.slot.slot_at(now) + 1) + 20;
+        Duration::from_millis(u64::try_from(next - now).unwrap_or(0))
+    }
+
+    /// Takes one usage report: the domain, each bucket's usage to spread,
+    /// and an answer at once for buckets new to the stream.
+    async fn take(&mut self, reports: RateLimitQuotaUsageReports) -> Result<(), Status> {
+        let domain = reports.domain;
+        match &self.service {
+            Some(service) if *service != domain => {
+                return Err(self.refuse("domain", format!("the domain changed from {service:?}")));
+            }
+            Some(_) => {}
+            None => self.open(domain).await?,
+        }
+        let slot = self.slot_now();
+        let before = self.buckets.len();
+        for usage in reports.bucket_quota_usages {
+            self.take_usage(usage, slot);
+        }
+        if self.buckets.len() > before {
+            self.tell().await;
+        }
+        Ok(())
+    }
+
+    /// One bucket's usage: its user's share of it to file.
+    fn take_usage(&mut self, usage: BucketQuotaUsage, slot: i64) {
+        let Some(id) = usage.bucket_id else {
+            counter!("throttle_central_invalid_messages_total", "reason" => "rlqs_bucket")
+                .increment(1);
+            return;
+        };
+        let max = u64::try_from(self.rlqs.max_amount).unwrap_or(u64::MAX);
+        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+        if allowed > max || denied > max {
+            let why = format!("{allowed} allowed, {denied} denied: above the largest amount {max}");
+            self.refuse("rlqs_amount", why);
+            return;
+        }
+        let used = allowed + denied > 0;
+        let seconds = usage
+            .time_elapsed
+            .map_or(0, |d| d.seconds.clamp(0, MAX_SLOTS as i64));
+        match self.buckets.seen(&id, used, slot) {
+            Ok(Some(user)) if user.len() <= MAX_NAME_LEN => {
+                let user = user.to_owned();
+                self.spread.add(&user, allowed, denied, seconds as usize);
+            }
+            Ok(_) => {
+                counter!("throttle_central_rlqs_buckets_without_user_total").increment(1);
+            }
+            Err(()) => {
+                counter!("throttle_central_rlqs_buckets_at_cap_total").increment(1);
+            }
+        }
+    }
+
+    /// Registers the proxy with the ledger's task, for the service
+    /// `domain`, as a node stream's Hello does.
+    async fn open(&mut self, domain: String) -> Result<(), Status> {
+        if domain.is_empty() || domain.len() > MAX_NAME_LEN {
+            return Err(self.refuse(
+                "domain",
+                format!("the domain must be 1 to {MAX_NAME_LEN} bytes"),
+            ));
+        }
+        if !restored(self.rlqs.restored.as_ref(), self.rlqs.leadership.epoch()).await {
+            return Err(Status::unavailable("restoring the checkpoint; try again"));
+        }
+        let hello = v1::Hello {
+            node_id: self.node_id.clone(),
+            slot_ms: self.rlqs.slot.as_ms(),
+            services: vec![domain.clone()],
+            version: "envoy-rlqs".to_owned(),
+            accepts: Vec::new(),
+        };
+        let (reply, conn) = oneshot::channel();
+        let connect = Command::Connect {
+            hello,
+            addr: self.addr,
+            tx: self.ledger_tx.clone(),
+            ahead: Arc::new(AnswerAhead::default()),
+            reply,
+        };
+        let stopped = || Status::unavailable("the central stopped");
+        self.rlqs
+            .commands
+            .send(connect)
+            .await
+            .map_err(|_| stopped())?;
+        self.conn = Some(conn.await.map_err(|_| stopped())?);
+        self.service = Some(domain);
+        Ok(())
+    }
+
+    /// Files what the spread holds for the slot that just ended.
+    async fn file_slot(&mut self) -> Result<(), Status> {
+        let due = self.spread.next_slot();
+        self.file(self.slot_now(), due).await
+    }
+
+    /// Files `due` as the proxy's report of slot `slot` (data of the slot
+    /// before), and takes the ledger's answer.
+    async fn file(&mut self, slot: i64, due: Vec<(String, u64, u64)>) -> Result<(), Status> {
+        let (Some(conn), Some(service)) = (self.conn, &self.service) else {
+            return Ok(());
+        };
+        let usage = |pick: fn(&(String, u64, u64)) -> u64| {
+            let users = due
+                .iter()
+                .filter(|d| pick(d) > 0)
+                .map(|d| {
+                    let amount = i64::try_from(pick(d)).unwrap_or(i64::MAX);
+                    let resources = [(REQUESTS.to_owned(), amount)].into();
+                    (d.0.clone(), v1::Amounts { resources })
+                })
+                .collect();
+            BTreeMap::from([(service.clone(), v1::Usage { users })])
+        };
+        let report = v1::Report {
+            node_id: self.node_id.clone(),
+            slot_number: slot,
+            consumption: usage(|d| d.1),
+            rejection: usage(|d| d.2),
+            packed: Vec::new(),
+            answered: false,
+        };
+        let (reply, filed) = oneshot::channel();
+        let command = Command::Report {
+            conn,
+            report: Received::Decoded(report),
+            reply,
+            answered: false,
+        };
+        let stopped = || Status::unavailable("the central stopped");
+        self.rlqs
+            .commands
+            .send(command)
+            .await
+            .map_err(|_| stopped())?;
+        match filed.await {
+            Ok((Ok(()), _)) => {}
+            Ok((Err(status), _)) => return Err(status),
+            Err(_) => return Err(stopped()),
+        }
+        while let Ok(message) = self.ledger_rx.try_recv() {
+            if !self.absorb(message) {
+                return Err(stopped());
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a message the ledger queued for the proxy; false when it
+    /// ends the stream.
+    fn absorb(&mut self, message: Result<Outbound, Status>) -> bool {
+        let message = match message {
+            Ok(Outbound::Message(m)) => m,
+            Ok(Outbound::Encoded(bytes)) => match v1::CentralMessage::decode(bytes) {
+                Ok(m) => m,
+                Err(_) => return true,
+            },
+            Err(_) => return false,
+        };
+        let service = self.service.as_deref().unwrap_or_default();
+        match message.kind {
+            Some(central_message::Kind::Quota(q)) => self.shares.take_quota(service, q),
+            Some(central_message::Kind::Limits(l)) if l.service == service => {
+                self.shares.take_limits(l)
+            }
+            Some(central_message::Kind::Blocks(b)) if b.service == service => {
+                self.shares.take_blocks(b)
+            }
+            Some(central_message::Kind::NotLeader(_)) => return false,
+            _ => {}
+        }
+        true
+    }
+
+    /// Sends the proxy the assignments due now.
+    async fn tell(&mut self) {
+        let slot_s = i64::from(self.rlqs.slot.as_ms()).max(1);
+        let slots = |s: i64| (s * 1_000 / slot_s).max(1);
+        let timing = Timing {
+            refresh: slots(TTL_S / 2),
+            idle: slots(IDLE_S),
+            fresh: slots(REPORT_EVERY_S + 1),
+        };
+        let actions = self.buckets.due(&self.shares, self.slot_now(), timing);
+        if actions.is_empty() {
+            return;
+        }
+        let ttl = Some(duration(Duration::from_secs(TTL_S as u64)));
+        let bucket_action = actions
+            .into_iter()
+            .map(|action| match action {
+                Action::Assign(id, assignment) => BucketAction {
+                    bucket_id: Some(id),
+                    bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+                        QuotaAssignmentAction {
+                            assignment_time_to_live: ttl,
+                            rate_limit_strategy: Some(assignment.strategy()),
+                        },
+                    )),
+                },
+                Action::Abandon(id) => BucketAction {
+                    bucket_id: Some(id),
+                    bucket_action: Some(bucket_action::BucketAction::AbandonAction(
+                        AbandonAction {},
+                    )),
+                },
+            })
+            .collect();
+        let _ = self
+            .out
+            .send(Ok(RateLimitQuotaResponse { bucket_action }))
+            .await;
+    }
+
+    /// Files what is left and leaves the ledger; ends the stream with
+    /// `status`, if any.
+    async fn close(mut self, status: Option<Status>) {
+        let rest = self.spread.all();
+        if !rest.is_empty() {
+            let _ = self.file(self.slot_now(), rest).await;
+        }
+        if let Some(conn) = self.conn {
+            let _ = self.rlqs.commands.send(Command::Disconnect { conn }).await;
+        }
+        if let Some(status) = status {
+            let _ = self.out.send(Err(status)).await;
+        }
+    }
+
+    fn refuse(&self, reason: &'static str, why: String) -> Status {
+        counter!("throttle_central_invalid_messages_total", "reason" => reason).increment(1);
+        if let Some(skipped) = REFUSED.allow_now() {
+            let (node_id, addr) = (&self.node_id, peer(self.addr));
+            tracing::warn!(reason, %node_id, %addr, skipped, "RLQS report refused: {why}");
+        }
+        Status::invalid_argument(why)
+    }
+}
