@@ -111,8 +111,21 @@ async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
         load.flow("alice", node, 100.0);
         load.flow("bob", node, 10.0);
     }
+    for envoy in 0..2 {
+        load.flow("carol", envoy, 5.0);
+    }
     let start = unix_second() + 1;
-    load.run(Duration::from_secs(42)).await;
+    let running = load.clone();
+    let run = tokio::spawn(async move { running.run(Duration::from_secs(42)).await });
+    // carol, blocked 30 s in: refused by both Envoys within 6 s.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let blocked_at = unix_second();
+    let put = tokio::task::spawn_blocking(move || {
+        central.put("/v1/blocks/front/carol").map(|s| (s, central))
+    });
+    let (status, central) = put.await.expect("PUT ran").expect("the central answers");
+    assert_eq!(status, 200, "carol blocked");
+    run.await.expect("the load ran");
     let tallies = load.tallies();
     let window = start + 10..start + 40;
     let mut alice = 0;
@@ -142,6 +155,15 @@ async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
         .map(|s| counted(&tallies, "bob", s).1)
         .sum();
     assert_eq!(bob_refused, 0, "bob, under his limit, is never refused");
+    let carol: Vec<u64> = (blocked_at..start + 42)
+        .map(|s| counted(&tallies, "carol", s).0)
+        .collect();
+    println!("carol admitted from her block on: {carol:?}");
+    assert!(
+        carol[7..].iter().all(|n| *n == 0),
+        "carol refused by both Envoys within 6 s: {carol:?}"
+    );
+    drop(central);
     assert!(
         window
             .clone()

@@ -380,6 +380,7 @@ impl CentralBuilder {
             restored: service.restored.clone(),
             max_amount: service.config.max_amount,
             user_key: USER_KEY.to_owned(),
+            keys: service.keys.clone(),
         };
         let grpc_server = GrpcServer {
             max_message_bytes: self.max_message_bytes,

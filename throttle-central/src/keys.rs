@@ -6,6 +6,10 @@
 //! access_key = "web"
 //! secret_key = "a long random string"
 //! node_ids = ["web-*"]     # optional: any node id when left out
+//!
+//! [[proxy]]                # an Envoy proxy: `authorization: Bearer <token>`
+//! node_id = "envoy-1"
+//! token = "another long random string"
 //! ```
 //!
 //! # Examples
@@ -55,10 +59,12 @@ impl NodeKey {
     }
 }
 
-/// The access keys a central accepts.
+/// The access keys a central accepts, and the proxies' tokens.
 #[derive(Clone, Default)]
 pub struct KeySet {
     keys: BTreeMap<String, NodeKey>,
+    /// Node id -> its bearer token.
+    proxies: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for KeySet {
@@ -106,6 +112,17 @@ pub enum KeysError {
 struct File {
     #[serde(default)]
     key: Vec<toml::Spanned<Entry>>,
+    #[serde(default)]
+    proxy: Vec<toml::Spanned<ProxyEntry>>,
+}
+
+/// A proxy's token: Envoy cannot sign, so it shows a static bearer token
+/// for its node id.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProxyEntry {
+    node_id: String,
+    token: String,
 }
 
 #[derive(Deserialize)]
@@ -157,10 +174,32 @@ impl KeySet {
                 return Err(bad("duplicate access_key"));
             }
         }
-        if keys.is_empty() {
+        let proxies = proxies_of(text, file.proxy)?;
+        if keys.is_empty() && proxies.is_empty() {
             return Err(KeysError::Empty);
         }
-        Ok(Self { keys })
+        Ok(Self { keys, proxies })
+    }
+
+    /// Whether `token` is the one of proxy `node_id`.
+    ///
+    /// # Errors
+    ///
+    /// [`AuthError::UnknownKey`] for a node id without a token,
+    /// [`AuthError::BadSignature`] for another token.
+    pub fn authenticate_proxy(&self, node_id: &str, token: &str) -> Result<(), AuthError> {
+        let known = self.proxies.get(node_id).ok_or(AuthError::UnknownKey)?;
+        let same = known.len() == token.len()
+            && known
+                .bytes()
+                .zip(token.bytes())
+                .fold(0, |d, (a, b)| d | (a ^ b))
+                == 0;
+        if same {
+            Ok(())
+        } else {
+            Err(AuthError::BadSignature)
+        }
     }
 
     /// Number of access keys.
@@ -202,6 +241,32 @@ impl KeySet {
     pub fn allows(&self, access_key: &str, node_id: &str) -> bool {
         self.keys.get(access_key).is_some_and(|k| k.allows(node_id))
     }
+}
+
+/// The `[[proxy]]` entries: node id -> token.
+fn proxies_of(
+    text: &str,
+    entries: Vec<toml::Spanned<ProxyEntry>>,
+) -> Result<BTreeMap<String, String>, KeysError> {
+    let mut proxies = BTreeMap::new();
+    for spanned in entries {
+        let line = line_of(text, spanned.span().start);
+        let e = spanned.into_inner();
+        let bad = |message: &str| KeysError::Entry {
+            line,
+            message: message.to_owned(),
+        };
+        if e.node_id.is_empty() || e.node_id.len() > MAX_NAME_LEN {
+            return Err(bad("node_id must be 1 to 256 bytes"));
+        }
+        if e.token.len() < 16 {
+            return Err(bad("token must be at least 16 bytes"));
+        }
+        if proxies.insert(e.node_id, e.token).is_some() {
+            return Err(bad("duplicate proxy node_id"));
+        }
+    }
+    Ok(proxies)
 }
 
 impl FileFormat for KeySet {
@@ -342,6 +407,23 @@ secret_key = "fedcba9876543210"
             keys.authenticate(&web.sign("web-1", T - SKEW_MS - 1), T),
             Err(AuthError::Expired)
         );
+    }
+
+    #[test]
+    fn proxies_show_their_token() {
+        let keys =
+            KeySet::from_toml("[[proxy]]\nnode_id = \"envoy-1\"\ntoken = \"0123456789abcdef\"\n")
+                .unwrap();
+        assert_eq!(
+            keys.authenticate_proxy("envoy-1", "0123456789abcdef"),
+            Ok(())
+        );
+        let wrong = keys.authenticate_proxy("envoy-1", "0123456789abcdeF");
+        assert_eq!(wrong, Err(AuthError::BadSignature));
+        let unknown = keys.authenticate_proxy("envoy-2", "0123456789abcdef");
+        assert_eq!(unknown, Err(AuthError::UnknownKey));
+        let short = KeySet::from_toml("[[proxy]]\nnode_id = \"e\"\ntoken = \"short\"\n");
+        assert!(short.unwrap_err().to_string().contains("16 bytes"));
     }
 
     #[test]

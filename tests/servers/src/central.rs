@@ -82,6 +82,19 @@ impl CentralProcess {
         text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
     }
 
+    /// The status of `PUT path` with an empty JSON object, or `None` if
+    /// it does not answer within a second.
+    pub fn put(&self, path: &str) -> Option<u16> {
+        let wait = Duration::from_secs(1);
+        let mut s = TcpStream::connect_timeout(&self.http, wait).ok()?;
+        s.set_read_timeout(Some(wait)).ok()?;
+        let head = "Content-Type: application/json\r\nContent-Length: 2";
+        write!(s, "PUT {path} HTTP/1.0\r\n{head}\r\n\r\n{{}}").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.split(' ').nth(1)?.parse().ok()
+    }
+
     /// Sends signal `name` (`STOP`, `CONT`...) to the process.
     pub fn signal(&self, name: &str) {
         if let Some(child) = &self.child {

@@ -11,12 +11,15 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use throttle_clock::{Clock, SlotLength};
 use throttle_proto::MAX_NAME_LEN;
+use throttle_proto::auth::AuthError;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
-use crate::log::peer;
+use crate::log::{Throttled, peer};
 use crate::net::NodeConnInfo;
 use crate::server::Command;
 
@@ -46,9 +49,39 @@ pub(crate) struct Rlqs {
     pub(crate) max_amount: i64,
     /// The bucket id entry that names the user.
     pub(crate) user_key: String,
+    /// With node keys, a proxy shows its token.
+    pub(crate) keys: Option<Arc<NodeKeys>>,
 }
 
+/// Lines about refused proxies, at most once a second.
+static REFUSED: Throttled = Throttled::new();
+
 impl Rlqs {
+    /// The proxy's node id, proven by its bearer token when the central
+    /// has node keys.
+    fn authenticated(
+        &self,
+        metadata: &MetadataMap,
+        addr: Option<SocketAddr>,
+    ) -> Result<String, Status> {
+        let Some(keys) = &self.keys else {
+            return Self::node_id(metadata, addr);
+        };
+        let token = metadata
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match (metadata.get(NODE_HEADER), token) {
+            (Some(_), Some(token)) => Self::node_id(metadata, addr).and_then(|id| {
+                match keys.current().authenticate_proxy(&id, token) {
+                    Ok(()) => Ok(id),
+                    Err(e) => Err(refused(e, addr)),
+                }
+            }),
+            _ => Err(refused(AuthError::Malformed, addr)),
+        }
+    }
+
     /// The proxy's node id: its [`NODE_HEADER`], else a name of its own
     /// for this stream (a restarted proxy is then a new node).
     fn node_id(
@@ -85,10 +118,23 @@ impl RateLimitQuotaService for Rlqs {
         let conn = NodeConnInfo::of(&request);
         conn.inspect(|c| c.stream_opened());
         let addr = conn.and_then(|c| c.addr).or_else(|| request.remote_addr());
-        let node_id = Self::node_id(request.metadata(), addr)?;
+        let node_id = self.authenticated(request.metadata(), addr)?;
         let (out, rx) = mpsc::channel(QUEUE);
         let inbound = request.into_inner();
         tokio::spawn(self.clone().serve(node_id, addr, inbound, out));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// A proxy refused: `UNAUTHENTICATED`, counted and logged.
+fn refused(e: AuthError, addr: Option<SocketAddr>) -> Status {
+    metrics::counter!("throttle_central_unauthenticated_total", "reason" => e.as_str())
+        .increment(1);
+    if let Some(skipped) = REFUSED.allow_now() {
+        let addr = peer(addr);
+        tracing::warn!(reason = e.as_str(), %addr, skipped, "RLQS stream refused: {e}");
+    }
+    Status::unauthenticated(format!(
+        "{e}: show {NODE_HEADER} and authorization: Bearer <token>"
+    ))
 }

@@ -74,6 +74,7 @@ impl Rlqs {
     ) {
         let (ledger_tx, ledger_rx) = mpsc::channel(QUEUE);
         let mut deposed = self.leadership.deposed();
+        let slot_ms = self.slot.as_ms();
         let mut session = Session {
             buckets: Buckets::new(&self.user_key),
             rlqs: self,
@@ -82,7 +83,7 @@ impl Rlqs {
             service: None,
             conn: None,
             spread: Spread::default(),
-            shares: Shares::default(),
+            shares: Shares::new(slot_ms),
             ledger_tx,
             ledger_rx,
             out,
@@ -136,7 +137,11 @@ impl Session {
                 return Err(self.refuse("domain", format!("the domain changed from {service:?}")));
             }
             Some(_) => {}
-            None => self.open(domain).await?,
+            None => {
+                self.open(domain).await?;
+                // The service's limits and blocks, queued as it opened.
+                self.drain()?;
+            }
         }
         let slot = self.slot_now();
         let before = self.buckets.len();
@@ -164,13 +169,16 @@ impl Session {
             return;
         }
         let used = allowed + denied > 0;
-        let seconds = usage
+        // The slots the report covers.
+        let slot_ms = i64::from(self.rlqs.slot.as_ms()).max(1);
+        let elapsed_ms = usage
             .time_elapsed
-            .map_or(0, |d| d.seconds.clamp(0, MAX_SLOTS as i64));
+            .map_or(0, |d| d.seconds.clamp(0, 3_600) * 1_000);
+        let slots = (elapsed_ms / slot_ms).clamp(0, MAX_SLOTS as i64);
         match self.buckets.seen(&id, used, slot) {
             Ok(Some(user)) if user.len() <= MAX_NAME_LEN => {
                 let user = user.to_owned();
-                self.spread.add(&user, allowed, denied, seconds as usize);
+                self.spread.add(&user, allowed, denied, slots as usize);
             }
             Ok(_) => {
                 counter!("throttle_central_rlqs_buckets_without_user_total").increment(1);
@@ -269,9 +277,14 @@ impl Session {
             Ok((Err(status), _)) => return Err(status),
             Err(_) => return Err(stopped()),
         }
+        self.drain()
+    }
+
+    /// Takes every message the ledger has queued.
+    fn drain(&mut self) -> Result<(), Status> {
         while let Ok(message) = self.ledger_rx.try_recv() {
             if !self.absorb(message) {
-                return Err(stopped());
+                return Err(Status::unavailable("the central stopped"));
             }
         }
         Ok(())

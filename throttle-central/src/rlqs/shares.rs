@@ -15,8 +15,10 @@ const KEPT_SLOTS: usize = 4;
 
 /// The grants, defaults and blocks the ledger told one proxy's stream,
 /// for its service.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Shares {
+    /// Slots a second: grants are per slot, token buckets per second.
+    per_second: f64,
     /// slot -> user -> requests granted.
     tables: BTreeMap<i64, BTreeMap<String, f64>>,
     /// The `*` rule's share of a user with no row, if it limits requests.
@@ -27,7 +29,24 @@ pub(super) struct Shares {
     blocked: BTreeSet<String>,
 }
 
+impl Default for Shares {
+    fn default() -> Self {
+        Self::new(1_000)
+    }
+}
+
 impl Shares {
+    /// Nothing told yet, with slots of `slot_ms`.
+    pub(super) fn new(slot_ms: u32) -> Self {
+        Self {
+            per_second: 1_000.0 / f64::from(slot_ms.max(1)),
+            tables: BTreeMap::new(),
+            default: None,
+            own: BTreeMap::new(),
+            blocked: BTreeSet::new(),
+        }
+    }
+
     /// Takes a quota: each slot's table of `service` replaces the one
     /// held.
     pub(super) fn take_quota(&mut self, service: &str, quota: v1::Quota) {
@@ -62,7 +81,7 @@ impl Shares {
         self.blocked = blocks.users.into_iter().collect();
     }
 
-    /// What `user`'s bucket should hold from `slot` on: blocked, their
+    /// What `user`'s bucket should hold from `slot` on, a second's worth: blocked, their
     /// grant of the latest table up to the next slot (unless the bucket is
     /// `fresh`), else the share of their own rule or of the `*` rule, else
     /// everything allowed.
@@ -77,13 +96,13 @@ impl Shares {
             .filter(|(at, _)| slot - **at <= 1);
         let granted = user.filter(|_| !fresh).and_then(|u| latest?.1.get(u));
         if let Some(q) = granted {
-            return Assignment::of(*q);
+            return Assignment::of(q * self.per_second);
         }
         let share = match user.and_then(|u| self.own.get(u)) {
             Some(own) => *own,
             None => self.default,
         };
-        share.map_or(Assignment::Allow, Assignment::of)
+        share.map_or(Assignment::Allow, |q| Assignment::of(q * self.per_second))
     }
 }
 

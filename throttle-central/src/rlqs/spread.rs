@@ -19,17 +19,17 @@ pub(super) struct Spread {
 }
 
 impl Spread {
-    /// Adds `allowed` and `denied` of `user`, reported over `seconds`
+    /// Adds `allowed` and `denied` of `user`, reported over `covered`
     /// slots: what is still due of the user and this report, evenly over
-    /// `seconds + 1` slots (at most [`MAX_SLOTS`]). The slot more than the
+    /// `covered + 1` slots (at most [`MAX_SLOTS`]). The slot more than the
     /// report covers keeps the flow going when the next report comes a
     /// little late; with reports on time, each slot carries the reported
     /// rate.
-    pub(super) fn add(&mut self, user: &str, allowed: u64, denied: u64, seconds: usize) {
+    pub(super) fn add(&mut self, user: &str, allowed: u64, denied: u64, covered: usize) {
         if allowed == 0 && denied == 0 {
             return;
         }
-        let slots = (seconds + 1).clamp(1, MAX_SLOTS);
+        let slots = (covered + 1).clamp(1, MAX_SLOTS);
         let queue = self.users.entry(user.to_owned()).or_default();
         let (a, d) = queue
             .iter()
