@@ -25,21 +25,69 @@ user = "bob"
 per_second = { requests = 50 }
 "#;
 
-/// The guide's Envoy configuration, with its ports and node id changed.
-fn envoy_yaml(node_id: &str, ports: &[(u16, u16)]) -> String {
+/// The `n`th YAML block of the Envoy guide.
+fn guide_yaml(n: usize) -> String {
     let guide = include_str!("../../docs/guides/envoy.md");
-    let block = guide
-        .split("```yaml\n")
-        .nth(1)
-        .and_then(|b| b.split("```").next());
-    let mut yaml = block.expect("the guide's YAML").to_owned();
+    let block = guide.split("```yaml\n").nth(n + 1);
+    let block = block.and_then(|b| b.split("```").next());
+    block.expect("the guide's YAML").to_owned()
+}
+
+/// The guide's Envoy configuration for `node_id`, listening on `listen`
+/// (admin on `admin`), in front of `app`, its stream to `centrals` (gRPC
+/// and HTTP ports; two: the guide's cluster of two centrals).
+fn envoy_yaml(node_id: &str, listen: u16, admin: u16, app: u16, centrals: &[(u16, u16)]) -> String {
+    let mut yaml = guide_yaml(0);
+    if let [_, _] = centrals {
+        let at = yaml
+            .find("  - name: throttle_central")
+            .expect("the RLQS cluster");
+        yaml.truncate(at);
+        yaml.push_str(
+            &guide_yaml(1)
+                .replace("10.0.0.11", "127.0.0.1")
+                .replace("10.0.0.12", "127.0.0.1"),
+        );
+    }
+    let mut ports = vec![(9901, admin), (10000, listen), (8080, app)];
+    ports.extend(
+        centrals
+            .iter()
+            .flat_map(|(grpc, http)| [(7075, *grpc), (7076, *http)]),
+    );
     for (from, to) in ports {
         let from = format!("port_value: {from} ");
         assert!(yaml.contains(&from), "the guide's YAML names {from}");
-        yaml = yaml.replace(&from, &format!("port_value: {to} "));
+        yaml = yaml.replacen(&from, &format!("port_value: {to} "), 1);
     }
     assert!(yaml.contains("envoy-1"), "the guide's YAML names envoy-1");
     yaml.replace("envoy-1", node_id)
+}
+
+/// Two Envoys, `envoy-1` and `envoy-2`, in front of `app`, their streams
+/// to `centrals`; `None` (skipped) without `envoy`.
+fn envoys(
+    test: &str,
+    app: SocketAddr,
+    centrals: &[(u16, u16)],
+) -> Option<Vec<(Envoy, SocketAddr)>> {
+    let mut envoys = Vec::new();
+    for id in ["envoy-1", "envoy-2"] {
+        let (listen, admin) = (free_port(), free_port());
+        let yaml = envoy_yaml(id, listen, admin, app.port(), centrals);
+        let envoy = Envoy::start(test, &yaml, SocketAddr::from(([127, 0, 0, 1], admin)))?;
+        let listen = SocketAddr::from(([127, 0, 0, 1], listen));
+        wait_listening(listen);
+        envoys.push((envoy, listen));
+    }
+    Some(envoys)
+}
+
+/// The limits file, in `dir`.
+fn limits_file(dir: &TempDir) -> String {
+    let limits = dir.path().join("limits.toml");
+    std::fs::write(&limits, LIMITS).expect("limits written");
+    limits.display().to_string()
 }
 
 /// An app answering 200 to everything, behind the Envoys.
@@ -76,30 +124,11 @@ async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
         return;
     };
     let dir = TempDir::new("envoy");
-    let limits = dir.path().join("limits.toml");
-    std::fs::write(&limits, LIMITS).expect("limits written");
-    let central =
-        CentralProcess::start(&bin, &["--limits".to_owned(), limits.display().to_string()]);
+    let central = CentralProcess::start(&bin, &["--limits".to_owned(), limits_file(&dir)]);
     let app = upstream().await;
-    let mut envoys = Vec::new();
-    for id in ["envoy-1", "envoy-2"] {
-        let (listen, admin) = (free_port(), free_port());
-        let ports = [
-            (9901, admin),
-            (10000, listen),
-            (8080, app.port()),
-            (7075, central.grpc),
-            (7076, central.http.port()),
-        ];
-        let yaml = envoy_yaml(id, &ports);
-        let admin = SocketAddr::from(([127, 0, 0, 1], admin));
-        let Some(envoy) = Envoy::start(test, &yaml, admin) else {
-            return;
-        };
-        let listen = SocketAddr::from(([127, 0, 0, 1], listen));
-        wait_listening(listen);
-        envoys.push((envoy, listen));
-    }
+    let Some(envoys) = envoys(test, app, &[(central.grpc, central.http.port())]) else {
+        return;
+    };
     let url = central.url();
     let rust = AppProcess::start(
         env!("CARGO_BIN_EXE_axum-node"),
@@ -169,5 +198,108 @@ async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
             .clone()
             .all(|s| (0..2).all(|n| on_node(&tallies, "alice", n, s) > 0)),
         "both envoys serve alice"
+    );
+}
+
+/// The node ids with a stream open on `central`.
+fn streams(central: &CentralProcess) -> Vec<String> {
+    let body = central.get("/v1/monitor/connections", Duration::from_millis(300));
+    let json: serde_json::Value = body
+        .and_then(|b| serde_json::from_str(&b).ok())
+        .unwrap_or_default();
+    let streams = json["connections"].as_array().cloned().unwrap_or_default();
+    streams
+        .iter()
+        .filter_map(|s| s["node_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn leads(central: &CentralProcess) -> bool {
+    let body = central.get("/healthz", Duration::from_millis(300));
+    let json: serde_json::Value = body
+        .and_then(|b| serde_json::from_str(&b).ok())
+        .unwrap_or_default();
+    json["role"] == "leader"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_follow_a_new_leader_through_the_health_checked_cluster() {
+    let test = "envoys_follow_a_new_leader_through_the_health_checked_cluster";
+    let Some(bin) = throttle_test_servers::central_beside(env!("CARGO_BIN_EXE_axum-node"), test)
+    else {
+        return;
+    };
+    let Some(etcd) = throttle_test_servers::Etcd::start(test) else {
+        return;
+    };
+    let dir = TempDir::new("envoy-ha");
+    let limits = limits_file(&dir);
+    let mut centrals: Vec<CentralProcess> = (0..2)
+        .map(|_| {
+            let grpc = free_port();
+            let url = format!("http://127.0.0.1:{grpc}");
+            let args = [
+                "--etcd",
+                &etcd.url(),
+                "--advertise",
+                &url,
+                "--limits",
+                &limits,
+                "--state",
+                "etcd",
+            ];
+            CentralProcess::start_on(&bin, grpc, &args.map(str::to_owned))
+        })
+        .collect();
+    let leader = tokio::task::block_in_place(|| {
+        throttle_test_servers::until(Duration::from_secs(10), "a leader", || {
+            centrals.iter().any(leads)
+        });
+        usize::from(!leads(&centrals[0]))
+    });
+    let standby = 1 - leader;
+    let app = upstream().await;
+    let ports: Vec<(u16, u16)> = centrals.iter().map(|c| (c.grpc, c.http.port())).collect();
+    let Some(envoys) = envoys(test, app, &ports) else {
+        return;
+    };
+    let load = Load::new(envoys.iter().map(|e| e.1).collect(), "/");
+    load.flow("alice", 0, 100.0);
+    load.flow("alice", 1, 100.0);
+    let running = load.clone();
+    let run = tokio::spawn(async move { running.run(Duration::from_secs(47)).await });
+    tokio::time::sleep(Duration::from_secs(27)).await;
+    let event = unix_second();
+    centrals[leader].kill();
+    let on_new = tokio::task::block_in_place(|| {
+        throttle_test_servers::until(
+            Duration::from_secs(15),
+            "both Envoys on the new leader",
+            || {
+                let ids = streams(&centrals[standby]);
+                ids.iter().any(|i| i == "envoy-1") && ids.iter().any(|i| i == "envoy-2")
+            },
+        )
+    });
+    println!("leader killed: both Envoys on the new leader {on_new:.2?} after");
+    run.await.expect("the load ran");
+    let tallies = load.tallies();
+    let mut total = 0;
+    for s in event - 15..event + 15 {
+        let (admitted, refused) = counted(&tallies, "alice", s);
+        println!(
+            "second {s}{}: alice {admitted} ({refused} refused)",
+            if s == event { " (kill)" } else { "" }
+        );
+        total += admitted;
+    }
+    println!("alice admitted {total} in the 30 s around the kill, of a limit of 3000");
+    assert!(
+        on_new <= Duration::from_secs(10),
+        "on the new leader {on_new:?} after the kill"
+    );
+    assert!(
+        (2700..=3300).contains(&total),
+        "alice admitted {total} in 30 s, limit 3000"
     );
 }

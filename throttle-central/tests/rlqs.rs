@@ -164,11 +164,12 @@ async fn a_proxys_usage_is_filed_exactly_and_its_buckets_get_their_share() {
         allowed.iter().all(|(_, a)| strategy(a) == allow),
         "{allowed:?}"
     );
-    // Five seconds of alice, and an absurd count that is not filed.
-    let absurd = usage(alice.clone(), u64::MAX / 2, 0, 5);
+    // 499 more of alice over no time (filed at once, not paced), and an
+    // absurd count that is not filed.
+    let absurd = usage(alice.clone(), u64::MAX / 2, 0, 0);
     tx.send(reports(
         "front",
-        vec![usage(alice.clone(), 499, 20, 5), absurd],
+        vec![usage(alice.clone(), 499, 20, 0), absurd],
     ))
     .await
     .unwrap();

@@ -145,8 +145,20 @@ impl Session {
         }
         let slot = self.slot_now();
         let before = self.buckets.len();
+        // Per user: a user may have several buckets.
+        let mut users: BTreeMap<String, (u64, u64, usize)> = BTreeMap::new();
         for usage in reports.bucket_quota_usages {
-            self.take_usage(usage, slot);
+            if let Some((user, a, d, covered)) = self.take_usage(usage, slot) {
+                let sum = users.entry(user).or_default();
+                *sum = (
+                    sum.0.saturating_add(a),
+                    sum.1.saturating_add(d),
+                    sum.2.max(covered),
+                );
+            }
+        }
+        for (user, (a, d, covered)) in users {
+            self.spread.add(&user, a, d, covered);
         }
         if self.buckets.len() > before {
             self.tell().await;
@@ -154,19 +166,25 @@ impl Session {
         Ok(())
     }
 
-    /// One bucket's usage: its user's share of it to file.
-    fn take_usage(&mut self, usage: BucketQuotaUsage, slot: i64) {
+    /// One bucket's usage: its user, what it admitted and denied, and the
+    /// slots it covers; `None` for a bucket not filed (no user, past the
+    /// cap, an absurd count), counted.
+    fn take_usage(
+        &mut self,
+        usage: BucketQuotaUsage,
+        slot: i64,
+    ) -> Option<(String, u64, u64, usize)> {
         let Some(id) = usage.bucket_id else {
             counter!("throttle_central_invalid_messages_total", "reason" => "rlqs_bucket")
                 .increment(1);
-            return;
+            return None;
         };
         let max = u64::try_from(self.rlqs.max_amount).unwrap_or(u64::MAX);
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         if allowed > max || denied > max {
             let why = format!("{allowed} allowed, {denied} denied: above the largest amount {max}");
             self.refuse("rlqs_amount", why);
-            return;
+            return None;
         }
         let used = allowed + denied > 0;
         // The slots the report covers.
@@ -174,17 +192,18 @@ impl Session {
         let elapsed_ms = usage
             .time_elapsed
             .map_or(0, |d| d.seconds.clamp(0, 3_600) * 1_000);
-        let slots = (elapsed_ms / slot_ms).clamp(0, MAX_SLOTS as i64);
+        let covered = (elapsed_ms / slot_ms).clamp(0, MAX_SLOTS as i64) as usize;
         match self.buckets.seen(&id, used, slot) {
             Ok(Some(user)) if user.len() <= MAX_NAME_LEN => {
-                let user = user.to_owned();
-                self.spread.add(&user, allowed, denied, slots as usize);
+                Some((user.to_owned(), allowed, denied, covered))
             }
             Ok(_) => {
                 counter!("throttle_central_rlqs_buckets_without_user_total").increment(1);
+                None
             }
             Err(()) => {
                 counter!("throttle_central_rlqs_buckets_at_cap_total").increment(1);
+                None
             }
         }
     }
