@@ -331,7 +331,7 @@ impl CentralBuilder {
                 )));
             }
             None => tracing::warn!(
-                "no node keys: any process that reaches the gRPC address is accepted as a node"
+                "no node keys: any process that reaches the gRPC or legacy address is accepted as a node (or proxy)"
             ),
         }
         let restored = self.state.clone().map(|store| {

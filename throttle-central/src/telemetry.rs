@@ -132,7 +132,22 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         "throttle_central_unauthenticated_total",
         Kind::Counter,
-        "Node streams refused for lack of a valid node key.",
+        "Node streams, legacy handshakes and reports, and RLQS streams refused for lack of a valid node key or token.",
+    ),
+    (
+        "throttle_central_legacy_users_left_out_total",
+        Kind::Counter,
+        "Users left out of a legacy node's answer to fit its 65,535-byte frame.",
+    ),
+    (
+        "throttle_central_rlqs_buckets_without_user_total",
+        Kind::Counter,
+        "RLQS bucket reports without a user entry: not filed.",
+    ),
+    (
+        "throttle_central_rlqs_buckets_at_cap_total",
+        Kind::Counter,
+        "RLQS bucket reports past a stream's most buckets: not filed, not assigned.",
     ),
     (
         "throttle_central_keys_at_cap_total",

@@ -25,6 +25,22 @@ pub enum Outbound {
     Encoded(Bytes),
 }
 
+impl Outbound {
+    /// The message, decoded if it was sent encoded: what a peer that
+    /// translates the central's messages (the legacy and RLQS endpoints)
+    /// reads.
+    ///
+    /// # Errors
+    ///
+    /// prost's, for encoded bytes that are not a message.
+    pub fn into_message(self) -> Result<v1::CentralMessage, prost::DecodeError> {
+        match self {
+            Self::Message(m) => Ok(m),
+            Self::Encoded(bytes) => v1::CentralMessage::decode(bytes),
+        }
+    }
+}
+
 impl From<v1::CentralMessage> for Outbound {
     fn from(m: v1::CentralMessage) -> Self {
         Self::Message(m)

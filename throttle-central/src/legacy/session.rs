@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
 use metrics::counter;
-use prost::Message as _;
 use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::Outbound;
 use throttle_proto::{MAX_NAME_LEN, legacy};
@@ -284,12 +283,10 @@ impl Running {
     /// the connection (the ledger closed it, or this central no longer
     /// leads).
     fn absorb(&mut self, message: Result<Outbound, Status>) -> bool {
-        let message = match message {
-            Ok(Outbound::Message(m)) => m,
-            Ok(Outbound::Encoded(bytes)) => match v1::CentralMessage::decode(bytes) {
-                Ok(m) => m,
-                Err(_) => return true,
-            },
+        let message = match message.map(Outbound::into_message) {
+            Ok(Ok(m)) => m,
+            // Nothing this connection reads.
+            Ok(Err(_)) => return true,
             Err(_) => return false,
         };
         match message.kind {

@@ -16,7 +16,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use futures_util::StreamExt;
 use metrics::counter;
-use prost::Message as _;
 use throttle_proto::v1::{self, central_message};
 use throttle_proto::wire::Outbound;
 use throttle_proto::MAX_NAME_LEN;
@@ -312,12 +311,10 @@ impl Session {
     /// Takes a message the ledger queued for the proxy; false when it
     /// ends the stream.
     fn absorb(&mut self, message: Result<Outbound, Status>) -> bool {
-        let message = match message {
-            Ok(Outbound::Message(m)) => m,
-            Ok(Outbound::Encoded(bytes)) => match v1::CentralMessage::decode(bytes) {
-                Ok(m) => m,
-                Err(_) => return true,
-            },
+        let message = match message.map(Outbound::into_message) {
+            Ok(Ok(m)) => m,
+            // Nothing this connection reads.
+            Ok(Err(_)) => return true,
             Err(_) => return false,
         };
         let service = self.service.as_deref().unwrap_or_default();
