@@ -33,7 +33,7 @@ use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
 use crate::legacy::Endpoint;
 use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource};
 use crate::net::{self, ConnectionLimits, ServerTls};
-use crate::rlqs::{Rlqs, USER_KEY};
+use crate::rlqs::Rlqs;
 use crate::server::{
     Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, follow_etcd, reloader,
     ticker,
@@ -379,7 +379,7 @@ impl CentralBuilder {
             slot,
             restored: service.restored.clone(),
             max_amount: service.config.max_amount,
-            user_key: USER_KEY.to_owned(),
+            limits: self.limits.clone(),
             keys: service.keys.clone(),
         };
         let grpc_server = GrpcServer {

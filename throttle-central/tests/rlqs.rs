@@ -249,3 +249,30 @@ async fn a_standby_turns_proxies_away() {
     assert_eq!(refused, Some(Code::Unavailable));
     central.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_may_name_its_user_entry() {
+    let text = format!("[service.front]\nenvoy_user_key = \"api_key\"\n\n{LIMITS}");
+    let limits = LimitSet::from_toml(&text).unwrap();
+    let builder = Central::builder()
+        .slot(SlotLength::from_ms(SLOT_MS).unwrap())
+        .limits(Arc::new(StaticLimits::new(limits)));
+    let central = spawn(builder).await;
+    let (tx, mut answers) = open(&central, &[("x-throttle-node", "envoy-1")])
+        .await
+        .unwrap();
+    let by_key = usage(bucket(&[("api_key", "alice")]), 1, 0, 0);
+    tx.send(reports("front", vec![by_key])).await.unwrap();
+    let actions = next_actions(&mut answers).await;
+    assert!(
+        matches!(strategy(&actions[0].1), Some(Strategy::TokenBucket(_))),
+        "{actions:?}"
+    );
+    // `user` names nobody here: no rule, no limit.
+    let by_user = usage(bucket(&[("user", "alice")]), 1, 0, 0);
+    tx.send(reports("front", vec![by_user])).await.unwrap();
+    let actions = next_actions(&mut answers).await;
+    let allow = Some(Strategy::BlanketRule(BlanketRule::AllowAll as i32));
+    assert_eq!(strategy(&actions[0].1), allow, "{actions:?}");
+    central.shutdown().await;
+}

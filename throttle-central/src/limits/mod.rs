@@ -235,6 +235,13 @@ pub trait LimitSource: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// The Envoy bucket id entry that names the user of `service`'s
+    /// buckets, if the source says; `None`: `user`.
+    fn envoy_user_key(&self, service: &str) -> Option<String> {
+        let _ = service;
+        None
+    }
+
     /// A number that changes whenever the limits do, so a reader can skip
     /// limits it has applied already (every slot, at 333,000 users, that is
     /// most of a slot's work); `None` (the default): unknown, read them

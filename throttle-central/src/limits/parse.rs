@@ -44,6 +44,7 @@ struct BlockEntry {
 struct Settings {
     policy: Option<String>,
     capacity: Option<Amounts>,
+    envoy_user_key: Option<String>,
 }
 
 /// One `[[limit]]` as written.
@@ -178,6 +179,14 @@ fn settings(set: &mut LimitSet, service: String, settings: Settings) -> Result<(
             apps: Vec::new(),
         };
         set.set_hierarchy(service.clone(), hierarchy);
+    }
+    if let Some(key) = settings.envoy_user_key {
+        if !valid_name(&key) {
+            return Err(format!(
+                "[service.{service}] envoy_user_key must be 1 to {MAX_NAME_LEN} bytes"
+            ));
+        }
+        set.set_envoy_user_key(service.clone(), key);
     }
     if let Some(policy) = settings.policy {
         set.set_policy(service, policy);

@@ -21,6 +21,8 @@ pub struct LimitSet {
     blocks: Blocks,
     /// Service -> its capacity and applications.
     pub(super) hierarchies: BTreeMap<String, Hierarchy>,
+    /// Service -> the Envoy bucket id entry that names the user.
+    envoy_user_keys: BTreeMap<String, String>,
 }
 
 impl LimitSet {
@@ -48,6 +50,12 @@ impl LimitSet {
             message: e.to_string(),
         })?;
         Self::from_toml(&text)
+    }
+
+    /// Makes the bucket id entry `key` name the user of `service`'s Envoy
+    /// buckets (`user` otherwise).
+    pub fn set_envoy_user_key(&mut self, service: impl Into<String>, key: impl Into<String>) {
+        self.envoy_user_keys.insert(service.into(), key.into());
     }
 
     /// Gives `service` the quota policy `name` (see
@@ -111,6 +119,10 @@ impl LimitSource for LimitSet {
 
     fn policy(&self, service: &str) -> Option<String> {
         self.policies.get(service).cloned()
+    }
+
+    fn envoy_user_key(&self, service: &str) -> Option<String> {
+        self.envoy_user_keys.get(service).cloned()
     }
 
     fn blocks(&self) -> Blocks {
@@ -194,6 +206,10 @@ impl<T: Snapshots> LimitSource for T {
 
     fn policy(&self, service: &str) -> Option<String> {
         self.snapshot().policy(service)
+    }
+
+    fn envoy_user_key(&self, service: &str) -> Option<String> {
+        self.snapshot().envoy_user_key(service)
     }
 
     fn blocks(&self) -> Blocks {

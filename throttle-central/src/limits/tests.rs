@@ -654,3 +654,12 @@ fn effective(set: &LimitSet, user: &str, resource: &str) -> Vec<(Period, f64, f6
         .map(|a| (a.period, a.amount(), a.burst_seconds))
         .collect()
 }
+
+#[test]
+fn a_service_names_its_envoy_user_key() {
+    let set = LimitSet::from_toml("[service.front]\nenvoy_user_key = \"api_key\"\n").unwrap();
+    assert_eq!(set.envoy_user_key("front").as_deref(), Some("api_key"));
+    assert_eq!(set.envoy_user_key("other"), None);
+    let empty = LimitSet::from_toml("[service.front]\nenvoy_user_key = \"\"\n").unwrap_err();
+    assert!(empty.to_string().contains("envoy_user_key"), "{empty}");
+}

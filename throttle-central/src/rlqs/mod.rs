@@ -23,4 +23,4 @@ mod session;
 mod shares;
 mod spread;
 
-pub(crate) use service::{Rlqs, USER_KEY};
+pub(crate) use service::Rlqs;

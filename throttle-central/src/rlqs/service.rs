@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
+use crate::limits::LimitSource;
 use crate::log::{Throttled, peer};
 use crate::net::NodeConnInfo;
 use crate::server::Command;
@@ -27,8 +28,8 @@ use crate::server::Command;
 pub(super) const NODE_HEADER: &str = "x-throttle-node";
 
 /// The bucket id entry that names the user, unless a service sets
-/// another.
-pub(crate) const USER_KEY: &str = "user";
+/// another (`[service.NAME] envoy_user_key`).
+pub(super) const USER_KEY: &str = "user";
 
 /// Messages queued for one proxy.
 const QUEUE: usize = 16;
@@ -47,8 +48,9 @@ pub(crate) struct Rlqs {
     pub(crate) restored: Option<watch::Receiver<Option<u64>>>,
     /// The largest count one bucket may report.
     pub(crate) max_amount: i64,
-    /// The bucket id entry that names the user.
-    pub(crate) user_key: String,
+    /// The limits, which may name a service's user entry
+    /// (`envoy_user_key`).
+    pub(crate) limits: Arc<dyn LimitSource>,
     /// With node keys, a proxy shows its token.
     pub(crate) keys: Option<Arc<NodeKeys>>,
 }

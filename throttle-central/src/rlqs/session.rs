@@ -24,7 +24,7 @@ use tonic::{Status, Streaming};
 
 use super::assignment::duration;
 use super::buckets::{Action, Buckets, Timing};
-use super::service::Rlqs;
+use super::service::{Rlqs, USER_KEY};
 use super::shares::{REQUESTS, Shares};
 use super::spread::{MAX_SLOTS, Spread};
 use crate::log::{Throttled, peer};
@@ -75,7 +75,7 @@ impl Rlqs {
         let mut deposed = self.leadership.deposed();
         let slot_ms = self.slot.as_ms();
         let mut session = Session {
-            buckets: Buckets::new(&self.user_key),
+            buckets: Buckets::new(USER_KEY),
             rlqs: self,
             node_id,
             addr,
@@ -241,6 +241,8 @@ impl Session {
             .await
             .map_err(|_| stopped())?;
         self.conn = Some(conn.await.map_err(|_| stopped())?);
+        let user_key = self.rlqs.limits.envoy_user_key(&domain);
+        self.buckets = Buckets::new(user_key.as_deref().unwrap_or(USER_KEY));
         self.service = Some(domain);
         Ok(())
     }
