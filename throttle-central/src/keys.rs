@@ -189,13 +189,7 @@ impl KeySet {
     /// [`AuthError::BadSignature`] for another token.
     pub fn authenticate_proxy(&self, node_id: &str, token: &str) -> Result<(), AuthError> {
         let known = self.proxies.get(node_id).ok_or(AuthError::UnknownKey)?;
-        let same = known.len() == token.len()
-            && known
-                .bytes()
-                .zip(token.bytes())
-                .fold(0, |d, (a, b)| d | (a ^ b))
-                == 0;
-        if same {
+        if same_bytes(known.as_bytes(), token.as_bytes()) {
             Ok(())
         } else {
             Err(AuthError::BadSignature)
@@ -241,6 +235,12 @@ impl KeySet {
     pub fn allows(&self, access_key: &str, node_id: &str) -> bool {
         self.keys.get(access_key).is_some_and(|k| k.allows(node_id))
     }
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where
+/// they differ (secrets, signatures).
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 /// The `[[proxy]]` entries: node id -> token.

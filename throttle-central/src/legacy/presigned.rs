@@ -19,6 +19,8 @@ use aws_sigv4::http_request::{
 use aws_sigv4::sign::v4;
 use throttle_proto::auth::{AuthError, MAX_ACCESS_KEY_LEN};
 
+use crate::keys::same_bytes;
+
 /// How far the central's clock may be from the node's, either way.
 pub(super) const SKEW_MS: i64 = 15_000;
 
@@ -151,7 +153,7 @@ impl Presigned {
         let expected = self
             .signature_of(secret_key, uri, headers)
             .ok_or(AuthError::Malformed)?;
-        if same(expected.as_bytes(), self.signature.as_bytes()) {
+        if same_bytes(expected.as_bytes(), self.signature.as_bytes()) {
             Ok(())
         } else {
             Err(AuthError::BadSignature)
@@ -196,11 +198,6 @@ const FIELDS: [&str; 6] = [
     "X-Amz-SignedHeaders",
     "X-Amz-Signature",
 ];
-
-/// Compares in a time that does not depend on where they differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0
-}
 
 /// `yyyymmddThhmmssZ` as a time.
 fn amz_time(text: &str) -> Option<SystemTime> {

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use throttle_proto::v1;
+use throttle_proto::v1::{self, central_message};
 
 use super::answer::Answer;
 use super::whole_table::WholeTable;
@@ -52,6 +52,16 @@ impl LegacyQuotas {
             while held.len() > KEPT_SLOTS {
                 held.pop_first();
             }
+        }
+    }
+
+    /// Takes a message the ledger queued for the node: its quotas and
+    /// block lists; nothing else reaches a legacy node.
+    pub(super) fn absorb(&mut self, message: v1::CentralMessage) {
+        match message.kind {
+            Some(central_message::Kind::Quota(q)) => self.take(q),
+            Some(central_message::Kind::Blocks(b)) => self.take_blocks(b),
+            _ => {}
         }
     }
 

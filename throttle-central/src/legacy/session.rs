@@ -8,18 +8,16 @@ use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
 use metrics::counter;
-use throttle_proto::v1::{self, central_message};
-use throttle_proto::wire::Outbound;
+use throttle_proto::v1;
 use throttle_proto::{MAX_NAME_LEN, legacy};
-use tokio::sync::{mpsc, oneshot, watch};
-use tonic::Status;
+use tokio::sync::{mpsc, watch};
 
 use super::answer::MAX_FRAME_BYTES;
 use super::quotas::LegacyQuotas;
 use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::log::{Throttled, peer, truncate};
-use crate::server::{AnswerAhead, Command, Received, restored};
+use crate::server::{Command, Heard, Link, NotFiled, restored};
 
 /// Most services one legacy node may name, as for a node stream's Hello.
 const MAX_SERVICES: usize = 1_000;
@@ -27,9 +25,6 @@ const MAX_SERVICES: usize = 1_000;
 /// A connection silent this long is closed: a legacy node reports every
 /// second, and keeps an idle connection 20 s at most.
 const IDLE: Duration = Duration::from_secs(60);
-
-/// Messages from the ledger queued for one connection.
-const QUEUE: usize = 32;
 
 /// Lines about refused frames, at most once a second.
 static REFUSED: Throttled = Throttled::new();
@@ -58,17 +53,15 @@ pub(super) struct Session {
     pub(super) addr: SocketAddr,
 }
 
-/// The node's registration with the ledger's task: a node stream's.
+/// What the node registered with the ledger's task as.
 struct Registered {
-    conn: u64,
     node_id: String,
     services: BTreeSet<String>,
 }
 
 /// What a session holds while it runs.
 struct Running {
-    tx: mpsc::Sender<Result<Outbound, Status>>,
-    rx: mpsc::Receiver<Result<Outbound, Status>>,
+    link: Link,
     quotas: LegacyQuotas,
     registered: Option<Registered>,
 }
@@ -77,10 +70,8 @@ impl Session {
     /// Serves the connection until it ends; a frame the node may not send
     /// ends it, counted and logged.
     pub(super) async fn run(self, mut socket: WebSocket) {
-        let (tx, rx) = mpsc::channel(QUEUE);
         let mut running = Running {
-            tx,
-            rx,
+            link: Link::new(self.commands.clone()),
             quotas: LegacyQuotas::default(),
             registered: None,
         };
@@ -88,9 +79,12 @@ impl Session {
         let end = loop {
             let frame = tokio::select! {
                 frame = tokio::time::timeout(IDLE, socket.recv()) => frame,
-                pushed = running.rx.recv() => match pushed.map(|m| running.absorb(m)) {
-                    Some(true) => continue,
-                    _ => break End::Closed,
+                heard = running.link.heard() => match heard {
+                    Heard::Message(m) => {
+                        running.quotas.absorb(m);
+                        continue;
+                    }
+                    Heard::Closed => break End::Closed,
                 },
                 () = &mut deposed => break End::Closed,
             };
@@ -114,12 +108,7 @@ impl Session {
         if let End::Refused(reason, why) = end {
             self.refused(reason, &why);
         }
-        if let Some(r) = running.registered {
-            let _ = self
-                .commands
-                .send(Command::Disconnect { conn: r.conn })
-                .await;
-        }
+        running.link.disconnect().await;
     }
 
     /// Files one report and renders its answer.
@@ -137,28 +126,17 @@ impl Session {
             .cloned()
             .collect();
         self.register(running, &report.node_id, &services).await?;
-        let conn = running.registered.as_ref().map_or(0, |r| r.conn);
         let slot = report.slot_number;
-        let (reply, filed) = oneshot::channel();
-        let report = Received::Decoded(report);
-        let command = Command::Report {
-            conn,
-            report,
-            reply,
-            answered: false,
-        };
-        self.commands.send(command).await.map_err(|_| End::Closed)?;
-        match filed.await {
-            Ok((Ok(()), _)) => {}
-            Ok((Err(status), _)) => {
+        match running.link.file(report).await {
+            Ok(()) => {}
+            Err(NotFiled::Refused(status)) => {
                 return Err(End::Refused("legacy_report", status.message().to_owned()));
             }
-            Err(_) => return Err(End::Closed),
+            Err(NotFiled::Stopped) => return Err(End::Closed),
         }
-        while let Ok(message) = running.rx.try_recv() {
-            if !running.absorb(message) {
-                return Err(End::Closed);
-            }
+        let quotas = &mut running.quotas;
+        if !running.link.drain(|m| quotas.absorb(m)) {
+            return Err(End::Closed);
         }
         let names = services.iter().map(String::as_str);
         let answer = running.quotas.answer(names, slot, MAX_FRAME_BYTES);
@@ -231,12 +209,6 @@ impl Session {
         if !restored(self.restored.as_ref(), self.leadership.epoch()).await {
             return Err(End::Closed);
         }
-        if let Some(r) = running.registered.take() {
-            let _ = self
-                .commands
-                .send(Command::Disconnect { conn: r.conn })
-                .await;
-        }
         let hello = v1::Hello {
             node_id: node_id.to_owned(),
             slot_ms: 1_000,
@@ -244,19 +216,10 @@ impl Session {
             version: "lua-resty-throttle".to_owned(),
             accepts: Vec::new(),
         };
-        let (reply, conn) = oneshot::channel();
-        let connect = Command::Connect {
-            hello,
-            addr: Some(self.addr),
-            tx: running.tx.clone(),
-            ahead: Arc::new(AnswerAhead::default()),
-            reply,
-        };
-        self.commands.send(connect).await.map_err(|_| End::Closed)?;
-        let conn = conn.await.map_err(|_| End::Closed)?;
+        let linked = running.link.connect(hello, Some(self.addr)).await;
+        linked.map_err(|_| End::Closed)?;
         running.quotas.keep_only(&all);
         running.registered = Some(Registered {
-            conn,
             node_id: node_id.to_owned(),
             services: all,
         });
@@ -275,26 +238,5 @@ impl Session {
             let addr = peer(Some(self.addr));
             tracing::warn!(reason, %addr, skipped, "legacy node connection closed: {why}");
         }
-    }
-}
-
-impl Running {
-    /// Takes a message the ledger queued for the node; false when it ends
-    /// the connection (the ledger closed it, or this central no longer
-    /// leads).
-    fn absorb(&mut self, message: Result<Outbound, Status>) -> bool {
-        let message = match message.map(Outbound::into_message) {
-            Ok(Ok(m)) => m,
-            // Nothing this connection reads.
-            Ok(Err(_)) => return true,
-            Err(_) => return false,
-        };
-        match message.kind {
-            Some(central_message::Kind::Quota(q)) => self.quotas.take(q),
-            Some(central_message::Kind::Blocks(b)) => self.quotas.take_blocks(b),
-            Some(central_message::Kind::NotLeader(_)) => return false,
-            _ => {}
-        }
-        true
     }
 }

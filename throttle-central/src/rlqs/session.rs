@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
@@ -16,10 +15,9 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use futures_util::StreamExt;
 use metrics::counter;
-use throttle_proto::v1::{self, central_message};
-use throttle_proto::wire::Outbound;
+use throttle_proto::v1;
 use throttle_proto::MAX_NAME_LEN;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use super::assignment::duration;
@@ -28,7 +26,7 @@ use super::service::{Rlqs, USER_KEY};
 use super::shares::{REQUESTS, Shares};
 use super::spread::{MAX_SLOTS, Spread};
 use crate::log::{Throttled, peer};
-use crate::server::{AnswerAhead, Command, Received, restored};
+use crate::server::{Heard, Link, NotFiled, restored};
 
 /// Envoy's report interval, whatever its configuration says.
 const REPORT_EVERY_S: i64 = 5;
@@ -40,9 +38,6 @@ const TTL_S: i64 = 3 * REPORT_EVERY_S;
 /// A bucket unused for 12 report intervals is abandoned.
 const IDLE_S: i64 = 12 * REPORT_EVERY_S;
 
-/// Messages from the ledger queued for one stream.
-const QUEUE: usize = 32;
-
 /// Lines about refused reports and buckets, at most once a second.
 static REFUSED: Throttled = Throttled::new();
 
@@ -53,12 +48,10 @@ struct Session {
     addr: Option<SocketAddr>,
     /// The report's domain: the service.
     service: Option<String>,
-    conn: Option<u64>,
+    link: Link,
     spread: Spread,
     buckets: Buckets,
     shares: Shares,
-    ledger_tx: mpsc::Sender<Result<Outbound, Status>>,
-    ledger_rx: mpsc::Receiver<Result<Outbound, Status>>,
     out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
 }
 
@@ -71,20 +64,17 @@ impl Rlqs {
         mut inbound: Streaming<RateLimitQuotaUsageReports>,
         out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
     ) {
-        let (ledger_tx, ledger_rx) = mpsc::channel(QUEUE);
         let mut deposed = self.leadership.deposed();
         let slot_ms = self.slot.as_ms();
         let mut session = Session {
             buckets: Buckets::new(USER_KEY),
+            link: Link::new(self.commands.clone()),
             rlqs: self,
             node_id,
             addr,
             service: None,
-            conn: None,
             spread: Spread::default(),
             shares: Shares::new(slot_ms),
-            ledger_tx,
-            ledger_rx,
             out,
         };
         let end = loop {
@@ -98,9 +88,12 @@ impl Rlqs {
                     }
                     Some(Err(_)) | None => break None,
                 },
-                message = session.ledger_rx.recv() => match message.map(|m| session.absorb(m)) {
-                    Some(true) => session.tell().await,
-                    _ => break Some(Status::unavailable("the central stopped")),
+                heard = session.link.heard() => match heard {
+                    Heard::Message(m) => {
+                        session.shares.absorb(session.service.as_deref(), m);
+                        session.tell().await;
+                    }
+                    Heard::Closed => break Some(Status::unavailable("the central stopped")),
                 },
                 () = tokio::time::sleep(wait) => {
                     if let Err(status) = session.file_slot().await {
@@ -226,21 +219,8 @@ impl Session {
             version: "envoy-rlqs".to_owned(),
             accepts: Vec::new(),
         };
-        let (reply, conn) = oneshot::channel();
-        let connect = Command::Connect {
-            hello,
-            addr: self.addr,
-            tx: self.ledger_tx.clone(),
-            ahead: Arc::new(AnswerAhead::default()),
-            reply,
-        };
-        let stopped = || Status::unavailable("the central stopped");
-        self.rlqs
-            .commands
-            .send(connect)
-            .await
-            .map_err(|_| stopped())?;
-        self.conn = Some(conn.await.map_err(|_| stopped())?);
+        let linked = self.link.connect(hello, self.addr).await;
+        linked.map_err(|_| Status::unavailable("the central stopped"))?;
         let user_key = self.rlqs.limits.envoy_user_key(&domain);
         self.buckets = Buckets::new(user_key.as_deref().unwrap_or(USER_KEY));
         self.service = Some(domain);
@@ -256,7 +236,7 @@ impl Session {
     /// Files `due` as the proxy's report of slot `slot` (data of the slot
     /// before), and takes the ledger's answer.
     async fn file(&mut self, slot: i64, due: Vec<(String, u64, u64)>) -> Result<(), Status> {
-        let (Some(conn), Some(service)) = (self.conn, &self.service) else {
+        let Some(service) = &self.service else {
             return Ok(());
         };
         let usage = |pick: fn(&(String, u64, u64)) -> u64| {
@@ -279,59 +259,20 @@ impl Session {
             packed: Vec::new(),
             answered: false,
         };
-        let (reply, filed) = oneshot::channel();
-        let command = Command::Report {
-            conn,
-            report: Received::Decoded(report),
-            reply,
-            answered: false,
-        };
-        let stopped = || Status::unavailable("the central stopped");
-        self.rlqs
-            .commands
-            .send(command)
-            .await
-            .map_err(|_| stopped())?;
-        match filed.await {
-            Ok((Ok(()), _)) => {}
-            Ok((Err(status), _)) => return Err(status),
-            Err(_) => return Err(stopped()),
+        match self.link.file(report).await {
+            Ok(()) => self.drain(),
+            Err(NotFiled::Refused(status)) => Err(status),
+            Err(NotFiled::Stopped) => Err(Status::unavailable("the central stopped")),
         }
-        self.drain()
     }
 
     /// Takes every message the ledger has queued.
     fn drain(&mut self) -> Result<(), Status> {
-        while let Ok(message) = self.ledger_rx.try_recv() {
-            if !self.absorb(message) {
-                return Err(Status::unavailable("the central stopped"));
-            }
+        let (shares, service) = (&mut self.shares, self.service.as_deref());
+        match self.link.drain(|m| shares.absorb(service, m)) {
+            true => Ok(()),
+            false => Err(Status::unavailable("the central stopped")),
         }
-        Ok(())
-    }
-
-    /// Takes a message the ledger queued for the proxy; false when it
-    /// ends the stream.
-    fn absorb(&mut self, message: Result<Outbound, Status>) -> bool {
-        let message = match message.map(Outbound::into_message) {
-            Ok(Ok(m)) => m,
-            // Nothing this connection reads.
-            Ok(Err(_)) => return true,
-            Err(_) => return false,
-        };
-        let service = self.service.as_deref().unwrap_or_default();
-        match message.kind {
-            Some(central_message::Kind::Quota(q)) => self.shares.take_quota(service, q),
-            Some(central_message::Kind::Limits(l)) if l.service == service => {
-                self.shares.take_limits(l)
-            }
-            Some(central_message::Kind::Blocks(b)) if b.service == service => {
-                self.shares.take_blocks(b)
-            }
-            Some(central_message::Kind::NotLeader(_)) => return false,
-            _ => {}
-        }
-        true
     }
 
     /// Sends the proxy the assignments due now.
@@ -381,9 +322,7 @@ impl Session {
         if !rest.is_empty() {
             let _ = self.file(self.slot_now(), rest).await;
         }
-        if let Some(conn) = self.conn {
-            let _ = self.rlqs.commands.send(Command::Disconnect { conn }).await;
-        }
+        self.link.disconnect().await;
         if let Some(status) = status {
             let _ = self.out.send(Err(status)).await;
         }

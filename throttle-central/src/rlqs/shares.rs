@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use throttle_proto::v1;
+use throttle_proto::v1::{self, central_message};
 
 use super::assignment::Assignment;
 
@@ -63,6 +63,18 @@ impl Shares {
         }
         while self.tables.len() > KEPT_SLOTS {
             self.tables.pop_first();
+        }
+    }
+
+    /// Takes a message the ledger queued for the proxy of `service`: its
+    /// quotas, limits and block lists.
+    pub(super) fn absorb(&mut self, service: Option<&str>, message: v1::CentralMessage) {
+        let service = service.unwrap_or_default();
+        match message.kind {
+            Some(central_message::Kind::Quota(q)) => self.take_quota(service, q),
+            Some(central_message::Kind::Limits(l)) if l.service == service => self.take_limits(l),
+            Some(central_message::Kind::Blocks(b)) if b.service == service => self.take_blocks(b),
+            _ => {}
         }
     }
 

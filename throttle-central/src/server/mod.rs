@@ -18,6 +18,8 @@
 //! - `received`: a report as it reaches the ledger's task;
 //! - `command`: what the ledger's task is asked;
 //! - `keeper`: the leader's checkpoints, restored and written;
+//! - `link`: a node served through another protocol (legacy, RLQS),
+//!   registered and filed as a stream is;
 //! - `monitor`: monitor questions ([`Subject`]) and their typed answers;
 //! - `timers`: the mid-slot tick and the limits file's reloads.
 //!
@@ -30,6 +32,7 @@ mod auth;
 mod blocks;
 mod command;
 mod keeper;
+mod link;
 mod monitor;
 mod received;
 mod standby;
@@ -38,10 +41,9 @@ mod timers;
 mod told;
 
 pub(crate) use actor::Actor;
-pub(crate) use ahead::AnswerAhead;
 pub(crate) use command::{Command, ask};
 pub(crate) use keeper::{Keeper, restored};
+pub(crate) use link::{Heard, Link, NotFiled};
 pub use monitor::{Connection, Connections, MonitorView, Subject};
-pub(crate) use received::Received;
 pub(crate) use stream::CentralService;
 pub(crate) use timers::{follow_etcd, reloader, ticker};
