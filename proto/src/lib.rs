@@ -33,6 +33,7 @@
 //!         services: vec!["front".into()],
 //!         version: env!("CARGO_PKG_VERSION").into(),
 //!         accepts: vec![throttle_proto::PACKED_QUOTAS.into()],
+//!         resumes: false,
 //!     })),
 //! };
 //! assert!(matches!(hello.kind, Some(node_message::Kind::Hello(_))));

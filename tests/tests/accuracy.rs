@@ -145,11 +145,12 @@ fn a_burst_above_the_guarantee_ends_after_its_seconds() {
 #[test]
 fn every_slot_stays_near_the_limit_through_an_outage() {
     // Killed and back 5 s later; a standby taking over 2.3 s after the
-    // kill; the nodes cut off from a central that leads on; the last two
-    // with the nodes back one by one, in a random order. The nodes keep
-    // their last quotas meanwhile (the default fallback) and the central
-    // grants once their reports are back.
-    for prefix in ["14 ", "15 ", "16 ", "21 ", "22 "] {
+    // kill; the nodes cut off from a central that leads on; a central
+    // back without its state; the last two with the nodes back one by
+    // one, in a random order. The nodes keep their last quotas meanwhile
+    // (the default fallback) and the central grants once their reports
+    // are back.
+    for prefix in ["14 ", "15 ", "16 ", "17 ", "21 ", "22 "] {
         let o = projected(prefix);
         let around = o.outage.expect("an outage scenario");
         assert!(
@@ -161,6 +162,23 @@ fn every_slot_stays_near_the_limit_through_an_outage() {
             "{prefix}: every slot within 10%: {around:?}"
         );
     }
+}
+
+#[test]
+fn a_central_without_state_is_not_spent_by_the_first_node_back() {
+    // Nodes back one by one to a central that knows none of them: it
+    // holds for them, so the first back is not granted buckets the
+    // others' kept reports then empty (31% and 128% slots before).
+    let o = projected("23 ");
+    let around = o.outage.expect("an outage scenario");
+    assert!(
+        (0.95..=1.05).contains(&around.window),
+        "the 30 s around: {around:?}"
+    );
+    assert!(
+        around.lowest_slot >= 0.5 && around.highest_slot <= 1.1,
+        "{around:?}"
+    );
 }
 
 #[test]

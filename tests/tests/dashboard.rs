@@ -146,3 +146,86 @@ async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
     eprintln!("dashboard screenshot: {}", shot.display());
     running.await.unwrap();
 }
+
+/// 10,000 light users, each admitted one request a second through the
+/// nodes' stores (as the layer admits them), beside six heavy users
+/// offered 40 requests a second each over HTTP: the dashboard draws the
+/// six heavy ones, with the central's latest slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_draws_the_heaviest_of_ten_thousand_users() {
+    let test = "the_dashboard_draws_the_heaviest_of_ten_thousand_users";
+    let Some(browser) = Chromium::start(test) else {
+        return;
+    };
+    let limits = Arc::new(StaticLimits::new(LimitSet::from_toml(LIMITS).unwrap()));
+    let central: CentralFactory =
+        Arc::new(move || Central::builder().limits(limits.clone()).http_token(TOKEN));
+    let cluster = Cluster::start_with(2, SLOT_MS, central, Fallback::Allow)
+        .await
+        .unwrap();
+    cluster.connected().await;
+    let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
+    let heavy: Vec<String> = (0..6).map(|i| format!("heavy-{i}")).collect();
+    for (i, user) in heavy.iter().enumerate() {
+        load.flow(user, i % 2, 40.0);
+    }
+    let running = tokio::spawn(async move { load.run(Duration::from_secs(18)).await });
+    // A tenth of the light users each slot: every one of them once a
+    // second, all 10,000 active in the window.
+    let stores: Vec<_> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.store.service("front"))
+        .collect();
+    let light = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(SLOT_MS.into()));
+        for round in 0..180usize {
+            tick.tick().await;
+            for u in (round % 10..10_000).step_by(10) {
+                let store = &stores[u % 2];
+                let requests = store.resource("requests").unwrap();
+                store.admit(&format!("light-{u:05}"), &[(requests, 1)], Fallback::Allow);
+            }
+        }
+    });
+    cluster.slots(65).await;
+    let http = cluster.central.as_ref().unwrap().http_addr().unwrap();
+    let url = format!("http://{http}/dashboard#token={TOKEN}");
+    let page = url.clone();
+    let dom = tokio::task::spawn_blocking(move || browser.dom(&page, Duration::from_millis(2500)))
+        .await
+        .unwrap();
+    let status = element(&dom, "id=\"status\"", "</span>");
+    assert_eq!(attr(status, "data-state"), "ok", "{status}");
+    let drawn: Vec<&str> = dom
+        .split("<article ")
+        .skip(1)
+        .map(|a| attr(&a[..a.find('>').unwrap_or(a.len())], "data-user"))
+        .collect();
+    let mut sorted = drawn.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, heavy, "the six heavy users, of 10,006: {drawn:?}");
+    // Current: the slot drawn last is one of the last few.
+    let legend = element(&dom, "class=\"legend\"", "</p>");
+    let to: i64 = legend
+        .split("to slot ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{legend}"));
+    assert!(cluster.current_slot() - to <= 20, "{legend}");
+    for user in &heavy {
+        let card = element(&dom, &format!("data-user=\"{user}\""), "</article>");
+        assert!(number(card, "data-admitted") >= 100.0, "{card}");
+    }
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-10k.png");
+    let browser = Chromium::start(test).unwrap();
+    let saved = shot.clone();
+    let settle = Duration::from_millis(2500);
+    tokio::task::spawn_blocking(move || browser.screenshot(&url, settle, (1280, 900), &saved))
+        .await
+        .unwrap();
+    eprintln!("dashboard screenshot: {}", shot.display());
+    light.await.unwrap();
+    running.await.unwrap();
+}

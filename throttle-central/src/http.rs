@@ -1,5 +1,5 @@
 //! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits` (`limits`),
-//! `/metrics`, `/healthz` (and `/healthz/leader`); the page that draws it, `/dashboard`
+//! `/v1/monitor/top` (`top`), `/metrics`, `/healthz` (and `/healthz/leader`); the page that draws it, `/dashboard`
 //! (`dashboard`); and the admin API on one user's rule, `GET`,
 //! `PUT`, `DELETE /v1/limits/{service}/{user}` (`admin`). It asks the ledger's task ([`crate::server`])
 //! and renders the typed answers as JSON ([`monitor`]).
@@ -9,6 +9,7 @@ mod dashboard;
 mod limits;
 pub(crate) mod monitor;
 mod token;
+mod top;
 
 use std::sync::Arc;
 
@@ -93,6 +94,7 @@ impl MonitorQuery {
 /// The monitor API's routes.
 pub(crate) fn router(state: HttpState) -> Router {
     let mut guarded = Router::new()
+        .route("/v1/monitor/top", get(top::top))
         .route("/v1/monitor/{subject}", get(monitor_subject))
         .route("/v1/limits", get(limits::limits))
         .route(

@@ -128,6 +128,7 @@ fn hello(node_id: &str, services: Vec<String>) -> v1::NodeMessage {
             services,
             version: "attacker".into(),
             accepts: Vec::new(),
+            resumes: false,
         })),
     }
 }

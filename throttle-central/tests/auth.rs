@@ -57,6 +57,7 @@ fn hello(node_id: &str) -> v1::NodeMessage {
             services: vec!["front".into()],
             version: "test".into(),
             accepts: Vec::new(),
+            resumes: false,
         })),
     }
 }

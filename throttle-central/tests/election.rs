@@ -184,6 +184,7 @@ impl RawStream {
             services: vec!["front".into()],
             version: "test".into(),
             accepts: Vec::new(),
+            resumes: false,
         };
         let hello = node_message::Kind::Hello(hello);
         tx.send(v1::NodeMessage { kind: Some(hello) })

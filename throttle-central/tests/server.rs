@@ -72,6 +72,7 @@ fn hello_accepting(node_id: &str, slot_ms: u32, accepts: &[&str]) -> v1::NodeMes
             services: vec!["front".into()],
             version: "test".into(),
             accepts: accepts.iter().map(|a| a.to_string()).collect(),
+            resumes: false,
         })),
     }
 }
@@ -819,5 +820,48 @@ per_second = { requests = 7 }
     let dist = json(&central, "/v1/monitor/distribution?service=back").await;
     let services: Vec<&String> = dist.as_object().unwrap().keys().collect();
     assert_eq!(services, ["back"]);
+    central.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_top_answers_the_heaviest_users_slot_by_slot() {
+    let central = start(Central::builder()).await;
+    let mut n = node(central.grpc_addr(), "n1").await;
+    // u0 the lightest, u4 the heaviest; only u1 refused.
+    let users: Vec<String> = (0..5)
+        .map(|i| format!(r#""u{i}": {{"requests": {}}}"#, i + 1))
+        .collect();
+    let users = format!("{{{}}}", users.join(", "));
+    let s = current_slot();
+    n.exchange(report("n1", s, &users, r#"{"u1": {"requests": 9}}"#))
+        .await
+        .unwrap();
+    // The reading is of the data slots up to the one before the current.
+    tokio::time::sleep(std::time::Duration::from_millis(SLOT_MS.into())).await;
+    let top = json(&central, "/v1/monitor/top?n=2&slots=20").await;
+    let heaviest = top["services"]["front"]["requests"].as_array().unwrap();
+    let names: Vec<&str> = heaviest
+        .iter()
+        .map(|u| u["user"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["u4", "u3"], "{top}");
+    assert_eq!(heaviest[0]["admitted"], 5);
+    let series = heaviest[0]["consumption"].as_array().unwrap();
+    assert_eq!(series.len(), 20, "one amount per slot");
+    let to = top["to_slot"].as_i64().unwrap();
+    let at = usize::try_from(19 - (to - (s - 1))).unwrap();
+    assert_eq!(series[at], 5, "in the slot it was reported for: {top}");
+    let refused = json(&central, "/v1/monitor/top?by=refused&n=5").await;
+    let refused = refused["services"]["front"]["requests"].as_array().unwrap();
+    assert_eq!(refused.len(), 1, "only users refused anything: {refused:?}");
+    assert_eq!(
+        (refused[0]["user"].as_str(), refused[0]["refused"].as_i64()),
+        (Some("u1"), Some(9))
+    );
+    let http = central.http_addr().unwrap();
+    for bad in ["n=0", "n=101", "slots=0", "slots=1000", "by=x", "n=x"] {
+        let (status, body) = http_get(http, &format!("/v1/monitor/top?{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
     central.shutdown().await;
 }

@@ -441,6 +441,7 @@ fn inbound_keeps_the_report_as_sent() {
         services: vec!["front".into()],
         version: "x".into(),
         accepts: vec![crate::PACKED_QUOTAS.into()],
+        resumes: false,
     };
     let msg = v1::NodeMessage {
         kind: Some(v1::node_message::Kind::Hello(hello.clone())),

@@ -345,6 +345,7 @@ fn main() -> anyhow::Result<()> {
                     services: vec!["front".into()],
                     version: "scale".into(),
                     accepts: accepts.clone(),
+                    resumes: false,
                 };
                 let _ = tx.send(Inbound::Hello(hello)).await;
                 let Ok(mut inbound) = exchange(url, rx).await else { return };

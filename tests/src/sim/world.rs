@@ -292,6 +292,10 @@ impl<'a> World<'a> {
     /// it knew, the unanswered reports; to a new one, all.
     fn connect(&mut self, i: usize, now: i64) {
         let name = format!("node-{i}");
+        // A node welcomed before says so in its Hello.
+        if self.nodes[i].generation.is_some() {
+            self.central.resumes(now);
+        }
         let (id, pushes) = self
             .central
             .connect(&name, &[SERVICE.to_string()], Accepts::NONE, now);

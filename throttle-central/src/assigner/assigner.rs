@@ -223,6 +223,14 @@ impl<F: QuotaFormat> Assigner<F> {
         (node, pushes)
     }
 
+    /// A node about to connect says it resumes from another central's
+    /// quotas (`Hello.resumes`): a ledger that has filed and restored
+    /// nothing holds its grants, so the first node back is not handed
+    /// buckets the others' kept reports are about to empty.
+    pub fn resumes(&mut self, now_ms: i64) {
+        self.ledger.await_unknown_nodes(now_ms);
+    }
+
     /// A stream of `node` closed (`accepts`: as given to
     /// [`Assigner::connect`] for it).
     pub fn disconnect(&mut self, node: NodeId, accepts: Accepts) {

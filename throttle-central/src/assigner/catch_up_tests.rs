@@ -160,3 +160,48 @@ fn nodes_back_after_a_silence_are_granted_once_all_have_reported() {
     a.tick(16_700);
     assert!(!a.ledger().holding(), "both back: granting again");
 }
+
+#[test]
+fn a_fresh_central_holds_for_nodes_that_resume_and_not_for_new_ones() {
+    let services = ["front".to_owned()];
+    // Nodes that never had a central: granted at connect.
+    let mut first = assigner();
+    first.ledger_mut().begin(13_000);
+    let (_, pushes) = first.connect("n1", &services, Accepts::NONE, 13_100);
+    assert!(!pushes.is_empty(), "a new node is granted at once");
+    assert!(!first.ledger().holding());
+    // Nodes back from another central's quotas: nothing until the hold
+    // is over, however few of them are back.
+    let mut a = assigner();
+    a.ledger_mut().begin(13_000);
+    a.resumes(13_100);
+    let (n1, pushes) = a.connect("n1", &services, Accepts::NONE, 13_100);
+    assert!(pushes.is_empty(), "no push on connect while holding");
+    let mut kept = report("n1", 13, 150);
+    kept.answered = true;
+    a.report(n1, &kept, 13_150).unwrap();
+    let answer = a.report(n1, &report("n1", 14, 150), 14_050).unwrap();
+    assert!(!has_rows(&answer.quota), "the node keeps its last quotas");
+    let until = 13_100 + hold_ms(throttle_clock::SlotLength::SECOND);
+    assert!(a.tick(until - 1).is_empty());
+    assert!(!a.tick(until).is_empty(), "granted once the hold is over");
+}
+
+#[test]
+fn an_answered_report_holds_a_fresh_central_too() {
+    let mut a = assigner();
+    a.ledger_mut().begin(13_000);
+    let (n1, _) = a.connect("n1", &["front".to_owned()], Accepts::NONE, 13_100);
+    let mut kept = report("n1", 13, 150);
+    kept.answered = true;
+    a.report(n1, &kept, 13_150).unwrap();
+    assert!(
+        a.ledger().holding(),
+        "a node that had another central's quotas"
+    );
+    // A ledger that has filed reports does not start such a hold.
+    a.tick(13_150 + hold_ms(throttle_clock::SlotLength::SECOND));
+    assert!(!a.ledger().holding());
+    a.resumes(16_000);
+    assert!(!a.ledger().holding());
+}

@@ -89,7 +89,6 @@ fn distribution(rows: &ServiceRows<KeyView>) -> Value {
                     (n.node.clone(), entry)
                 })
                 .collect();
-            let bucket = |b: &BucketView| json!({"level": b.level, "rate": b.rate, "capacity": b.capacity, "period": b.period.as_str()});
             let mut entry = json!({"nodes": nodes, "bucket": key.bucket.as_ref().map(bucket)});
             if !key.others.is_empty() {
                 entry["others"] = key.others.iter().map(bucket).collect();
@@ -133,4 +132,9 @@ fn apps(services: &[(String, AppsStatus)]) -> Value {
         .map(|(service, status)| (service.clone(), json!(status)))
         .collect();
     Value::Object(map)
+}
+
+/// A bucket as the monitor shows it.
+pub(super) fn bucket(b: &BucketView) -> Value {
+    json!({"level": b.level, "rate": b.rate, "capacity": b.capacity, "period": b.period.as_str()})
 }

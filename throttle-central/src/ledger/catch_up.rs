@@ -21,6 +21,14 @@
 //! that ended with the same central leading), or that hears again from
 //! its nodes after none reported for two slots, holds in the same way for
 //! the nodes that reported just before (`Ledger::await_nodes`).
+//!
+//! A ledger that starts with no checkpoint cannot know which nodes to
+//! wait for. When its first report was answered by a central it has no
+//! record of (the nodes ran on that central's quotas and come back with
+//! what they admitted since), it holds for [`hold_ms`] whatever reports
+//! come (`Ledger::await_unknown_nodes`): the first node back would
+//! otherwise be granted buckets the others' kept reports are about to
+//! empty.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,6 +47,8 @@ pub fn hold_ms(slot: SlotLength) -> i64 {
 pub(super) struct CatchUp {
     /// The nodes not yet caught up.
     awaiting: BTreeSet<NodeId>,
+    /// The nodes to wait for are not known: only the time ends it.
+    unknown: bool,
     /// When it grants regardless.
     until_ms: i64,
 }
@@ -47,8 +57,19 @@ impl CatchUp {
     pub(super) fn new(awaiting: BTreeSet<NodeId>, now_ms: i64, slot: SlotLength) -> Option<Self> {
         (!awaiting.is_empty()).then(|| Self {
             awaiting,
+            unknown: false,
             until_ms: now_ms + hold_ms(slot),
         })
+    }
+
+    /// For a ledger that does not know which nodes to wait for: it holds
+    /// for [`hold_ms`].
+    pub(super) fn for_unknown_nodes(now_ms: i64, slot: SlotLength) -> Self {
+        Self {
+            awaiting: BTreeSet::new(),
+            unknown: true,
+            until_ms: now_ms + hold_ms(slot),
+        }
     }
 
     /// For a ledger that leads again after a gap: the nodes that filed
@@ -82,7 +103,7 @@ impl CatchUp {
 
     /// Whether it is over at `now_ms`.
     pub(super) fn over(&self, now_ms: i64) -> bool {
-        self.awaiting.is_empty() || now_ms >= self.until_ms
+        (self.awaiting.is_empty() && !self.unknown) || now_ms >= self.until_ms
     }
 
     /// How many nodes it still waits for.

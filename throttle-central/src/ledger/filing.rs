@@ -101,6 +101,9 @@ impl Ledger {
         self.config.check(report, now_ms)?;
         let node = self.node_id(report.node_id());
         let slot = report.slot_number() - 1;
+        if report.answered() {
+            self.await_unknown_nodes(now_ms);
+        }
         self.await_after_silence(now_ms);
         if !self.reported.entry(slot).or_default().insert(node) {
             return Ok(Ingested {

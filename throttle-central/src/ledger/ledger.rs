@@ -404,6 +404,20 @@ impl Ledger {
         }
     }
 
+    /// Holds for [`hold_ms`] when this ledger has filed and restored
+    /// nothing and its nodes come back from a central it has no record of
+    /// (a report that central `answered`, or a Hello that `resumes`):
+    /// which of them to wait for is not known (see `catch_up`).
+    ///
+    /// [`hold_ms`]: super::hold_ms
+    pub fn await_unknown_nodes(&mut self, now_ms: i64) {
+        let fresh = self.restored.is_none() && self.reported.is_empty();
+        if fresh && self.catch_up.is_none() {
+            tracing::info!("nodes back from another central: holding grants for their reports");
+            self.catch_up = Some(CatchUp::for_unknown_nodes(now_ms, self.config.slot));
+        }
+    }
+
     /// Starts a ledger that has filed nothing and restored nothing at
     /// `now_ms`, on its first leadership: what the nodes admitted up to
     /// this slot, on the last quotas of a ledger it has no record of, was

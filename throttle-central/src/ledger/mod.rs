@@ -55,6 +55,7 @@
 //!   quota for users new to a node, every rule's allowances);
 //! - `service`: one service's state, policy and book of assignments;
 //! - `views`: typed answers to monitor questions;
+//! - `top`: the heaviest users of each resource, slot by slot;
 //! - `ledger`: the [`Ledger`] itself.
 
 mod bound;
@@ -78,6 +79,7 @@ mod source;
 mod state;
 mod sums;
 mod told;
+mod top;
 mod views;
 
 #[cfg(test)]
@@ -97,4 +99,5 @@ pub use page::{Cursor, Page, Paged, ServiceRows};
 pub use source::{FromNode, ReportSource};
 pub use state::ServiceState;
 pub use told::MAX_TOLD_USERS;
+pub use top::{RankBy, TopUsers, UserSeries};
 pub use views::{BucketView, KeyView, NodeEntry, QuotaRow, QuotaSlot, SlotRange, SumRow};

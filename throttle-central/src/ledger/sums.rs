@@ -249,6 +249,12 @@ impl SlotSums {
     pub(super) fn get(&self, id: KeyId, which: usize) -> i64 {
         self.columns.get(which).map_or(0, |c| c.get(id))
     }
+
+    /// Every key with a consumption (`which` 0) or rejection (1) other
+    /// than zero, in no particular order.
+    pub(super) fn entries(&self, which: usize) -> impl Iterator<Item = (KeyId, i64)> + '_ {
+        self.columns.get(which).into_iter().flat_map(|c| c.iter())
+    }
 }
 
 #[cfg(test)]

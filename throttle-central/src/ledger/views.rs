@@ -99,7 +99,7 @@ pub struct QuotaRow {
     pub amount: f64,
 }
 
-fn bucket_view(period: Period, b: &Bucket, now_ms: i64) -> BucketView {
+pub(super) fn bucket_view(period: Period, b: &Bucket, now_ms: i64) -> BucketView {
     BucketView {
         level: b.level_at(now_ms),
         rate: b.rate(),

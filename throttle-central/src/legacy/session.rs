@@ -215,6 +215,7 @@ impl Session {
             services: all.iter().cloned().collect(),
             version: "lua-resty-throttle".to_owned(),
             accepts: Vec::new(),
+            resumes: false,
         };
         let linked = running.link.connect(hello, Some(self.addr)).await;
         linked.map_err(|_| End::Closed)?;

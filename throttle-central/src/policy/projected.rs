@@ -175,11 +175,16 @@ impl Policy for Projected {
         let mut earlier: Vec<SlotGrants<'_>> =
             (slot - GRANTS..slot).map(|y| granted.slot(y)).collect();
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
+        // What each node of `nodes` admitted in its newest slot.
+        let mut used: Vec<f64> = Vec::new();
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };
             nodes.clear();
+            used.clear();
             for e in key.nodes().iter().filter(|e| e.slot > recent) {
-                nodes.push((e.node, newest.demand(state, key, e)));
+                let d = newest.demand(state, key, e);
+                nodes.push((e.node, d));
+                used.push(if d > 0.0 { e.consumption as f64 } else { 0.0 });
             }
             if nodes.is_empty() && (active.is_empty() || !few_keys) {
                 // Nobody used it lately and there are too many such keys
@@ -199,14 +204,18 @@ impl Policy for Projected {
             let level = bucket.level_at(now_ms);
             let rate = bucket.rate();
             let mut outstanding = 0.0;
-            for &(node, d) in &nodes {
+            for (i, &(node, d)) in nodes.iter().enumerate() {
                 let last = newest.get(node).unwrap_or(slot - 2);
                 let first = (last + 1).max(slot - GRANTS);
+                // Without a grant, a node that refused nothing fails open
+                // (it admits its demand), and one that refused keeps to
+                // what held it (its last quotas, a hold's): its last use.
+                let ungranted = used.get(i).copied().unwrap_or(d);
                 for y in first..slot {
                     let grant = earlier[(y - (slot - GRANTS)) as usize].get(node, id);
                     outstanding += match grant {
                         Some(g) => f64::from(g).min(d),
-                        None => d,
+                        None => ungranted,
                     };
                 }
             }

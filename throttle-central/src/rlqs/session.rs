@@ -218,6 +218,7 @@ impl Session {
             services: vec![domain.clone()],
             version: "envoy-rlqs".to_owned(),
             accepts: Vec::new(),
+            resumes: false,
         };
         let linked = self.link.connect(hello, self.addr).await;
         linked.map_err(|_| Status::unavailable("the central stopped"))?;

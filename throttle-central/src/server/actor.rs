@@ -21,7 +21,9 @@ use super::received::Received;
 use super::told::{Sent, SentLimits, ToldNow};
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
 use crate::leadership::Leadership;
-use crate::ledger::{FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange};
+use crate::ledger::{
+    FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange, TopUsers,
+};
 use crate::limits::blocked_at;
 use crate::log::{Throttled, peer, truncate};
 
@@ -112,7 +114,15 @@ pub(crate) struct Actor {
     ///
     /// [`Ledger::await_nodes`]: crate::ledger::Ledger::await_nodes
     led: bool,
+    /// The last reading of the heaviest users, and when it was taken.
+    top: Option<(i64, Arc<TopUsers>)>,
 }
+
+/// Data slots the heaviest users are read over (fewer if the ledger keeps
+/// fewer).
+pub(crate) const TOP_SLOTS: usize = 60;
+/// Users kept per service and resource, by admitted and by refused.
+pub(crate) const TOP_KEPT: usize = 100;
 
 impl Actor {
     /// The task over `assigner`; `me` is the sender of its own queue.
@@ -131,6 +141,7 @@ impl Actor {
             started: Instant::now(),
             leadership,
             led: false,
+            top: None,
         }
     }
 
@@ -270,6 +281,9 @@ impl Actor {
             } => {
                 let _ = reply.send(self.monitor(subject, range, &page));
             }
+            Command::Top { reply } => {
+                let _ = reply.send(self.top());
+            }
             Command::CloseAll { snapshot } => return Some(snapshot),
             Command::Checkpoint { reply } => {
                 let now = self.clock.now_ms();
@@ -281,6 +295,33 @@ impl Actor {
             }
         }
         None
+    }
+
+    /// The heaviest users over the last [`TOP_SLOTS`] data slots: read
+    /// again only once half a slot has passed since the last reading, so
+    /// any number of dashboards costs the ledger's task one reading.
+    fn top(&mut self) -> Arc<TopUsers> {
+        let now = self.clock.now_ms();
+        let config = self.assigner.ledger().config();
+        let half_slot = i64::from(config.slot.as_ms() / 2);
+        if let Some((at, top)) = &self.top
+            && (*at..*at + half_slot).contains(&now)
+        {
+            return top.clone();
+        }
+        // A data slot is read once a whole slot has passed since it
+        // ended: its reports are in by then.
+        let to = config.slot.slot_at(now) - 2;
+        let slots = TOP_SLOTS.min(config.nr_slot as usize).max(1);
+        let top = Arc::new(TopUsers::read(
+            self.assigner.ledger(),
+            to,
+            slots,
+            TOP_KEPT,
+            now,
+        ));
+        self.top = Some((now, top.clone()));
+        top
     }
 
     /// Registers a stream that sent `hello`; returns its number.
@@ -297,6 +338,9 @@ impl Actor {
         self.replace_streams_of(&hello.node_id);
         let accepts = Accepts::from_hello(&hello.accepts);
         let was_packed = self.assigner.node_is_packed(&hello.node_id);
+        if hello.resumes {
+            self.assigner.resumes(self.clock.now_ms());
+        }
         let (node, pushes) = self.assigner.connect(
             &hello.node_id,
             &hello.services,

@@ -11,7 +11,7 @@ use tonic::Status;
 use super::ahead::AnswerAhead;
 use super::monitor::{MonitorView, Subject};
 use super::received::Received;
-use crate::ledger::{CheckpointError, Page, Restoration, SlotRange};
+use crate::ledger::{CheckpointError, Page, Restoration, SlotRange, TopUsers};
 
 /// A stream's queue of messages to its node. Quotas are queued already
 /// encoded ([`Encoded`](crate::assigner::Encoded)): a push to many nodes
@@ -35,6 +35,14 @@ pub(crate) async fn ask(
         })
         .await
         .ok()?;
+    rx.await.ok()
+}
+
+/// Asks the ledger's task for the heaviest users of each resource
+/// ([`TopUsers`]); `None` if it has stopped.
+pub(crate) async fn ask_top(commands: &mpsc::Sender<Command>) -> Option<Arc<TopUsers>> {
+    let (reply, rx) = oneshot::channel();
+    commands.send(Command::Top { reply }).await.ok()?;
     rx.await.ok()
 }
 
@@ -71,6 +79,11 @@ pub(crate) enum Command {
         range: SlotRange,
         page: Page,
         reply: oneshot::Sender<MonitorView>,
+    },
+    /// The heaviest users of each resource, read at most once per half
+    /// slot however many ask.
+    Top {
+        reply: oneshot::Sender<Arc<TopUsers>>,
     },
     CloseAll {
         snapshot: Option<Snapshot>,

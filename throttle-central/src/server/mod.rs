@@ -40,8 +40,8 @@ mod stream;
 mod timers;
 mod told;
 
-pub(crate) use actor::Actor;
-pub(crate) use command::{Command, ask};
+pub(crate) use actor::{Actor, TOP_KEPT};
+pub(crate) use command::{Command, ask, ask_top};
 pub(crate) use keeper::{Keeper, restored};
 pub(crate) use link::{Heard, Link, NotFiled};
 pub use monitor::{Connection, Connections, MonitorView, Subject};

@@ -247,6 +247,7 @@ impl Run {
                 throttle_proto::PACKED_QUOTAS.to_owned(),
                 throttle_proto::QUOTA_REFS.to_owned(),
             ],
+            resumes: self.incarnation != 0,
         });
         let now = self.cfg.store.clock().now_ms();
         let signed = self

@@ -7,7 +7,8 @@ if (hash.get('token')) localStorage.setItem('throttle-token', hash.get('token'))
 const token = localStorage.getItem('throttle-token');
 const EVERY_MS = Number(hash.get('every')) || 1000;
 const TOP = Number(hash.get('top')) || 6;
-const WINDOW = 60;
+// The slots drawn: as many as the central ranks its users over.
+let WINDOW = 60;
 const SVG = 'http://www.w3.org/2000/svg';
 // The resource drawn, per service, as the reader last chose it.
 const chosen = {};
@@ -43,31 +44,12 @@ function short(x) {
   return String(Math.round(x * 10) / 10);
 }
 
-// service -> user -> resource -> Map(slot -> amount), from a sums answer
-// (service -> slot -> user -> resource -> amount).
-function series(sums) {
-  const out = {};
-  for (const [service, slots] of Object.entries(sums)) {
-    for (const [slot, users] of Object.entries(slots)) {
-      for (const [user, resources] of Object.entries(users)) {
-        for (const [resource, amount] of Object.entries(resources)) {
-          const u = ((out[service] ??= {})[user] ??= {});
-          (u[resource] ??= new Map()).set(Number(slot), amount);
-        }
-      }
-    }
-  }
-  return out;
-}
-
-function latestSlot(...answers) {
-  let latest = -Infinity;
-  for (const sums of answers) {
-    for (const slots of Object.values(sums)) {
-      for (const slot of Object.keys(slots)) latest = Math.max(latest, Number(slot));
-    }
-  }
-  return latest;
+// A user's per-slot amounts from a top answer (oldest first, ending at
+// `to`) as Map(slot -> amount).
+function bySlot(amounts, to) {
+  const map = new Map();
+  amounts.forEach((amount, i) => map.set(to - amounts.length + 1 + i, amount));
+  return map;
 }
 
 function total(map, from, to) {
@@ -144,13 +126,11 @@ function picker(service, resources, current) {
   return select;
 }
 
-function refusalsTable(refused, from, to) {
+// The users refused most, over every resource of the service.
+function refusalsTable(refused) {
   const rows = [];
-  for (const [user, resources] of Object.entries(refused || {})) {
-    for (const [resource, map] of Object.entries(resources)) {
-      const n = total(map, from, to);
-      if (n > 0) rows.push([user, resource, n]);
-    }
+  for (const [resource, users] of Object.entries(refused || {})) {
+    for (const u of users) if (u.refused > 0) rows.push([u.user, resource, u.refused]);
   }
   rows.sort((a, b) => b[2] - a[2]);
   if (rows.length === 0) return el('p', { class: 'quiet' }, `nobody refused in the last ${WINDOW} slots`);
@@ -173,44 +153,25 @@ function appsTable(status) {
   return el('table', { class: 'apps' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), body);
 }
 
-// The resource drawn for `service` and its heaviest users over the window.
-function heaviest(service, admitted, from, to) {
-  const resources = resourcesOf(admitted);
-  const resource = chosen[service] && resources.includes(chosen[service])
-    ? chosen[service] : resources.includes('requests') ? 'requests' : resources[0];
-  const users = Object.entries(admitted || {})
-    .map(([user, r]) => [user, total(r[resource], from, to)])
-    .filter(([, n]) => n > 0)
-    .sort((a, b) => b[1] - a[1])
-    .slice(0, TOP)
-    .map(([user]) => user);
-  return { service, resources, resource, users };
+// The resource drawn for `service`: the reader's choice, else requests.
+function resourceOf(service, resources) {
+  if (chosen[service] && resources.includes(chosen[service])) return chosen[service];
+  return resources.includes('requests') ? 'requests' : resources[0];
 }
 
-// The buckets of the users drawn: one small question per user, not the
-// whole distribution (a page of it costs the ledger's task its rows).
-async function bucketsOf(shown) {
-  const asks = shown.flatMap(({ service, users }) => users.map((user) =>
-    api(`/v1/monitor/distribution?service=${encodeURIComponent(service)}&user=${encodeURIComponent(user)}`)));
-  const buckets = {};
-  for (const answer of await Promise.all(asks)) {
-    for (const [service, users] of Object.entries(answer)) Object.assign(buckets[service] ??= {}, users);
-  }
-  return buckets;
-}
-
-function serviceSection(shown, admitted, refused, distribution, apps, slotSeconds, from, to) {
-  const { service, resources, resource, users } = shown;
-  const cards = el('div', { class: 'cards' }, ...users.map((user) => card(user, resource,
-    admitted[user]?.[resource], refused?.[user]?.[resource], distribution?.[user]?.[resource]?.bucket,
-    slotSeconds, from, to)));
+function serviceSection(service, heaviest, refused, apps, slotSeconds, to) {
+  const resources = Object.keys(heaviest).sort();
+  const resource = resourceOf(service, resources);
+  const from = to - WINDOW + 1;
+  const cards = el('div', { class: 'cards' }, ...(heaviest[resource] || []).map((u) => card(u.user, resource,
+    bySlot(u.consumption, to), bySlot(u.rejection, to), u.bucket, slotSeconds, from, to)));
   const section = el('section', { class: 'service', 'data-service': service },
     el('h2', {}, service, ' ', picker(service, resources, resource)),
     el('p', { class: 'legend' }, el('span', { class: 'key admitted' }, 'admitted'), ' ',
       el('span', { class: 'key limit' }, 'limit'), ' ', el('span', { class: 'key refused' }, 'refused'),
       ` per slot over the last ${WINDOW} slots (${short(WINDOW * slotSeconds)} s, to slot ${to}),`,
       ` the ${TOP} heaviest users of ${resource}`),
-    cards, el('h3', {}, 'Refused'), refusalsTable(refused, from, to));
+    cards, el('h3', {}, 'Refused'), refusalsTable(refused));
   if (apps) section.append(el('h3', {}, 'Applications'), appsTable(apps));
   return section;
 }
@@ -240,24 +201,22 @@ function role(health) {
 async function refresh() {
   const status = document.getElementById('status');
   try {
-    const [health, connections, consumption, rejection, apps] = await Promise.all([
+    // The heaviest users, as the central ranks them: one question each,
+    // however many users it holds.
+    const [health, connections, heaviest, refused, apps] = await Promise.all([
       api('/healthz'),
       api('/v1/monitor/connections'),
-      api('/v1/monitor/consumption_sum?limit=10000'),
-      api('/v1/monitor/rejection_sum?limit=10000'),
+      api(`/v1/monitor/top?n=${TOP}`),
+      api('/v1/monitor/top?n=20&by=refused'),
       api('/v1/monitor/apps'),
     ]);
     role(health);
     const slotSeconds = (health.slot_ms || 1000) / 1000;
-    const to = latestSlot(consumption, rejection);
-    const from = to - WINDOW + 1;
-    const admitted = series(consumption);
-    const refused = series(rejection);
-    const services = [...new Set([...Object.keys(admitted), ...Object.keys(refused)])].sort();
-    const shown = services.map((s) => heaviest(s, admitted[s], from, to));
-    const buckets = await bucketsOf(shown);
-    const sections = shown.map((h) => serviceSection(h, admitted[h.service] || {}, refused[h.service],
-      buckets[h.service], apps[h.service], slotSeconds, from, to));
+    const to = heaviest.to_slot;
+    WINDOW = heaviest.slots;
+    const services = [...new Set([...Object.keys(heaviest.services), ...Object.keys(refused.services)])].sort();
+    const sections = services.map((s) => serviceSection(s, heaviest.services[s] || {}, refused.services[s],
+      apps[s], slotSeconds, to));
     if (sections.length === 0) sections.push(el('p', { class: 'quiet' }, 'no consumption reported yet'));
     document.getElementById('services').replaceChildren(...sections);
     document.querySelector('#nodes tbody').replaceChildren(...nodesRows(connections.connections));

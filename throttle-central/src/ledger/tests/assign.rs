@@ -63,6 +63,30 @@ fn grants_after(used: i64) -> [f64; 3] {
 }
 
 #[test]
+fn a_slot_granted_nothing_counts_what_held_the_node_not_its_demand() {
+    // alice, 100/s with a bucket of 1 s: n1 admitted 100 and refused 200
+    // in slot 99, on quotas this ledger did not grant (a hold, or another
+    // central's). For slot 100, unreported and granted nothing, n1 keeps
+    // to what held it: 100 more, not its demand of 300.
+    let mut l = Ledger::new(LedgerConfig::default());
+    let mut rule = limit("alice", "requests", 100.0);
+    rule.burst_seconds = 1.0;
+    l.apply_limits("front", &[rule], T);
+    let used = r#"{"alice": {"requests": 100}}"#;
+    let refused = r#"{"alice": {"requests": 200}}"#;
+    l.ingest(&report("n1", 100, used, refused), T).unwrap();
+    let slot = l.assign(T + 500)["front"];
+    assert_eq!(slot, 101);
+    let n1 = l.node_id("n1");
+    let quota = quota_for(&l, n1, [("front", slot)]);
+    let grant = quota.services["front"].slots[&slot].users["alice"].resources["requests"];
+    // The bucket, empty after slot 99, holds 50 half a slot later; less
+    // 100 for slot 100, plus 150 to the end of slot 101. (Its demand of
+    // 300 for slot 100 would leave nothing.)
+    assert!((grant - 100.0).abs() < 1.0, "{grant}");
+}
+
+#[test]
 fn idle_nodes_share_a_tenth_of_what_the_busy_ones_leave() {
     // Under the limit: n1's 5 requests leave most of the budget.
     let [busy, idle2, idle3] = grants_after(5);
