@@ -10,7 +10,7 @@ use throttle_layer::bucket::{
     Buckets, Levels, MemoryStore, RedisStore, Scope, Shape, Store, Unavailable, Wait,
 };
 use throttle_tests::buckets;
-use throttle_tests::servers::Redis;
+use throttle_tests::servers::{Redis, RedisCluster};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -194,5 +194,91 @@ fn levels_hold_a_cluster_bucket_in_redis_across_processes() {
             "users 5, services 7 a process, the cluster 12 for both"
         );
         assert_eq!(a.available("api", "dave").await.expect("available"), 0);
+    });
+}
+
+#[test]
+fn the_redis_cluster_store_passes_the_suite() {
+    let Some(cluster) = RedisCluster::start("the_redis_cluster_store_passes_the_suite") else {
+        return;
+    };
+    let rt = runtime();
+    let clock = Arc::new(ManualClock::new(0));
+    let store = rt.block_on(async {
+        RedisStore::cluster(cluster.urls())
+            .clock(clock.clone())
+            .timeout(Duration::from_secs(5))
+            .unavailable(Unavailable::Deny)
+            .build()
+            .expect("store")
+    });
+    buckets::run(&rt, &store, &clock, 128);
+}
+
+/// A Redis Cluster's primary killed while a key is decided 200 times a
+/// second: every decision returns within the timeout (falling back to
+/// allow while the slot has no primary), and the bucket limits again
+/// within 2 s of the replica's takeover.
+#[test]
+fn a_redis_cluster_primary_killed_mid_run_is_followed() {
+    let test = "a_redis_cluster_primary_killed_mid_run_is_followed";
+    let Some(mut cluster) = RedisCluster::start(test) else {
+        return;
+    };
+    const TIMEOUT: Duration = Duration::from_millis(50);
+    let key = "throttle:bucket:3:api:alice";
+    runtime().block_on(async {
+        let store = RedisStore::cluster(cluster.urls())
+            .timeout(TIMEOUT)
+            .build()
+            .expect("store");
+        // 10 a second, capacity 10: at 200 a second, most are refused.
+        let shape = Shape::per_second(10);
+        let decide = |store: RedisStore| async move {
+            let start = std::time::Instant::now();
+            let refused = store.try_acquire("api", "alice", &shape, 1).await.is_err();
+            (refused, start.elapsed())
+        };
+        let mut slowest = Duration::ZERO;
+        let mut refused = 0;
+        for _ in 0..100 {
+            let (r, took) = decide(store.clone()).await;
+            refused += usize::from(r);
+            slowest = slowest.max(took);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(refused > 50, "limiting before the kill: {refused} of 100");
+        cluster.kill_primary_of(key);
+        let killed = std::time::Instant::now();
+        let mut taken_over = None;
+        let mut limiting_again = None;
+        while limiting_again.is_none() && killed.elapsed() < Duration::from_secs(20) {
+            let (r, took) = decide(store.clone()).await;
+            slowest = slowest.max(took);
+            if taken_over.is_none() && cluster.serves(key) {
+                taken_over = Some(killed.elapsed());
+            }
+            // Two refusals in a row: the bucket decides again.
+            let (again, took) = decide(store.clone()).await;
+            slowest = slowest.max(took);
+            if r && again && taken_over.is_some() {
+                limiting_again = Some(killed.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let taken_over = taken_over.expect("the replica took over");
+        let limiting_again = limiting_again.expect("limiting again");
+        eprintln!(
+            "replica took over {taken_over:?} after the kill; limiting again {:?} after that; slowest decision {slowest:?}",
+            limiting_again.saturating_sub(taken_over)
+        );
+        assert!(
+            limiting_again.saturating_sub(taken_over) <= Duration::from_secs(2),
+            "took over at {taken_over:?}, limiting at {limiting_again:?}"
+        );
+        assert!(
+            slowest <= TIMEOUT + Duration::from_millis(100),
+            "a decision took {slowest:?} (timeout {TIMEOUT:?})"
+        );
     });
 }

@@ -1,7 +1,7 @@
 //! Shared limits end to end: three example nodes (each its own slot
 //! store, Redis connection and HTTP server on 127.0.0.1) with no central,
-//! one `--shared-limit` over a real `redis-server` started for the test,
-//! and one user's load spread over the three.
+//! one `--shared-limit` over a real `redis-server` (or Redis Cluster)
+//! started for the test, and one user's load spread over the three.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use throttle_examples::app::{self, Limits};
 use throttle_layer::bucket::RedisStore;
 use throttle_layer::{Fallback, SlotStore};
-use throttle_tests::servers::Redis;
+use throttle_tests::servers::{Redis, RedisCluster};
 use tokio::time::Instant;
 
 /// How long a decision waits for Redis here: more than the default 5 ms,
@@ -23,10 +23,14 @@ use tokio::time::Instant;
 const TIMEOUT: Duration = Duration::from_millis(50);
 
 async fn start_node(redis: &str, limit: &str) -> anyhow::Result<SocketAddr> {
+    start_node_on(RedisStore::builder(redis).timeout(TIMEOUT).build()?, limit).await
+}
+
+async fn start_node_on(redis: RedisStore, limit: &str) -> anyhow::Result<SocketAddr> {
     let limits = Limits {
         local: Vec::new(),
         shared: vec![limit.parse()?],
-        redis: Some(RedisStore::builder(redis).timeout(TIMEOUT).build()?),
+        redis: Some(redis),
     };
     let router = app::router_with(&SlotStore::default(), Fallback::Allow, &limits)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -165,6 +169,71 @@ async fn nodes_keep_answering_while_redis_is_down_and_limit_again_after() -> any
     assert!(
         (40..=60).contains(&after),
         "admitted {after} in the second from 2 s after Redis came back"
+    );
+    Ok(())
+}
+
+/// The same three nodes on a Redis Cluster (three primaries, each with a
+/// replica), `--redis-cluster`'s store: one limit across them, and the
+/// primary holding alice's bucket killed at 2 s: every request answered,
+/// none past the timeout, the limit holding again within 2 s of the
+/// replica's takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_share_one_limit_through_a_redis_cluster_that_fails_over() -> anyhow::Result<()>
+{
+    let test = "three_nodes_share_one_limit_through_a_redis_cluster_that_fails_over";
+    let Some(mut cluster) = RedisCluster::start(test) else {
+        return Ok(());
+    };
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::cluster(cluster.urls())
+            .timeout(TIMEOUT)
+            .build()?;
+        nodes.push(start_node_on(store, "50r/s burst=50").await?);
+    }
+    let kill_ms = 2000;
+    let mut taken_over_ms = None;
+    let answers = offer(&nodes, 100, 8, |ms| {
+        if ms == kill_ms {
+            assert!(
+                cluster.kill_a_primary_with_keys(),
+                "alice's bucket is in the cluster"
+            );
+        }
+        if ms > kill_ms && ms % 100 == 0 && taken_over_ms.is_none() && cluster.failed_over() {
+            taken_over_ms = Some(ms);
+        }
+    })
+    .await;
+    let taken_over_ms = taken_over_ms.expect("the replica took over");
+    let per_second: Vec<usize> = (0..8)
+        .map(|s| admitted(&answers, s * 1000, s * 1000 + 1000))
+        .collect();
+    let failed = answers
+        .iter()
+        .filter(|a| ![200, 429].contains(&a.status))
+        .count();
+    let slowest = answers.iter().map(|a| a.took).max().unwrap_or_default();
+    println!(
+        "admitted per second {per_second:?}; killed at {kill_ms} ms, taken over at {taken_over_ms} ms; slowest {slowest:?}"
+    );
+    assert_eq!(failed, 0, "every request answered 200 or 429");
+    assert!(
+        slowest < TIMEOUT + Duration::from_millis(200),
+        "slowest {slowest:?}"
+    );
+    assert!(
+        (45..=56).contains(&per_second[1]),
+        "before the kill: {per_second:?}"
+    );
+    // From 2 s after the takeover the limit holds (the new primary may
+    // hold the bucket's copy, or none: a full bucket first).
+    let from = taken_over_ms + 2000;
+    let after = admitted(&answers, from, from + 1000);
+    assert!(
+        (40..=60).contains(&after),
+        "admitted {after} in the second from 2 s after the takeover"
     );
     Ok(())
 }

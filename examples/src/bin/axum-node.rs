@@ -10,7 +10,8 @@
 //! `--local-limit "10r/s burst=20 nodelay"` (repeatable) adds an nginx-style
 //! limit decided on this node alone, on every route; `--redis
 //! redis://127.0.0.1:6379 --shared-limit "100r/s burst=100"` one shared by
-//! every node on that Redis (with `--no-central` for a fleet without one).
+//! every node on that Redis (with `--no-central` for a fleet without one;
+//! `--redis-cluster` with `--redis` naming nodes of a Redis Cluster).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -42,9 +43,13 @@ struct Args {
         value_delimiter = ';'
     )]
     local_limits: Vec<LocalLimit>,
-    /// The Redis that holds the shared limits' buckets.
+    /// The Redis that holds the shared limits' buckets; with
+    /// `--redis-cluster`, some nodes of a Redis Cluster, comma-separated.
     #[arg(long, env = "THROTTLE_REDIS", requires = "shared_limits")]
     redis: Option<String>,
+    /// `--redis` names nodes of a Redis Cluster.
+    #[arg(long, env = "THROTTLE_REDIS_CLUSTER", requires = "redis")]
+    redis_cluster: bool,
     /// A limit shared by every node on the same `--redis`, in the syntax of
     /// `--local-limit` (its burst passes at once), on every route, keyed by
     /// the user. Repeatable: all must pass.
@@ -91,7 +96,11 @@ async fn main() -> anyhow::Result<()> {
         .redis
         .as_deref()
         .map(|url| {
-            RedisStore::builder(url)
+            let builder = match args.redis_cluster {
+                true => RedisStore::cluster(url.split(',').map(str::trim)),
+                false => RedisStore::builder(url),
+            };
+            builder
                 .timeout(Duration::from_millis(args.redis_timeout_ms))
                 .build()
         })

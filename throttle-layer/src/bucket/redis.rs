@@ -6,11 +6,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 use throttle_clock::Clock;
 
 use super::level::Wait;
+use super::redis_link::RedisLink;
 use super::shape::Shape;
 use super::store::{Store, StoreError};
 use crate::every_second::EverySecond;
@@ -37,8 +37,10 @@ pub enum Unavailable {
 /// expire. On an injected clock ([`RedisStoreBuilder::clock`]) keys do not
 /// expire: that clock's time says nothing of the server's.
 ///
-/// The connection is made lazily and remade by redis-rs's
-/// `ConnectionManager` after a failure. A decision waits at most the
+/// The connection is made lazily and remade by redis-rs after a failure.
+/// [`RedisStore::cluster`] speaks to a Redis Cluster instead: each
+/// script has one key, so it runs on the primary of that key's hash slot,
+/// and redirections and failovers are followed. A decision waits at most the
 /// store's timeout ([`DEFAULT_TIMEOUT`]); past it, or with Redis down, it
 /// falls back ([`Unavailable`], allow by default), counted in
 /// `throttle_bucket_unavailable_total` and logged at most once a second.
@@ -47,7 +49,7 @@ pub enum Unavailable {
 /// (service, key) pairs share one.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisLink,
     inner: Arc<Inner>,
 }
 
@@ -77,7 +79,9 @@ impl fmt::Debug for RedisStore {
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`].
 #[derive(Debug)]
 pub struct RedisStoreBuilder {
-    url: String,
+    /// One server's URL, or (`cluster`) some nodes' of a cluster.
+    urls: Vec<String>,
+    cluster: bool,
     timeout: Duration,
     unavailable: Unavailable,
     prefix: String,
@@ -115,17 +119,17 @@ impl RedisStoreBuilder {
     /// it). Fails only for a URL redis-rs does not read. Call within a
     /// Tokio runtime.
     pub fn build(self) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| StoreError(format!("redis url {:?}: {e}", self.url)))?;
-        // Reconnecting is the manager's: quick retries, capped so that a
-        // Redis back after an outage is used again within a second.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(500)))
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(500))
-            .set_number_of_retries(6);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| StoreError(format!("redis {:?}: {e}", self.url)))?;
+        let conn = match (self.cluster, self.urls.as_slice()) {
+            (true, nodes) if !nodes.is_empty() => RedisLink::cluster(nodes),
+            (false, [url]) => RedisLink::one(url),
+            _ => {
+                return Err(StoreError(format!(
+                    "redis urls {:?}: one server, or a cluster's nodes",
+                    self.urls
+                )));
+            }
+        }
+        .map_err(|e| StoreError(format!("redis {:?}: {e}", self.urls)))?;
         let label = if self.unavailable == Unavailable::Allow {
             "allowed"
         } else {
@@ -150,8 +154,19 @@ impl RedisStoreBuilder {
 impl RedisStore {
     /// A store on the Redis at `url` (`redis://127.0.0.1:6379`).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        Self::builder_of(vec![url.into()], false)
+    }
+
+    /// A store on a Redis Cluster, found from `nodes` (URLs of any of its
+    /// nodes, such as `redis://10.0.0.1:7000`).
+    pub fn cluster<S: Into<String>>(nodes: impl IntoIterator<Item = S>) -> RedisStoreBuilder {
+        Self::builder_of(nodes.into_iter().map(Into::into).collect(), true)
+    }
+
+    fn builder_of(urls: Vec<String>, cluster: bool) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.into(),
+            urls,
+            cluster,
             timeout: DEFAULT_TIMEOUT,
             unavailable: Unavailable::Allow,
             prefix: "throttle:bucket:".into(),
@@ -182,11 +197,7 @@ impl RedisStore {
         for a in args {
             invocation.arg(a);
         }
-        let mut conn = self.conn.clone();
-        numbers(
-            self.within(invocation.invoke_async::<Value>(&mut conn))
-                .await?,
-        )
+        numbers(self.within(self.conn.invoke::<Value>(&invocation)).await?)
     }
 
     /// `call`'s answer, or an error if it fails or takes longer than the
@@ -307,10 +318,9 @@ impl Store for RedisStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let key = self.key(service, key);
         async move {
-            let mut conn = self.conn.clone();
             let mut cmd = redis::cmd("HEXISTS");
             cmd.arg(key).arg("b");
-            self.within(cmd.query_async::<bool>(&mut conn)).await
+            self.within(self.conn.query::<bool>(&cmd)).await
         }
     }
 }
