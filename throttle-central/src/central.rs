@@ -33,7 +33,7 @@ use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
 use crate::legacy::Endpoint;
 use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource};
 use crate::net::{self, ConnectionLimits, ServerTls};
-use crate::rlqs::Rlqs;
+use crate::rlqs::{self, Rlqs};
 use crate::server::{
     Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, follow_etcd, reloader,
     ticker,
@@ -56,6 +56,7 @@ pub struct CentralBuilder {
     connections: ConnectionLimits,
     state: Option<Arc<dyn StateStore>>,
     checkpoint_every: Duration,
+    rlqs_ttl: Duration,
     legacy: Option<TcpListener>,
 }
 
@@ -94,6 +95,7 @@ impl Central {
             connections: ConnectionLimits::default(),
             state: None,
             checkpoint_every: Duration::from_secs(1),
+            rlqs_ttl: rlqs::DEFAULT_TTL,
             legacy: None,
         }
     }
@@ -239,6 +241,18 @@ impl CentralBuilder {
         self
     }
 
+    /// How long an Envoy proxy keeps an assignment it is not sent again
+    /// (default [`DEFAULT_RLQS_TTL`](crate::DEFAULT_RLQS_TTL), three of
+    /// Envoy's 5 s reports): once
+    /// the central is gone, the proxies apply their
+    /// `no_assignment_behavior` this long after their last assignment.
+    /// Whole seconds, from 6 s (above Envoy's report interval) to an
+    /// hour; assignments are sent again every half of it.
+    pub fn rlqs_ttl(mut self, ttl: Duration) -> Self {
+        self.rlqs_ttl = ttl.clamp(rlqs::MIN_TTL, rlqs::MAX_TTL);
+        self
+    }
+
     /// Serves `GET /metrics` from this Prometheus recorder, every metric
     /// described ([`crate::telemetry`]).
     pub fn metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
@@ -381,6 +395,7 @@ impl CentralBuilder {
             max_amount: service.config.max_amount,
             limits: self.limits.clone(),
             keys: service.keys.clone(),
+            ttl_s: i64::try_from(self.rlqs_ttl.as_secs()).unwrap_or(i64::MAX),
         };
         let grpc_server = GrpcServer {
             max_message_bytes: self.max_message_bytes,

@@ -45,4 +45,5 @@ pub mod telemetry;
 pub mod watched;
 
 pub use central::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral};
+pub use rlqs::{DEFAULT_TTL as DEFAULT_RLQS_TTL, MAX_TTL as MAX_RLQS_TTL, MIN_TTL as MIN_RLQS_TTL};
 pub use server::Subject;

@@ -40,6 +40,11 @@ struct Args {
     /// signed with --node-keys). Not served without it.
     #[arg(long, env = "THROTTLE_CENTRAL_LEGACY_LISTEN")]
     legacy_listen: Option<SocketAddr>,
+    /// Seconds an Envoy proxy keeps an RLQS assignment not sent again:
+    /// once the central is gone, its `no_assignment_behavior` applies
+    /// this long after the last one (6 to 3600).
+    #[arg(long, env = "THROTTLE_CENTRAL_RLQS_TTL_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(6..=3600))]
+    rlqs_ttl_seconds: u64,
     /// TOML file of limits, reloaded when it changes; or `etcd:///KEY`
     /// (with `--etcd`): the same document kept in etcd at KEY, watched, so
     /// every central reads the same. Without it nobody is limited (every
@@ -195,6 +200,7 @@ async fn main() -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(args.http)
         .await
         .with_context(|| format!("binding HTTP address {}", args.http))?;
+    builder = builder.rlqs_ttl(std::time::Duration::from_secs(args.rlqs_ttl_seconds));
     if let Some(addr) = args.legacy_listen {
         let legacy = tokio::net::TcpListener::bind(addr)
             .await

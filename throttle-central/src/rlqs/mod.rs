@@ -23,4 +23,15 @@ mod session;
 mod shares;
 mod spread;
 
+use std::time::Duration;
+
 pub(crate) use service::Rlqs;
+
+/// How long a proxy keeps an assignment by default: three of Envoy's 5 s
+/// reports.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+/// The shortest assignment TTL: above Envoy's 5 s report interval, or an
+/// assignment refreshed at each report expires in between.
+pub const MIN_TTL: Duration = Duration::from_secs(6);
+/// The longest assignment TTL.
+pub const MAX_TTL: Duration = Duration::from_secs(3600);

@@ -53,6 +53,8 @@ pub(crate) struct Rlqs {
     pub(crate) limits: Arc<dyn LimitSource>,
     /// With node keys, a proxy shows its token.
     pub(crate) keys: Option<Arc<NodeKeys>>,
+    /// Seconds an assignment lives ([`super::DEFAULT_TTL`] unless set).
+    pub(crate) ttl_s: i64,
 }
 
 /// Lines about refused proxies, at most once a second.

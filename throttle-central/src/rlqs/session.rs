@@ -31,10 +31,6 @@ use crate::server::{Heard, Link, NotFiled, restored};
 /// Envoy's report interval, whatever its configuration says.
 const REPORT_EVERY_S: i64 = 5;
 
-/// An assignment lives three report intervals; it is sent again before
-/// half of that has passed.
-const TTL_S: i64 = 3 * REPORT_EVERY_S;
-
 /// A bucket unused for 12 report intervals is abandoned.
 const IDLE_S: i64 = 12 * REPORT_EVERY_S;
 
@@ -281,7 +277,8 @@ impl Session {
         let slot_s = i64::from(self.rlqs.slot.as_ms()).max(1);
         let slots = |s: i64| (s * 1_000 / slot_s).max(1);
         let timing = Timing {
-            refresh: slots(TTL_S / 2),
+            // Sent again before half its life has passed.
+            refresh: slots(self.rlqs.ttl_s / 2),
             idle: slots(IDLE_S),
             fresh: slots(REPORT_EVERY_S + 1),
         };
@@ -289,7 +286,9 @@ impl Session {
         if actions.is_empty() {
             return;
         }
-        let ttl = Some(duration(Duration::from_secs(TTL_S as u64)));
+        tracing::debug!(node_id = %self.node_id, ?actions, "RLQS assignments");
+        let ttl_s = u64::try_from(self.rlqs.ttl_s).unwrap_or(u64::MAX);
+        let ttl = Some(duration(Duration::from_secs(ttl_s)));
         let bucket_action = actions
             .into_iter()
             .map(|action| match action {
