@@ -34,6 +34,7 @@
 //!         version: env!("CARGO_PKG_VERSION").into(),
 //!         accepts: vec![throttle_proto::PACKED_QUOTAS.into()],
 //!         resumes: false,
+//!         report_every_ms: 0,
 //!     })),
 //! };
 //! assert!(matches!(hello.kind, Some(node_message::Kind::Hello(_))));

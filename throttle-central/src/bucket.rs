@@ -138,6 +138,17 @@ impl Bucket {
         self.take(amount as f64 - covered, floor);
     }
 
+    /// As [`Bucket::consume_down_to`], for the slots of a node that reports
+    /// every few slots (a proxy): charged first to the refill the capacity
+    /// turned away since (its usage of those slots was not charged yet),
+    /// then to the level, as deep as `floor`.
+    pub fn consume_batched(&mut self, amount: i64, now_ms: i64, floor: f64) {
+        self.refill(now_ms);
+        let covered = self.spilled.min(amount as f64);
+        self.spilled -= covered;
+        self.take(amount as f64 - covered, floor);
+    }
+
     fn take(&mut self, amount: f64, floor: f64) {
         let charged = self.level - amount;
         self.level = charged.max(floor.min(self.level));
@@ -195,6 +206,21 @@ fn sanitize(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proxys_batch_takes_the_spilled_refill_then_goes_into_debt() {
+        // 100/s, 1 s of burst, full from the start; 6 s with nothing
+        // charged: 600 of refill turned away.
+        let mut b = Bucket::new(100.0, 1.0, 0);
+        assert_eq!(b.level(6_000), 100.0);
+        assert_eq!(b.spilled(), 600.0);
+        // The proxy's 6 s at 125 a second: the refill it spent, then 150
+        // of the level, into debt (a late gap's report would stop at 0).
+        b.consume_batched(750, 6_000, b.floor(2.0));
+        assert_eq!((b.level(6_000), b.spilled()), (-50.0, 0.0));
+        b.consume_batched(500, 6_000, b.floor(2.0));
+        assert_eq!(b.level(6_000), -200.0, "no deeper than the floor");
+    }
 
     #[test]
     fn a_gap_costs_what_was_admitted_less_its_refill() {

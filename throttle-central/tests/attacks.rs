@@ -129,6 +129,7 @@ fn hello(node_id: &str, services: Vec<String>) -> v1::NodeMessage {
             version: "attacker".into(),
             accepts: Vec::new(),
             resumes: false,
+            report_every_ms: 0,
         })),
     }
 }

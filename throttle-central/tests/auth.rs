@@ -58,6 +58,7 @@ fn hello(node_id: &str) -> v1::NodeMessage {
             version: "test".into(),
             accepts: Vec::new(),
             resumes: false,
+            report_every_ms: 0,
         })),
     }
 }

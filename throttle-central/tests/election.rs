@@ -185,6 +185,7 @@ impl RawStream {
             version: "test".into(),
             accepts: Vec::new(),
             resumes: false,
+            report_every_ms: 0,
         };
         let hello = node_message::Kind::Hello(hello);
         tx.send(v1::NodeMessage { kind: Some(hello) })

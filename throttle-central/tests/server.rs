@@ -73,6 +73,7 @@ fn hello_accepting(node_id: &str, slot_ms: u32, accepts: &[&str]) -> v1::NodeMes
             version: "test".into(),
             accepts: accepts.iter().map(|a| a.to_string()).collect(),
             resumes: false,
+            report_every_ms: 0,
         })),
     }
 }

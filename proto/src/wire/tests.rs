@@ -442,6 +442,7 @@ fn inbound_keeps_the_report_as_sent() {
         version: "x".into(),
         accepts: vec![crate::PACKED_QUOTAS.into()],
         resumes: false,
+        report_every_ms: 0,
     };
     let msg = v1::NodeMessage {
         kind: Some(v1::node_message::Kind::Hello(hello.clone())),

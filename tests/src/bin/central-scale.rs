@@ -346,6 +346,7 @@ fn main() -> anyhow::Result<()> {
                     version: "scale".into(),
                     accepts: accepts.clone(),
                     resumes: false,
+                    report_every_ms: 0,
                 };
                 let _ = tx.send(Inbound::Hello(hello)).await;
                 let Ok(mut inbound) = exchange(url, rx).await else { return };

@@ -13,6 +13,10 @@ pub(super) enum Charge {
     /// then to the level, never into debt: a slot that has passed, sent
     /// after a gap.
     Late,
+    /// First to the refill the buckets turned away meanwhile, then to the
+    /// level, no deeper than the floor: a node that reports every few
+    /// slots (a proxy), whose slots are charged that late every time.
+    Batched,
     /// Only out of what the buckets hold, never into debt: a slot before
     /// a ledger without a checkpoint began, admitted on the refill of a
     /// ledger it has no record of.

@@ -213,6 +213,30 @@ impl Ledger {
         }
     }
 
+    /// Records that `node` reports every `every_ms` for `services` (an
+    /// Envoy proxy's 5 s): past a slot, its newest slots count as
+    /// unreported until its next report, and its grants for them as spent
+    /// ([`ServiceState::lag`]).
+    pub fn reports_every<'a>(
+        &mut self,
+        node: NodeId,
+        services: impl IntoIterator<Item = &'a str>,
+        every_ms: u32,
+    ) {
+        let slot_ms = self.config.slot.as_ms().max(1);
+        let every = i64::from(every_ms.div_ceil(slot_ms));
+        if every <= 1 {
+            return;
+        }
+        // The report's slots, and one for a report that comes late.
+        let lag = every + 1;
+        for name in services {
+            if valid_name(name) && self.services.contains_key(name) {
+                self.service_mut(name).state.lags.insert(node, lag);
+            }
+        }
+    }
+
     /// Runs every service's policy for the slot it assigns (the next, or
     /// the current one for a policy of lead 0) and books its grants;
     /// returns that slot per service.
@@ -248,13 +272,14 @@ impl Ledger {
             return false;
         };
         let recent = slot - 1 - 5;
+        // A node that reports every few slots is not waited for.
+        let state = &svc.state;
         svc.policy.reassign_when_reported()
-            && svc
-                .state
+            && state
                 .last_report
-                .values()
-                .filter(|s| **s > recent)
-                .all(|s| *s >= slot - 1)
+                .iter()
+                .filter(|(n, s)| **s > recent && !state.lags.contains_key(n))
+                .all(|(_, s)| *s >= slot - 1)
     }
 
     /// Re-assigns `slot` of `service` now; false for an unknown service.
@@ -399,7 +424,15 @@ impl Ledger {
     pub(super) fn await_after_silence(&mut self, now_ms: i64) {
         let current = self.config.slot.slot_at(now_ms);
         let newest = self.reported.keys().next_back();
-        if self.catch_up.is_none() && newest.is_some_and(|&n| n < current - 2) {
+        // Nodes that report every few slots (proxies) are silent between
+        // their reports: silence is longer than their lag.
+        let lag = self
+            .services
+            .values()
+            .flat_map(|s| s.state.lags.values())
+            .max();
+        let silent = current - 2 - lag.copied().unwrap_or(0);
+        if self.catch_up.is_none() && newest.is_some_and(|&n| n < silent) {
             self.await_nodes(now_ms);
         }
     }
@@ -620,11 +653,25 @@ impl Ledger {
             Charge::No
         } else if early {
             Charge::Emptying
-        } else if slot < self.config.slot.slot_at(now_ms) - 1 {
+        } else if slot < self.config.slot.slot_at(now_ms) - 1 - self.lag_of(node) {
             Charge::Late
+        } else if slot < self.config.slot.slot_at(now_ms) - 1 {
+            // A node that reports every few slots (a proxy) files its
+            // slots that late every time.
+            Charge::Batched
         } else {
             Charge::OnTime
         }
+    }
+
+    /// The most slots `node`'s reports lag, in any service (0 for a node
+    /// that reports every slot).
+    fn lag_of(&self, node: NodeId) -> i64 {
+        let lags = self
+            .services
+            .values()
+            .filter_map(|s| s.state.lags.get(&node));
+        lags.copied().max().unwrap_or(0)
     }
 
     /// Whether a report of `node` for data slot `slot` charges its
@@ -667,8 +714,11 @@ impl Ledger {
         let current = self.config.slot.slot_at(now_ms);
         let svc = self.services.get_mut(service)?;
         let recent = current - 1 - ACTIVE_SLOTS;
-        let reports = svc.state.last_report.values();
-        let nodes = reports.filter(|s| **s > recent).count();
+        let state = &svc.state;
+        let reports = state.last_report.iter();
+        let nodes = reports
+            .filter(|(n, s)| **s + state.lag(**n) > recent)
+            .count();
         svc.told.read(service, &svc.state.rules, nodes, slot_ms)
     }
 

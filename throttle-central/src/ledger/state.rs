@@ -44,6 +44,10 @@ pub struct ServiceState {
     /// Per node, the newest data slot it reported for this service: its
     /// consumption up to there is charged.
     pub last_report: Map<NodeId, i64>,
+    /// Per node that reports less often than every slot (an Envoy proxy),
+    /// how many slots its newest reported one may lag behind the current
+    /// slot between two of its reports.
+    pub lags: Map<NodeId, i64>,
     /// The slot length.
     pub slot: SlotLength,
     /// Resource names, interned: every key of a resource shares one `Arc`.
@@ -86,6 +90,13 @@ impl ServiceState {
     pub fn consumption_in(&self, slot: i64) -> impl Fn(KeyId) -> i64 + '_ {
         let column = self.sums.iter().find(|c| c.slot == slot);
         move |id| column.map_or(0, |c| c.get(id, 0))
+    }
+
+    /// How many slots `node`'s newest reported slot may lag behind the
+    /// one before the current between two of its reports: 0 for a node
+    /// that reports every slot.
+    pub fn lag(&self, node: NodeId) -> i64 {
+        self.lags.get(&node).copied().unwrap_or(0)
     }
 
     /// Every key, with its id.
@@ -339,6 +350,7 @@ impl ServiceState {
         self.last_report.retain(|_, s| *s >= cutoff);
         let reporting = &self.last_report;
         self.recent.retain(|n, _| reporting.contains_key(n));
+        self.lags.retain(|n, _| reporting.contains_key(n));
         // A sum a node filed is never of a later slot than that node's
         // entry in the key, so a key freed below (no entry at or after the
         // cutoff) has no sum in a column kept: when its id is reused, no

@@ -216,6 +216,7 @@ impl Session {
             version: "lua-resty-throttle".to_owned(),
             accepts: Vec::new(),
             resumes: false,
+            report_every_ms: 0,
         };
         let linked = running.link.connect(hello, Some(self.addr)).await;
         linked.map_err(|_| End::Closed)?;

@@ -12,6 +12,10 @@ pub(super) const WINDOW: i64 = 5;
 const GRANTS: i64 = 4;
 /// A node with rejections wants at least this much more than it consumed.
 const HUNGRY_GROWTH: f64 = 1.2;
+/// The longest lag of a node that reports every few slots that the
+/// grants weighed follow (a proxy reporting every 5 s at 100 ms slots
+/// lags 50).
+const MAX_LAG: i64 = 60;
 /// The part of a key's slack (the budget its busy nodes' demand leaves)
 /// that its idle nodes share, as the legacy system shares a tenth of the bucket.
 const IDLE_RESERVE: f64 = 0.1;
@@ -154,12 +158,16 @@ impl Policy for Projected {
         let slot_secs = f64::from(state.slot.as_ms()) / 1000.0;
         let until_end = (state.slot.end_ms(slot) - now_ms).max(0) as f64 / 1000.0;
         let recent = slot - 1 - WINDOW;
+        // A node that reports every few slots is as recent as its lag
+        // allows, and its grants for that many more slots are weighed.
         let mut active: Vec<NodeId> = state
             .last_report
             .iter()
-            .filter(|(_, s)| **s > recent)
+            .filter(|(n, s)| **s + state.lag(**n) > recent)
             .map(|(n, _)| *n)
             .collect();
+        let most_lag = state.lags.values().copied().max().unwrap_or(0).min(MAX_LAG);
+        let back = GRANTS + most_lag;
         active.sort_unstable();
         let newest = Newest::of(state);
         // Only "more than MAX_IDLE_KEYS or not" matters: stop counting
@@ -173,7 +181,7 @@ impl Policy for Projected {
         // What each node was granted for the slots before this one, read
         // beside the keys (see `SlotGrants`); the oldest first.
         let mut earlier: Vec<SlotGrants<'_>> =
-            (slot - GRANTS..slot).map(|y| granted.slot(y)).collect();
+            (slot - back..slot).map(|y| granted.slot(y)).collect();
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
         // What each node of `nodes` admitted in its newest slot.
         let mut used: Vec<f64> = Vec::new();
@@ -181,7 +189,11 @@ impl Policy for Projected {
             let Some(bucket) = key.bucket() else { continue };
             nodes.clear();
             used.clear();
-            for e in key.nodes().iter().filter(|e| e.slot > recent) {
+            for e in key
+                .nodes()
+                .iter()
+                .filter(|e| e.slot + state.lag(e.node) > recent)
+            {
                 let d = newest.demand(state, key, e);
                 nodes.push((e.node, d));
                 used.push(if d > 0.0 { e.consumption as f64 } else { 0.0 });
@@ -206,13 +218,13 @@ impl Policy for Projected {
             let mut outstanding = 0.0;
             for (i, &(node, d)) in nodes.iter().enumerate() {
                 let last = newest.get(node).unwrap_or(slot - 2);
-                let first = (last + 1).max(slot - GRANTS);
+                let first = (last + 1).max(slot - GRANTS - state.lag(node).min(MAX_LAG));
                 // Without a grant, a node that refused nothing fails open
                 // (it admits its demand), and one that refused keeps to
                 // what held it (its last quotas, a hold's): its last use.
                 let ungranted = used.get(i).copied().unwrap_or(d);
                 for y in first..slot {
-                    let grant = earlier[(y - (slot - GRANTS)) as usize].get(node, id);
+                    let grant = earlier[(y - (slot - back)) as usize].get(node, id);
                     outstanding += match grant {
                         Some(g) => f64::from(g).min(d),
                         None => ungranted,

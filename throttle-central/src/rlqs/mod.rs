@@ -10,18 +10,18 @@
 //!
 //! - `service`: the gRPC service, which names the proxy and spawns its
 //!   session;
-//! - `session`: one stream: reports filed a slot at a time (`spread`),
-//!   assignments sent as the shares change (`buckets`, `shares`,
-//!   `assignment`).
+//! - `session`: one stream: each report filed at once over the slots it
+//!   covers (`backfill`), assignments sent as the shares change
+//!   (`buckets`, `shares`, `assignment`).
 //!
 //! `docs/guides/envoy.md` gives the Envoy configuration.
 
 mod assignment;
+mod backfill;
 mod buckets;
 mod service;
 mod session;
 mod shares;
-mod spread;
 
 use std::time::Duration;
 

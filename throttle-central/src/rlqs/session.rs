@@ -21,10 +21,10 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use super::assignment::duration;
+use super::backfill::{Backfill, MAX_SLOTS};
 use super::buckets::{Action, Buckets, Timing};
 use super::service::{Rlqs, USER_KEY};
 use super::shares::{REQUESTS, Shares};
-use super::spread::{MAX_SLOTS, Spread};
 use crate::log::{Throttled, peer};
 use crate::server::{Heard, Link, NotFiled, restored};
 
@@ -45,7 +45,7 @@ struct Session {
     /// The report's domain: the service.
     service: Option<String>,
     link: Link,
-    spread: Spread,
+    backfill: Backfill,
     buckets: Buckets,
     shares: Shares,
     out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
@@ -69,7 +69,7 @@ impl Rlqs {
             node_id,
             addr,
             service: None,
-            spread: Spread::default(),
+            backfill: Backfill::default(),
             shares: Shares::new(slot_ms),
             out,
         };
@@ -92,7 +92,7 @@ impl Rlqs {
                     Heard::Closed => break Some(Status::unavailable("the central stopped")),
                 },
                 () = tokio::time::sleep(wait) => {
-                    if let Err(status) = session.file_slot().await {
+                    if let Err(status) = session.file_carried().await {
                         break Some(status);
                     }
                     session.tell().await;
@@ -109,14 +109,14 @@ impl Session {
         self.rlqs.slot.slot_at(self.rlqs.clock.now_ms())
     }
 
-    /// Time until 20 ms into the next slot, when the slot before is filed.
+    /// Time until 20 ms into the next slot, when the shares are told again.
     fn until_next_slot(&self) -> Duration {
         let now = self.rlqs.clock.now_ms();
         let next = self.rlqs.slot.start_ms(self.rlqs.slot.slot_at(now) + 1) + 20;
         Duration::from_millis(u64::try_from(next - now).unwrap_or(0))
     }
 
-    /// Takes one usage report: the domain, each bucket's usage to spread,
+    /// Takes one usage report: the domain, each bucket's usage to file,
     /// and an answer at once for buckets new to the stream.
     async fn take(&mut self, reports: RateLimitQuotaUsageReports) -> Result<(), Status> {
         let domain = reports.domain;
@@ -145,8 +145,8 @@ impl Session {
                 );
             }
         }
-        for (user, (a, d, covered)) in users {
-            self.spread.add(&user, a, d, covered);
+        for (data_slot, due) in self.backfill.split(users, slot) {
+            self.file(data_slot + 1, due).await?;
         }
         if self.buckets.len() > before {
             self.tell().await;
@@ -215,6 +215,7 @@ impl Session {
             version: "envoy-rlqs".to_owned(),
             accepts: Vec::new(),
             resumes: false,
+            report_every_ms: (REPORT_EVERY_S * 1_000) as u32,
         };
         let linked = self.link.connect(hello, self.addr).await;
         linked.map_err(|_| Status::unavailable("the central stopped"))?;
@@ -224,10 +225,13 @@ impl Session {
         Ok(())
     }
 
-    /// Files what the spread holds for the slot that just ended.
-    async fn file_slot(&mut self) -> Result<(), Status> {
-        let due = self.spread.next_slot();
-        self.file(self.slot_now(), due).await
+    /// Files what came while no slot was left for it, in the slot that
+    /// just ended, if it is not filed yet.
+    async fn file_carried(&mut self) -> Result<(), Status> {
+        match self.backfill.rest(self.slot_now() - 1) {
+            Some((data_slot, due)) => self.file(data_slot + 1, due).await,
+            None => Ok(()),
+        }
     }
 
     /// Files `due` as the proxy's report of slot `slot` (data of the slot
@@ -318,9 +322,8 @@ impl Session {
     /// Files what is left and leaves the ledger; ends the stream with
     /// `status`, if any.
     async fn close(mut self, status: Option<Status>) {
-        let rest = self.spread.all();
-        if !rest.is_empty() {
-            let _ = self.file(self.slot_now(), rest).await;
+        if let Some((data_slot, rest)) = self.backfill.rest(self.slot_now()) {
+            let _ = self.file(data_slot + 1, rest).await;
         }
         self.link.disconnect().await;
         if let Some(status) = status {

@@ -347,6 +347,11 @@ impl Actor {
             accepts,
             self.clock.now_ms(),
         );
+        if hello.report_every_ms > 0 {
+            let services = hello.services.iter().map(String::as_str);
+            let ledger = self.assigner.ledger_mut();
+            ledger.reports_every(node, services, hello.report_every_ms);
+        }
         tracing::info!(node_id = %hello.node_id, addr = %peer(addr), services = %hello.services.join(","), packed = accepts.packed, refs = accepts.refs, "node connected");
         let c = Conn {
             node_id: hello.node_id,

@@ -248,6 +248,7 @@ impl Run {
                 throttle_proto::QUOTA_REFS.to_owned(),
             ],
             resumes: self.incarnation != 0,
+            report_every_ms: 0,
         });
         let now = self.cfg.store.clock().now_ms();
         let signed = self

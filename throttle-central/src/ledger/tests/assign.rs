@@ -234,3 +234,31 @@ fn quota_for_unknown_service_is_an_empty_slot() {
         r#"{"front":{"101":{}}}"#
     );
 }
+
+#[test]
+fn a_node_that_reports_every_few_slots_stays_active_and_is_not_awaited() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
+    let alice = r#"{"alice": {"requests": 20}}"#;
+    let (n, p) = (l.node_id("n"), l.node_id("p"));
+    l.connect(n, ["front"], T);
+    l.connect(p, ["front"], T);
+    // p, a proxy, reports every 5 s: its reports lag 6 slots at most.
+    l.reports_every(p, ["front"], 5_000);
+    assert_eq!(l.service_state("front").unwrap().lag(p), 6);
+    l.ingest(&report("p", 100, alice, "{}"), T).unwrap();
+    for slot in 100..=107 {
+        l.ingest(&report("n", slot, alice, "{}"), slot * 1_000 + 50)
+            .unwrap();
+        assert!(
+            l.all_reported("front", slot),
+            "p is not waited for in {slot}"
+        );
+    }
+    // Slot 108, assigned at 107.5: p's newest slot (99) is 8 slots back,
+    // still within its lag: it keeps a grant.
+    let slot = l.assign(107_500)["front"];
+    let quota = quota_for(&l, p, [("front", slot)]);
+    let users = &quota.services["front"].slots[&slot].users;
+    assert!(users.contains_key("alice"), "p is still active: {quota:?}");
+}
