@@ -7,7 +7,8 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use throttle_clock::ManualClock;
 use throttle_layer::bucket::{
-    Buckets, Levels, MemoryStore, RedisStore, Scope, Shape, Store, Unavailable, Wait,
+    Buckets, Levels, MemoryStore, RedisStore, RedisStoreBuilder, Scope, Shape, Store, Unavailable,
+    Wait,
 };
 use throttle_tests::buckets;
 use throttle_tests::servers::{Redis, RedisCluster};
@@ -26,23 +27,28 @@ fn the_memory_store_passes_the_suite() {
     buckets::run(&runtime(), &store, &clock, 256);
 }
 
-#[test]
-fn the_redis_store_passes_the_suite() {
-    let Some(redis) = Redis::start("the_redis_store_passes_the_suite") else {
-        return;
-    };
+/// The suite against `builder`'s store, on an injected clock, deciding
+/// rather than falling back (a loaded machine may be slow).
+fn redis_suite(builder: RedisStoreBuilder) {
     let rt = runtime();
     let clock = Arc::new(ManualClock::new(0));
     let store = rt.block_on(async {
-        RedisStore::builder(redis.url())
+        builder
             .clock(clock.clone())
-            // Deciding, not falling back: a loaded machine may be slow.
             .timeout(Duration::from_secs(5))
             .unavailable(Unavailable::Deny)
             .build()
             .expect("store")
     });
     buckets::run(&rt, &store, &clock, 128);
+}
+
+#[test]
+fn the_redis_store_passes_the_suite() {
+    let Some(redis) = Redis::start("the_redis_store_passes_the_suite") else {
+        return;
+    };
+    redis_suite(RedisStore::builder(redis.url()));
 }
 
 #[test]
@@ -202,17 +208,7 @@ fn the_redis_cluster_store_passes_the_suite() {
     let Some(cluster) = RedisCluster::start("the_redis_cluster_store_passes_the_suite") else {
         return;
     };
-    let rt = runtime();
-    let clock = Arc::new(ManualClock::new(0));
-    let store = rt.block_on(async {
-        RedisStore::cluster(cluster.urls())
-            .clock(clock.clone())
-            .timeout(Duration::from_secs(5))
-            .unavailable(Unavailable::Deny)
-            .build()
-            .expect("store")
-    });
-    buckets::run(&rt, &store, &clock, 128);
+    redis_suite(RedisStore::cluster(cluster.urls()));
 }
 
 /// A Redis Cluster's primary killed while a key is decided 200 times a

@@ -60,12 +60,9 @@ fn number(html: &str, name: &str) -> f64 {
         .unwrap_or_else(|_| panic!("{name} in {html}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
-    let test = "the_dashboard_draws_users_against_their_limits_and_the_nodes";
-    let (Some(browser), Some(stranger)) = (Chromium::start(test), Chromium::start(test)) else {
-        return;
-    };
+/// A central with `LIMITS` and the token, two nodes connected to it, and
+/// a load on them.
+async fn central_and_two_nodes() -> (Cluster, Load) {
     let limits = Arc::new(StaticLimits::new(LimitSet::from_toml(LIMITS).unwrap()));
     let central: CentralFactory =
         Arc::new(move || Central::builder().limits(limits.clone()).http_token(TOKEN));
@@ -74,6 +71,16 @@ async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
         .unwrap();
     cluster.connected().await;
     let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
+    (cluster, load)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
+    let test = "the_dashboard_draws_users_against_their_limits_and_the_nodes";
+    let (Some(browser), Some(stranger)) = (Chromium::start(test), Chromium::start(test)) else {
+        return;
+    };
+    let (cluster, load) = central_and_two_nodes().await;
     load.flow("alice", 0, 150.0);
     load.flow("alice", 1, 150.0);
     load.flow("bob", 1, 40.0);
@@ -157,14 +164,7 @@ async fn the_dashboard_draws_the_heaviest_of_ten_thousand_users() {
     let Some(browser) = Chromium::start(test) else {
         return;
     };
-    let limits = Arc::new(StaticLimits::new(LimitSet::from_toml(LIMITS).unwrap()));
-    let central: CentralFactory =
-        Arc::new(move || Central::builder().limits(limits.clone()).http_token(TOKEN));
-    let cluster = Cluster::start_with(2, SLOT_MS, central, Fallback::Allow)
-        .await
-        .unwrap();
-    cluster.connected().await;
-    let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
+    let (cluster, load) = central_and_two_nodes().await;
     let heavy: Vec<String> = (0..6).map(|i| format!("heavy-{i}")).collect();
     for (i, user) in heavy.iter().enumerate() {
         load.flow(user, i % 2, 40.0);
