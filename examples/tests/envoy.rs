@@ -258,6 +258,22 @@ fn streams(central: &CentralProcess) -> Vec<String> {
         .collect()
 }
 
+/// Whether both Envoys have a stream open on `central`.
+fn both_envoys_on(central: &CentralProcess) -> bool {
+    let ids = streams(central);
+    ids.iter().any(|i| i == "envoy-1") && ids.iter().any(|i| i == "envoy-2")
+}
+
+/// alice offered 100/s on each of `envoys` for `secs`, running.
+fn alice_on_both(envoys: &[(Envoy, SocketAddr)], secs: u64) -> (Load, tokio::task::JoinHandle<()>) {
+    let load = Load::new(envoys.iter().map(|e| e.1).collect(), "/");
+    load.flow("alice", 0, 100.0);
+    load.flow("alice", 1, 100.0);
+    let running = load.clone();
+    let run = tokio::spawn(async move { running.run(Duration::from_secs(secs)).await });
+    (load, run)
+}
+
 fn leads(central: &CentralProcess) -> bool {
     let body = central.get("/healthz", Duration::from_millis(300));
     let json: serde_json::Value = body
@@ -308,11 +324,7 @@ async fn envoys_follow_a_new_leader_through_the_health_checked_cluster() {
     let Some(envoys) = envoys(test, app, &ports) else {
         return;
     };
-    let load = Load::new(envoys.iter().map(|e| e.1).collect(), "/");
-    load.flow("alice", 0, 100.0);
-    load.flow("alice", 1, 100.0);
-    let running = load.clone();
-    let run = tokio::spawn(async move { running.run(Duration::from_secs(47)).await });
+    let (load, run) = alice_on_both(&envoys, 47);
     tokio::time::sleep(Duration::from_secs(27)).await;
     let event = unix_second();
     centrals[leader].kill();
@@ -320,10 +332,7 @@ async fn envoys_follow_a_new_leader_through_the_health_checked_cluster() {
         throttle_test_servers::until(
             Duration::from_secs(15),
             "both Envoys on the new leader",
-            || {
-                let ids = streams(&centrals[standby]);
-                ids.iter().any(|i| i == "envoy-1") && ids.iter().any(|i| i == "envoy-2")
-            },
+            || both_envoys_on(&centrals[standby]),
         )
     });
     println!("leader killed: both Envoys on the new leader {on_new:.2?} after");
@@ -386,11 +395,7 @@ async fn envoys_keep_their_share_until_the_ttl_and_come_back_without_a_burst() {
     let Some(envoys) = envoys(test, app, &[(central.grpc, central.http.port())]) else {
         return;
     };
-    let load = Load::new(envoys.iter().map(|e| e.1).collect(), "/");
-    load.flow("alice", 0, 100.0);
-    load.flow("alice", 1, 100.0);
-    let running = load.clone();
-    let run = tokio::spawn(async move { running.run(Duration::from_secs(62)).await });
+    let (load, run) = alice_on_both(&envoys, 62);
     tokio::time::sleep(Duration::from_secs(20)).await;
     let killed = unix_second();
     central.kill();
@@ -399,8 +404,7 @@ async fn envoys_keep_their_share_until_the_ttl_and_come_back_without_a_burst() {
     central.restart();
     let back = tokio::task::block_in_place(|| {
         throttle_test_servers::until(Duration::from_secs(12), "both Envoys back", || {
-            let ids = streams(&central);
-            ids.iter().any(|i| i == "envoy-1") && ids.iter().any(|i| i == "envoy-2")
+            both_envoys_on(&central)
         })
     });
     println!("central restarted: both Envoys back {back:.2?} after");

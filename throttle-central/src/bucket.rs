@@ -132,10 +132,8 @@ impl Bucket {
     /// otherwise be repaid in one slot, all at once.
     pub fn consume_late(&mut self, amount: i64, now_ms: i64, floor: f64) {
         self.refill(now_ms);
-        let covered = self.spilled.min(amount as f64);
-        self.spilled -= covered;
         let floor = floor.max(self.level.min(0.0));
-        self.take(amount as f64 - covered, floor);
+        self.take_spilled_first(amount as f64, floor);
     }
 
     /// As [`Bucket::consume_down_to`], for the slots of a node that reports
@@ -144,9 +142,15 @@ impl Bucket {
     /// then to the level, as deep as `floor`.
     pub fn consume_batched(&mut self, amount: i64, now_ms: i64, floor: f64) {
         self.refill(now_ms);
-        let covered = self.spilled.min(amount as f64);
+        self.take_spilled_first(amount as f64, floor);
+    }
+
+    /// Takes `amount` from what was spilled, then the rest from the level
+    /// down to `floor`.
+    fn take_spilled_first(&mut self, amount: f64, floor: f64) {
+        let covered = self.spilled.min(amount);
         self.spilled -= covered;
-        self.take(amount as f64 - covered, floor);
+        self.take(amount - covered, floor);
     }
 
     fn take(&mut self, amount: f64, floor: f64) {

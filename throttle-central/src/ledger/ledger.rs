@@ -423,16 +423,16 @@ impl Ledger {
     /// that refill would be spent twice.
     pub(super) fn await_after_silence(&mut self, now_ms: i64) {
         let current = self.config.slot.slot_at(now_ms);
-        let newest = self.reported.keys().next_back();
+        let Some(&newest) = self.reported.keys().next_back() else {
+            return;
+        };
+        if self.catch_up.is_some() || newest >= current - 2 {
+            return;
+        }
         // Nodes that report every few slots (proxies) are silent between
         // their reports: silence is longer than their lag.
-        let lag = self
-            .services
-            .values()
-            .flat_map(|s| s.state.lags.values())
-            .max();
-        let silent = current - 2 - lag.copied().unwrap_or(0);
-        if self.catch_up.is_none() && newest.is_some_and(|&n| n < silent) {
+        let lags = self.services.values().flat_map(|s| s.state.lags.values());
+        if newest < current - 2 - lags.copied().max().unwrap_or(0) {
             self.await_nodes(now_ms);
         }
     }
@@ -653,14 +653,14 @@ impl Ledger {
             Charge::No
         } else if early {
             Charge::Emptying
-        } else if slot < self.config.slot.slot_at(now_ms) - 1 - self.lag_of(node) {
-            Charge::Late
-        } else if slot < self.config.slot.slot_at(now_ms) - 1 {
+        } else if slot >= self.config.slot.slot_at(now_ms) - 1 {
+            Charge::OnTime
+        } else if slot >= self.config.slot.slot_at(now_ms) - 1 - self.lag_of(node) {
             // A node that reports every few slots (a proxy) files its
             // slots that late every time.
             Charge::Batched
         } else {
-            Charge::OnTime
+            Charge::Late
         }
     }
 

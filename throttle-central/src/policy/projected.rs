@@ -98,12 +98,16 @@ fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
     (c + entry.rejection as f64 * unit).max(c * HUNGRY_GROWTH)
 }
 
-/// Each node's newest reported data slot, by node index: read for every
-/// entry of every key.
-pub(super) struct Newest(Vec<Option<i64>>);
+/// Each node's newest reported data slot, and its lag
+/// ([`ServiceState::lag`], at most [`MAX_LAG`]), by node index: read for
+/// every entry of every key.
+pub(super) struct Newest {
+    newest: Vec<Option<i64>>,
+    lags: Vec<i64>,
+}
 
 impl Newest {
-    /// The newest data slot each node of `state` reported.
+    /// The newest data slot each node of `state` reported, and its lag.
     pub(super) fn of(state: &ServiceState) -> Self {
         let mut newest = Vec::new();
         for (n, s) in &state.last_report {
@@ -112,13 +116,31 @@ impl Newest {
             }
             newest[n.index()] = Some(*s);
         }
-        Self(newest)
+        let mut lags = Vec::new();
+        for (n, lag) in &state.lags {
+            if n.index() >= lags.len() {
+                lags.resize(n.index() + 1, 0);
+            }
+            lags[n.index()] = (*lag).min(MAX_LAG);
+        }
+        Self { newest, lags }
     }
 
     /// `node`'s newest data slot, if it reported any.
     #[inline]
     pub(super) fn get(&self, node: NodeId) -> Option<i64> {
-        self.0.get(node.index()).copied().flatten()
+        self.newest.get(node.index()).copied().flatten()
+    }
+
+    /// `node`'s lag: 0 for a node that reports every slot.
+    #[inline]
+    pub(super) fn lag(&self, node: NodeId) -> i64 {
+        self.lags.get(node.index()).copied().unwrap_or(0)
+    }
+
+    /// The longest lag of any node.
+    fn most_lag(&self) -> i64 {
+        self.lags.iter().copied().max().unwrap_or(0)
     }
 
     /// What `entry`, of `key`, wants now: its [`demand`], or nothing
@@ -160,16 +182,15 @@ impl Policy for Projected {
         let recent = slot - 1 - WINDOW;
         // A node that reports every few slots is as recent as its lag
         // allows, and its grants for that many more slots are weighed.
+        let newest = Newest::of(state);
         let mut active: Vec<NodeId> = state
             .last_report
             .iter()
-            .filter(|(n, s)| **s + state.lag(**n) > recent)
+            .filter(|(n, s)| **s + newest.lag(**n) > recent)
             .map(|(n, _)| *n)
             .collect();
-        let most_lag = state.lags.values().copied().max().unwrap_or(0).min(MAX_LAG);
-        let back = GRANTS + most_lag;
+        let back = GRANTS + newest.most_lag();
         active.sort_unstable();
-        let newest = Newest::of(state);
         // Only "more than MAX_IDLE_KEYS or not" matters: stop counting
         // there rather than touch every key an extra time.
         let few_keys = state
@@ -192,7 +213,7 @@ impl Policy for Projected {
             for e in key
                 .nodes()
                 .iter()
-                .filter(|e| e.slot + state.lag(e.node) > recent)
+                .filter(|e| e.slot + newest.lag(e.node) > recent)
             {
                 let d = newest.demand(state, key, e);
                 nodes.push((e.node, d));
@@ -218,7 +239,7 @@ impl Policy for Projected {
             let mut outstanding = 0.0;
             for (i, &(node, d)) in nodes.iter().enumerate() {
                 let last = newest.get(node).unwrap_or(slot - 2);
-                let first = (last + 1).max(slot - GRANTS - state.lag(node).min(MAX_LAG));
+                let first = (last + 1).max(slot - GRANTS - newest.lag(node));
                 // Without a grant, a node that refused nothing fails open
                 // (it admits its demand), and one that refused keeps to
                 // what held it (its last quotas, a hold's): its last use.
