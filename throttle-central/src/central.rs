@@ -39,6 +39,7 @@ use crate::server::{
     ticker,
 };
 use crate::state::StateStore;
+use crate::usage::UsageConfig;
 
 /// Settings and collaborators of a central node; see [`Central::builder`].
 pub struct CentralBuilder {
@@ -58,6 +59,7 @@ pub struct CentralBuilder {
     checkpoint_every: Duration,
     rlqs_ttl: Duration,
     legacy: Option<TcpListener>,
+    usage: Option<UsageConfig>,
 }
 
 impl std::fmt::Debug for CentralBuilder {
@@ -97,6 +99,7 @@ impl Central {
             checkpoint_every: Duration::from_secs(1),
             rlqs_ttl: rlqs::DEFAULT_TTL,
             legacy: None,
+            usage: None,
         }
     }
 }
@@ -261,6 +264,14 @@ impl CentralBuilder {
         self
     }
 
+    /// Keeps every user's usage per minute, hour and day in `usage`'s
+    /// store, written by the leader as reports are filed; see
+    /// [`crate::usage`].
+    pub fn usage(mut self, usage: UsageConfig) -> Self {
+        self.usage = Some(usage);
+        self
+    }
+
     /// Serves the legacy nodes (lua-resty-throttle) on `listener`: their
     /// WebSocket at `/throttle`, over TLS when [`CentralBuilder::tls`] is
     /// set, their URLs checked against [`CentralBuilder::node_keys`].
@@ -306,14 +317,23 @@ impl CentralBuilder {
         // An elected central updates it with each change of role.
         let leads = f64::from(u8::from(self.leadership.is_leader()));
         metrics::gauge!("throttle_central_leader").set(leads);
-        let assigner = Assigner::new(ledger, self.limits.clone());
+        let mut assigner = Assigner::new(ledger, self.limits.clone());
+        let mut tasks = Vec::new();
+        if let Some(usage) = &self.usage {
+            let (tap, writer) = usage.start(slot, config.max_amount, self.clock.clone())?;
+            assigner.tap_usage(tap);
+            // Ends once the ledger's task has, after writing what is left.
+            tasks.push(tokio::task::spawn_blocking(move || {
+                let _ = writer.join();
+            }));
+        }
         let actor = Actor::new(
             assigner,
             commands.clone(),
             self.clock.clone(),
             self.leadership.clone(),
         );
-        let mut tasks = vec![spawn_ledger(actor.run(rx, stop_rx.clone()))?];
+        tasks.push(spawn_ledger(actor.run(rx, stop_rx.clone()))?);
         tasks.push(tokio::spawn(ticker(
             commands.clone(),
             self.clock.clone(),
@@ -414,6 +434,8 @@ impl CentralBuilder {
                 editable: self.editable.clone(),
                 slot_ms: slot.as_ms(),
                 monitor_places: HttpState::monitor_places(),
+                usage: self.usage.clone(),
+                clock: self.clock.clone(),
             };
             if let Some(http_addr) = http_addr {
                 tracing::info!(%http_addr, "monitor API listening");

@@ -1,5 +1,5 @@
 //! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits` (`limits`),
-//! `/v1/monitor/top` (`top`), `/metrics`, `/healthz` (and `/healthz/leader`); the page that draws it, `/dashboard`
+//! `/v1/monitor/top` (`top`), `/v1/usage` and `/v1/usage/top` (`usage`), `/metrics`, `/healthz` (and `/healthz/leader`); the page that draws it, `/dashboard`
 //! (`dashboard`); and the admin API on one user's rule, `GET`,
 //! `PUT`, `DELETE /v1/limits/{service}/{user}` (`admin`). It asks the ledger's task ([`crate::server`])
 //! and renders the typed answers as JSON ([`monitor`]).
@@ -10,6 +10,7 @@ mod limits;
 pub(crate) mod monitor;
 mod token;
 mod top;
+mod usage;
 
 use std::sync::Arc;
 
@@ -43,6 +44,10 @@ pub(crate) struct HttpState {
     pub(crate) slot_ms: u32,
     /// Places for monitor questions being answered.
     pub(crate) monitor_places: Arc<Semaphore>,
+    /// The usage store the usage API reads, if any.
+    pub(crate) usage: Option<crate::usage::UsageConfig>,
+    /// The central's clock: "now" in the usage API.
+    pub(crate) clock: Arc<dyn throttle_clock::Clock>,
 }
 
 impl HttpState {
@@ -95,6 +100,8 @@ impl MonitorQuery {
 pub(crate) fn router(state: HttpState) -> Router {
     let mut guarded = Router::new()
         .route("/v1/monitor/top", get(top::top))
+        .route("/v1/usage", get(usage::rows))
+        .route("/v1/usage/top", get(usage::top))
         .route("/v1/monitor/{subject}", get(monitor_subject))
         .route("/v1/limits", get(limits::limits))
         .route(

@@ -42,6 +42,7 @@ mod rlqs;
 pub mod server;
 pub mod state;
 pub mod telemetry;
+pub mod usage;
 pub mod watched;
 
 pub use central::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral};

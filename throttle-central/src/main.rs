@@ -16,6 +16,7 @@ use throttle_central::limits::{EtcdLimits, FileLimits};
 use throttle_central::net::{ConnectionLimits, ServerTls};
 use throttle_central::policy::{Projected, by_name};
 use throttle_central::state::{EtcdState, FileState, StateStore};
+use throttle_central::usage::{Retention, UsageConfig};
 use throttle_central::{Central, CentralBuilder};
 use throttle_clock::SlotLength;
 
@@ -131,6 +132,19 @@ struct Args {
     /// Time between two checkpoints, in milliseconds.
     #[arg(long, env = "THROTTLE_CENTRAL_CHECKPOINT_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     checkpoint_ms: u64,
+    /// Keep every user's usage per minute, hour and day: `sqlite:PATH`
+    /// (a file, for a lone central) or `postgres://user@host:port/db` (for
+    /// centrals that take over from one another: the leader writes).
+    /// Queried at `GET /v1/usage` and `/v1/usage/top`.
+    #[arg(long, env = "THROTTLE_CENTRAL_USAGE")]
+    usage: Option<String>,
+    /// How long usage rows are kept: minutes,hours,days (e.g. `7d,90d,730d`).
+    #[arg(long, env = "THROTTLE_CENTRAL_USAGE_RETENTION", default_value = "7d,90d,730d", value_parser = retention)]
+    usage_retention: Retention,
+    /// Most usage entries kept in memory while the usage store cannot be
+    /// written; past it, entries are counted as lost.
+    #[arg(long, env = "THROTTLE_CENTRAL_USAGE_BUFFER", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    usage_buffer: usize,
     /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
     #[arg(long, env = "THROTTLE_CENTRAL_LOG", default_value = "info")]
     log: String,
@@ -221,6 +235,15 @@ async fn main() -> anyhow::Result<()> {
             .state(store)
             .checkpoint_every(std::time::Duration::from_millis(args.checkpoint_ms));
     }
+    if let Some(url) = args.usage.clone() {
+        // The PostgreSQL client blocks: opened off the async tasks.
+        let opened = tokio::task::spawn_blocking(move || UsageConfig::open(&url)).await?;
+        let mut usage = opened.with_context(|| "opening the --usage store")?;
+        usage.retention = args.usage_retention;
+        usage.buffer = args.usage_buffer;
+        tracing::info!(store = args.usage.as_deref(), retention = ?usage.retention, "usage kept");
+        builder = builder.usage(usage);
+    }
     let central = builder.spawn(grpc, Some(http))?;
     shutdown.await;
     tracing::info!("shutting down");
@@ -257,6 +280,23 @@ async fn limits(args: &Args, builder: CentralBuilder) -> anyhow::Result<CentralB
         .with_context(|| format!("loading limits from {limits}"))?;
     tracing::info!(key = %rest, entries = etcd.current().len(), "limits loaded from etcd");
     Ok(builder.limits_etcd(Arc::new(etcd)))
+}
+
+/// `--usage-retention`: three durations, minutes,hours,days.
+fn retention(text: &str) -> Result<Retention, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    let [minutes, hours, days] = parts[..] else {
+        return Err(format!(
+            "{text:?}: expected minutes,hours,days such as 7d,90d,730d"
+        ));
+    };
+    let parse = |p: &str| humantime::parse_duration(p).map_err(|e| format!("{p:?}: {e}"));
+    Ok(Retention {
+        minutes: parse(minutes)?,
+        hours: parse(hours)?,
+        days: parse(days)?,
+        ..Retention::default()
+    })
 }
 
 /// The checkpoint's store, with `--state`.

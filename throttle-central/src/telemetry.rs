@@ -214,6 +214,36 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Checkpoint operations that failed, per op (load, restore, save).",
     ),
+    (
+        "throttle_central_usage_reports_written_total",
+        Kind::Counter,
+        "Reports written to the usage store.",
+    ),
+    (
+        "throttle_central_usage_reports_repeated_total",
+        Kind::Counter,
+        "Reports the usage store had already written (sent again), left out.",
+    ),
+    (
+        "throttle_central_usage_rows_written_total",
+        Kind::Counter,
+        "Minute, hour and day rows added to in the usage store.",
+    ),
+    (
+        "throttle_central_usage_write_errors_total",
+        Kind::Counter,
+        "Usage store writes that failed; their reports wait and are written again.",
+    ),
+    (
+        "throttle_central_usage_pending_entries",
+        Kind::Gauge,
+        "Usage entries filed and waiting to be written.",
+    ),
+    (
+        "throttle_central_usage_lost_entries_total",
+        Kind::Counter,
+        "Usage entries that could not be kept, per reason (queue_full, buffer_full, stopped).",
+    ),
 ];
 
 /// Gives every metric of [`METRICS`] its help text and unit. Call it

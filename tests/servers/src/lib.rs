@@ -1,4 +1,5 @@
-//! Real servers the tests start from the binaries on `PATH` (Redis, etcd), each
+//! Real servers the tests start from the binaries on `PATH` (Redis, etcd,
+//! PostgreSQL), each
 //! on a 127.0.0.1 ephemeral port with a temporary directory, stopped when
 //! dropped, and headless Chromium ([`Chromium`]). Without the binary a test skips, saying why, unless
 //! `THROTTLE_REQUIRE_SERVERS=1` (as CI sets), where it fails. Also our own
@@ -11,6 +12,7 @@ mod chromium;
 mod envoy;
 mod legacy_client;
 mod legacy_node;
+mod postgres;
 mod redis_cluster;
 pub use app::AppProcess;
 pub use central::{CentralProcess, central_beside};
@@ -18,6 +20,7 @@ pub use chromium::Chromium;
 pub use envoy::Envoy;
 pub use legacy_client::{LegacyClient, presigned_query};
 pub use legacy_node::{ANSWER_WAIT, LegacyNode};
+pub use postgres::Postgres;
 pub use redis_cluster::RedisCluster;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};

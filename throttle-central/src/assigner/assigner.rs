@@ -10,6 +10,7 @@ use throttle_proto::v1;
 use super::render::{Messages, QuotaFormat, QuotaRef, Rendering, Skeletons};
 use crate::ledger::{Ingested, Ledger, NodeId, ReportError, ReportSource, valid_name};
 use crate::limits::LimitSource;
+use crate::usage::UsageTap;
 
 /// A quota to send to one node.
 pub type Push<Q = v1::Quota> = (NodeId, Q);
@@ -81,6 +82,8 @@ pub struct Assigner<F: QuotaFormat = Messages> {
     released: BTreeMap<String, Option<i64>>,
     /// The [`LimitSource::version`] of the limits applied last.
     limits_applied: Option<u64>,
+    /// Where filed reports go to be kept as usage, if anywhere.
+    usage: Option<UsageTap>,
 }
 
 impl<F: QuotaFormat> fmt::Debug for Assigner<F> {
@@ -152,7 +155,13 @@ impl<F: QuotaFormat> Assigner<F> {
             reassigned: BTreeMap::new(),
             released: BTreeMap::new(),
             limits_applied: None,
+            usage: None,
         }
+    }
+
+    /// Hands every report filed from now on to `tap` too.
+    pub(crate) fn tap_usage(&mut self, tap: UsageTap) {
+        self.usage = Some(tap);
     }
 
     /// The ledger.
@@ -453,6 +462,9 @@ impl<F: QuotaFormat> Assigner<F> {
         now_ms: i64,
     ) -> Result<(Filed, BTreeSet<&'r str>), ReportError> {
         let ingested = self.ledger.ingest_from(report, now_ms)?;
+        if let Some(tap) = &self.usage {
+            tap.filed(report);
+        }
         let reported: BTreeSet<&str> = report
             .usages()
             .map(|(s, ..)| s)
