@@ -26,6 +26,8 @@ pub struct Tally {
     pub rejected: u64,
     /// Failed or answered anything else.
     pub errors: u64,
+    /// Body bytes received with the 2xx answers.
+    pub bytes: u64,
 }
 
 /// Tallies by second, then (user, node index).
@@ -61,6 +63,9 @@ pub struct Load {
     path: Arc<str>,
     flows: Arc<Mutex<Vec<Arc<Flow>>>>,
     tallies: Arc<Mutex<Tallies>>,
+    /// Milliseconds either side of each minute's start in which no request
+    /// is sent, so every request falls in one minute for whoever counts it.
+    quiet_ms: Arc<AtomicU64>,
 }
 
 /// The current Unix second: what [`Tallies`] are keyed by.
@@ -78,7 +83,24 @@ impl Load {
             path: path.into(),
             flows: Arc::default(),
             tallies: Arc::default(),
+            quiet_ms: Arc::default(),
         }
+    }
+
+    /// Sends nothing within `quiet` of each minute's start (the flows
+    /// pause), so that each request is counted in the minute it was sent
+    /// in by the generator and the node alike.
+    pub fn quiet_around_minutes(&self, quiet: Duration) {
+        let ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
+        self.quiet_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether now is within the quiet time around a minute's start.
+    fn quiet_now(&self) -> bool {
+        let quiet = self.quiet_ms.load(Ordering::Relaxed);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        let into = now.map_or(0, |d| (d.as_millis() % 60_000) as u64);
+        quiet > 0 && (into < quiet || into >= 60_000 - quiet)
     }
 
     /// Adds a flow of `per_second` requests as `user` to node `node`.
@@ -111,6 +133,9 @@ impl Load {
         let mut inflight = tokio::task::JoinSet::new();
         while tokio::time::Instant::now() < end {
             interval.tick().await;
+            if self.quiet_now() {
+                continue;
+            }
             let flows = self.flows.lock().clone();
             for (i, flow) in flows.iter().enumerate() {
                 let due = owed.entry(i).or_default();
@@ -139,8 +164,9 @@ impl Load {
                 Ok(res) => {
                     let status = res.status();
                     // Read the body so the connection goes back to the pool.
-                    let _ = res.into_body().collect().await;
-                    Some(status)
+                    let body = res.into_body().collect().await;
+                    let len = body.map_or(0, |b| b.to_bytes().len() as u64);
+                    Some((status, len))
                 }
                 Err(_) => None,
             },
@@ -154,8 +180,11 @@ impl Load {
             .or_default();
         tally.offered += 1;
         match outcome {
-            Some(s) if s.is_success() => tally.admitted += 1,
-            Some(http::StatusCode::TOO_MANY_REQUESTS) => tally.rejected += 1,
+            Some((s, len)) if s.is_success() => {
+                tally.admitted += 1;
+                tally.bytes += len;
+            }
+            Some((http::StatusCode::TOO_MANY_REQUESTS, _)) => tally.rejected += 1,
             _ => tally.errors += 1,
         }
     }
