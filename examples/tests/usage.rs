@@ -5,12 +5,16 @@
 //! generator was admitted and received, per user and minute.
 //!
 //! Run alone: `cargo test -p throttle-examples --test usage -- --nocapture`.
+//! The PostgreSQL test needs `etcd` and PostgreSQL's binaries (on `PATH`
+//! or Debian's `/usr/lib/postgresql/*/bin`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use throttle_examples::load::{Load, Tallies, unix_second};
-use throttle_test_servers::{AppProcess, CentralProcess, TempDir, until};
+use throttle_test_servers::{
+    AppProcess, CentralProcess, Etcd, Postgres, TempDir, free_port, until,
+};
 
 const LIMITS: &str = r#"
 [[limit]]
@@ -100,7 +104,10 @@ fn stored(central: &CentralProcess, from: i64, to: i64) -> PerMinute {
 
 fn assert_equal(what: &str, seen: &PerMinute, stored: &PerMinute) {
     for ((minute, user), (requests, bytes)) in seen {
-        println!("{what}: minute {minute} {user}: seen {requests} requests {bytes} bytes, stored {:?}", stored.get(&(*minute, user.clone())));
+        println!(
+            "{what}: minute {minute} {user}: seen {requests} requests {bytes} bytes, stored {:?}",
+            stored.get(&(*minute, user.clone()))
+        );
     }
     assert_eq!(stored, seen, "{what}: stored minute rows against the load");
     let bytes: i64 = seen.values().map(|v| v.1).sum();
@@ -142,5 +149,101 @@ async fn a_lone_central_restarted_on_sqlite_keeps_usage_to_the_unit() {
     // The last slot's reports, then the writer's quarter second.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let to = unix_second() + 60;
-    assert_equal(test, &seen(&load.tallies()), &stored(&central, from - 60, to));
+    assert_equal(
+        test,
+        &seen(&load.tallies()),
+        &stored(&central, from - 60, to),
+    );
+}
+
+fn role(central: &CentralProcess) -> Option<String> {
+    let body = central.get("/healthz", Duration::from_millis(200))?;
+    let health: serde_json::Value = serde_json::from_str(&body).ok()?;
+    health["role"].as_str().map(str::to_owned)
+}
+
+fn leader(centrals: &[CentralProcess]) -> Option<usize> {
+    (0..centrals.len()).find(|&i| role(&centrals[i]).as_deref() == Some("leader"))
+}
+
+/// alice's requests admitted in each Unix second from `from` to `to`.
+fn alice_per_second(tallies: &Tallies, from: i64, to: i64) -> Vec<u64> {
+    (from..=to)
+        .map(|s| {
+            let row = tallies.get(&s).into_iter().flat_map(|r| r.iter());
+            row.filter(|((u, _), _)| u == "alice")
+                .map(|(_, t)| t.admitted)
+                .sum()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_and_a_postgres_outage_keep_usage_to_the_unit() {
+    let test = "a_failover_and_a_postgres_outage_keep_usage_to_the_unit";
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(bin) = central_bin(test) else { return };
+    let Some(etcd) = Etcd::start(test) else {
+        return;
+    };
+    let Some(mut pg) = Postgres::start(test) else {
+        return;
+    };
+    let dir = TempDir::new("usage");
+    let limits = dir.path().join("limits.toml");
+    std::fs::write(&limits, LIMITS).expect("limits written");
+    let ports = [free_port(), free_port()];
+    let urls = ports.map(|p| format!("http://127.0.0.1:{p}"));
+    let mut centrals: Vec<CentralProcess> = (0..2)
+        .map(|i| {
+            let args = [
+                "--etcd",
+                &etcd.url(),
+                "--advertise",
+                &urls[i],
+                "--state",
+                "etcd",
+                "--limits",
+                &limits.display().to_string(),
+                "--usage",
+                &pg.url(),
+            ];
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            CentralProcess::start_on(&bin, ports[i], &args)
+        })
+        .collect();
+    let nodes = [node("node-a", &urls), node("node-b", &urls)];
+    until(Duration::from_secs(10), "both nodes on the leader", || {
+        leader(&centrals).is_some_and(|l| streams(&centrals[l]) == 2)
+    });
+    let load = offer(&nodes);
+    let from = unix_second();
+    let running = load.clone();
+    let task = tokio::spawn(async move { running.run(Duration::from_secs(70)).await });
+    tokio::time::sleep(Duration::from_millis(20_300)).await;
+    let killed = leader(&centrals).expect("a leader");
+    centrals[killed].kill();
+    println!("{test}: leader {killed} killed");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let down = unix_second();
+    pg.stop();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    pg.restart();
+    println!("{test}: PostgreSQL down from second {down} for 10 s");
+    task.await.expect("the load ran");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tallies = load.tallies();
+    let during = alice_per_second(&tallies, down + 1, down + 9);
+    println!("{test}: alice admitted each second of the outage: {during:?}");
+    assert!(
+        during.iter().all(|n| (70..=130).contains(n)),
+        "admission changed while the store was down: {during:?}"
+    );
+    let now = leader(&centrals).expect("a leader after the run");
+    let to = unix_second() + 60;
+    assert_equal(
+        test,
+        &seen(&tallies),
+        &stored(&centrals[now], from - 60, to),
+    );
 }
