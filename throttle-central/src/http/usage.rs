@@ -19,8 +19,6 @@ const DEFAULT_N: usize = 10;
 const MAX_N: usize = 1_000;
 /// The range asked when `from` is not given: the day before `to`.
 const DEFAULT_RANGE_S: i64 = 86_400;
-/// The header that carries the next page's cursor of a CSV answer.
-const NEXT: &str = "x-throttle-next";
 
 #[derive(Debug, Deserialize)]
 pub(super) struct UsageParams {
@@ -189,9 +187,9 @@ pub(super) async fn rows(
         .then(|| rows.last().map(|r| r.cursor().encode()))
         .flatten();
     if wants_csv(&headers) {
-        return csv(&query, &rows, next);
+        return with_link(csv(&query, &rows), &query, next.as_deref());
     }
-    axum::Json(json!({
+    let body = axum::Json(json!({
         "service": query.service,
         "step": query.step.name(),
         "from": format_time(query.from_s),
@@ -205,8 +203,8 @@ pub(super) async fn rows(
             "refused": r.refused,
         })).collect::<Vec<_>>(),
         "next": next,
-    }))
-    .into_response()
+    }));
+    with_link(body.into_response(), &query, next.as_deref())
 }
 
 /// A field of a CSV line, quoted when it must be (RFC 4180).
@@ -218,7 +216,33 @@ fn field(text: &str) -> String {
     }
 }
 
-fn csv(query: &RowsQuery, rows: &[UsageRow], next: Option<String>) -> Response {
+/// The `Link` to the page after `query`'s, which starts after `next`.
+fn link(query: &RowsQuery, next: &str) -> Option<HeaderValue> {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    q.append_pair("service", &query.service);
+    q.append_pair("step", query.step.name());
+    q.append_pair("from", &query.from_s.to_string());
+    q.append_pair("to", &query.to_s.to_string());
+    if let Some(user) = &query.user {
+        q.append_pair("user", user);
+    }
+    if let Some(resource) = &query.resource {
+        q.append_pair("resource", resource);
+    }
+    q.append_pair("limit", &query.limit.to_string());
+    q.append_pair("after", next);
+    HeaderValue::from_str(&format!("</v1/usage?{}>; rel=\"next\"", q.finish())).ok()
+}
+
+/// `response` with the `Link` to the next page, if there is one.
+fn with_link(mut response: Response, query: &RowsQuery, next: Option<&str>) -> Response {
+    if let Some(link) = next.and_then(|n| link(query, n)) {
+        response.headers_mut().insert(header::LINK, link);
+    }
+    response
+}
+
+fn csv(query: &RowsQuery, rows: &[UsageRow]) -> Response {
     let mut body = String::from("start,step,service,user,resource,admitted,refused\r\n");
     let service = field(&query.service);
     for r in rows {
@@ -232,18 +256,8 @@ fn csv(query: &RowsQuery, rows: &[UsageRow], next: Option<String>) -> Response {
             r.refused
         ));
     }
-    let mut response = (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/csv; charset=utf-8"),
-        )],
-        body,
-    )
-        .into_response();
-    if let Some(next) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
-        response.headers_mut().insert(NEXT, next);
-    }
-    response
+    let csv_type = HeaderValue::from_static("text/csv; charset=utf-8");
+    ([(header::CONTENT_TYPE, csv_type)], body).into_response()
 }
 
 pub(super) async fn top(
@@ -333,5 +347,46 @@ mod tests {
         assert_eq!(field("a,b"), "\"a,b\"");
         assert_eq!(field("say \"hi\""), "\"say \"\"hi\"\"\"");
         assert_eq!(field("plain"), "plain");
+    }
+
+    #[tokio::test]
+    async fn a_csv_page_links_to_the_next() {
+        let query = RowsQuery {
+            step: Step::Minute,
+            service: "front".into(),
+            user: Some("a b".into()),
+            resource: None,
+            from_s: 60,
+            to_s: 180,
+            after: None,
+            limit: 1,
+        };
+        let row = UsageRow {
+            start_s: 60,
+            user: "a,b".into(),
+            resource: "requests".into(),
+            admitted: 7,
+            refused: 1,
+        };
+        let next = row.cursor().encode();
+        let response = with_link(csv(&query, &[row]), &query, Some(&next));
+        let link = response.headers()[header::LINK]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(
+            link,
+            format!(
+                "</v1/usage?service=front&step=minute&from=60&to=180&user=a+b&limit=1&after={next}>; rel=\"next\""
+            )
+        );
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            "start,step,service,user,resource,admitted,refused\r\n\
+             1970-01-01T00:01:00Z,minute,front,\"a,b\",requests,7,1\r\n"
+        );
     }
 }

@@ -1,9 +1,9 @@
 //! Usage accounting: what each user was admitted and refused, per
 //! minute, hour and day, kept in a store that outlives the process.
 //!
-//! The leader's ledger hands every report it files to a [`UsageTap`]
+//! The leader's ledger hands every report it files to a tap
 //! (never waiting: a full queue is counted as lost); the
-//! [`UsageWriter`]'s thread keeps the reports in a bounded buffer and
+//! writer's thread keeps the reports in a bounded buffer and
 //! writes them every quarter second, in batches, each batch in one
 //! transaction. A report is written once, keyed by (node, data slot): the
 //! store marks it in the same transaction that adds its amounts to its
@@ -14,7 +14,7 @@
 //!
 //! - `step`: [`Step`], minute, hour, day;
 //! - `filed`: [`FiledUsage`], one report's entries;
-//! - `rollup`: [`Rollup`], what a batch adds to each row;
+//! - `rollup`: what a batch adds to each row;
 //! - `retention`: [`Retention`], how long each step is kept;
 //! - `query`: the questions the API asks, and their rows;
 //! - `sql`: the SQL both backends run;
