@@ -212,6 +212,9 @@ async fn a_failover_and_a_postgres_outage_keep_usage_to_the_unit() {
             CentralProcess::start_on(&bin, ports[i], &args)
         })
         .collect();
+    until(Duration::from_secs(10), "both centrals up", || {
+        centrals.iter().all(|c| role(c).is_some())
+    });
     let nodes = [node("node-a", &urls), node("node-b", &urls)];
     until(Duration::from_secs(10), "both nodes on the leader", || {
         leader(&centrals).is_some_and(|l| streams(&centrals[l]) == 2)
@@ -239,7 +242,12 @@ async fn a_failover_and_a_postgres_outage_keep_usage_to_the_unit() {
         during.iter().all(|n| (70..=130).contains(n)),
         "admission changed while the store was down: {during:?}"
     );
-    let now = leader(&centrals).expect("a leader after the run");
+    let mut now = None;
+    until(Duration::from_secs(10), "a leader after the run", || {
+        now = leader(&centrals);
+        now.is_some()
+    });
+    let now = now.expect("a leader");
     let to = unix_second() + 60;
     assert_equal(
         test,

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use throttle_central::Central;
 use throttle_central::limits::{LimitSet, StaticLimits};
+use throttle_central::usage::UsageConfig;
 use throttle_clock::{Clock, SlotLength, SystemClock};
 use throttle_examples::load::Load;
 use throttle_layer::Fallback;
-use throttle_test_servers::Chromium;
+use throttle_test_servers::{Chromium, TempDir};
 use throttle_tests::{CentralFactory, Cluster};
 
 const TOKEN: &str = "dashboard-token";
@@ -228,4 +229,71 @@ async fn the_dashboard_draws_the_heaviest_of_ten_thousand_users() {
     eprintln!("dashboard screenshot: {}", shot.display());
     light.await.unwrap();
     running.await.unwrap();
+}
+
+/// A central keeping usage in SQLite, two nodes, alice offered three
+/// times her limit for 3 s: the dashboard opened on her
+/// (`#service=front&user=alice`) draws her last day hour by hour, with as
+/// many admitted as the load was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_draws_a_users_last_day_of_usage() {
+    let test = "the_dashboard_draws_a_users_last_day_of_usage";
+    let Some(browser) = Chromium::start(test) else {
+        return;
+    };
+    let dir = TempDir::new("dashboard-usage");
+    let db = format!("sqlite:{}", dir.path().join("usage.db").display());
+    let limits = Arc::new(StaticLimits::new(LimitSet::from_toml(LIMITS).unwrap()));
+    let central: CentralFactory = Arc::new(move || {
+        let usage = UsageConfig::open(&db).expect("the usage store opens");
+        Central::builder()
+            .limits(limits.clone())
+            .http_token(TOKEN)
+            .usage(usage)
+    });
+    let cluster = Cluster::start_with(2, SLOT_MS, central, Fallback::Allow)
+        .await
+        .unwrap();
+    cluster.connected().await;
+    let load = Load::new(cluster.nodes.iter().map(|n| n.addr).collect(), "/");
+    load.flow("alice", 0, 75.0);
+    load.flow("alice", 1, 75.0);
+    load.run(Duration::from_secs(3)).await;
+    // The last reports, then the writer's quarter second.
+    cluster.slots(10).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let tallies = load.tallies();
+    let admitted: u64 = tallies
+        .values()
+        .flat_map(|r| r.values())
+        .map(|t| t.admitted)
+        .sum();
+    let rejected: u64 = tallies
+        .values()
+        .flat_map(|r| r.values())
+        .map(|t| t.rejected)
+        .sum();
+    assert!(
+        admitted > 0 && rejected > 0,
+        "admitted {admitted}, rejected {rejected}"
+    );
+
+    let http = cluster.central.as_ref().unwrap().http_addr().unwrap();
+    let page = format!("http://{http}/dashboard#token={TOKEN}&service=front&user=alice");
+    let settle = Duration::from_millis(2500);
+    let dom = tokio::task::spawn_blocking(move || browser.dom(&page, settle))
+        .await
+        .unwrap();
+    let usage = element(&dom, "class=\"usage\"", "</article>");
+    assert_eq!(attr(usage, "data-resource"), "requests", "{usage}");
+    assert_eq!(number(usage, "data-admitted"), admitted as f64, "{usage}");
+    assert_eq!(number(usage, "data-refused"), rejected as f64, "{usage}");
+    let hours = number(usage, "data-hours");
+    assert_eq!(hours, 24.0, "{usage}");
+    assert_eq!(
+        usage.matches("class=\"admitted-bar\"").count(),
+        24,
+        "{usage}"
+    );
+    assert!(dom.contains("Usage of alice in front"), "{dom}");
 }

@@ -25,6 +25,7 @@ use throttle_central::assigner::render::{Rendering, Skeletons, quota_for};
 use throttle_central::ledger::{Ledger, LedgerConfig, PolicyFactory};
 use throttle_central::limits::Limit;
 use throttle_central::policy::{Classic, Projected, StaticSplit};
+use throttle_central::usage::UsageTap;
 use throttle_proto::v1;
 use throttle_proto::wire::RawReport;
 
@@ -116,6 +117,27 @@ fn ingest(c: &mut Criterion) {
             criterion::BatchSize::PerIteration,
         )
     });
+    // The same with usage kept (`--usage`): each report also handed to the
+    // usage writer's queue, which a thread empties as the writer does.
+    let (tx, rx) = std::sync::mpsc::sync_channel(throttle_central::usage::QUEUE);
+    std::thread::spawn(move || for _ in rx {});
+    let tap = UsageTap::new(tx);
+    g.bench_function(
+        "100 nodes x 1000 users x 4 resources, read in place, usage kept",
+        |b| {
+            b.iter_batched(
+                warm,
+                |mut l| {
+                    for r in &raw {
+                        black_box(l.ingest_from(r, SLOT * 1000 + 50).unwrap());
+                        tap.filed(r);
+                    }
+                    l
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        },
+    );
     g.finish();
 }
 

@@ -240,9 +240,9 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Usage entries filed and waiting to be written.",
     ),
     (
-        "throttle_central_usage_lost_entries_total",
+        "throttle_central_usage_lost_reports_total",
         Kind::Counter,
-        "Usage entries that could not be kept, per reason (queue_full, buffer_full, stopped).",
+        "Reports whose usage could not be kept, per reason (queue_full, buffer_full, stopped).",
     ),
 ];
 

@@ -195,3 +195,42 @@ fn the_postgres_store_passes_the_suite() {
     let store = throttle_central::usage::PostgresUsage::open(&pg.url()).expect("connected");
     suite(&store);
 }
+
+/// Centrals of an election open the same database at once, and one may
+/// start while the database is down: each writes once it is up.
+#[test]
+fn postgres_stores_open_together_and_before_the_database() {
+    let test = "postgres_stores_open_together_and_before_the_database";
+    let Some(mut pg) = Postgres::start(test) else {
+        return;
+    };
+    pg.stop();
+    let early = throttle_central::usage::PostgresUsage::open(&pg.url())
+        .expect("opens while the database is down");
+    let batch = [filed("n1", DAY + 1, vec![entry("alice", "requests", 3, 0)])];
+    assert!(
+        early.write(&batch).is_err(),
+        "written to a stopped database"
+    );
+    pg.restart();
+    let opening: Vec<_> = (0..4)
+        .map(|i| {
+            let url = pg.url();
+            std::thread::spawn(move || {
+                let store = throttle_central::usage::PostgresUsage::open(&url).expect("opened");
+                let mine = [filed(
+                    &format!("m{i}"),
+                    DAY + 1,
+                    vec![entry("bob", "requests", 1, 0)],
+                )];
+                store.write(&mine).expect("written").reports
+            })
+        })
+        .collect();
+    for t in opening {
+        assert_eq!(t.join().expect("no panic"), 1);
+    }
+    assert_eq!(early.write(&batch).expect("written once up").reports, 1);
+    let bob = rows(&early, Step::Minute, Some("bob"));
+    assert_eq!(bob[0].3, 4);
+}

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_port, wait_listening};
+use crate::free_port;
 
 /// A running `throttle-central` on ephemeral ports of 127.0.0.1.
 #[derive(Debug)]
@@ -63,7 +63,25 @@ impl CentralProcess {
             .spawn()
             .expect("the central's binary runs");
         self.child = Some(child);
-        wait_listening(self.http);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect_timeout(&self.http, Duration::from_millis(100)).is_err() {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                panic!(
+                    "throttle-central {:?} exited ({status}) before listening on {}",
+                    self.args, self.http
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} never listened",
+                self.http
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Its gRPC address as nodes dial it.

@@ -160,7 +160,7 @@ impl<F: QuotaFormat> Assigner<F> {
     }
 
     /// Hands every report filed from now on to `tap` too.
-    pub(crate) fn tap_usage(&mut self, tap: UsageTap) {
+    pub fn tap_usage(&mut self, tap: UsageTap) {
         self.usage = Some(tap);
     }
 

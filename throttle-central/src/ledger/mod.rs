@@ -96,7 +96,7 @@ pub use ids::{KeyId, Map, NodeId};
 pub use key::{Key, NodeUsage};
 pub use ledger::{Ledger, PolicyFactory};
 pub use page::{Cursor, Page, Paged, ServiceRows};
-pub use source::{FromNode, ReportSource};
+pub use source::{FromNode, OwnedReport, ReportSource};
 pub use state::ServiceState;
 pub use told::MAX_TOLD_USERS;
 pub use top::{RankBy, TopUsers, UserSeries};

@@ -25,6 +25,44 @@ pub trait ReportSource {
     fn user_count(&self) -> usize;
     /// Every (service, rejection or consumption, users).
     fn usages(&self) -> impl Iterator<Item = (&str, bool, Self::Users<'_>)>;
+
+    /// The report, owned, for work off the ledger's task (the usage
+    /// store): a copy of its bytes' reading where it has one, else a
+    /// [`v1::Report`] built from its entries.
+    fn to_owned_report(&self) -> OwnedReport {
+        let mut report = v1::Report {
+            node_id: self.node_id().to_owned(),
+            slot_number: self.slot_number(),
+            answered: self.answered(),
+            ..v1::Report::default()
+        };
+        for (service, is_rejection, users) in self.usages() {
+            let side = if is_rejection {
+                &mut report.rejection
+            } else {
+                &mut report.consumption
+            };
+            let usage = side.entry(service.to_owned()).or_default();
+            for (user, amounts) in users {
+                let user = usage.users.entry(user.to_owned()).or_default();
+                for (resource, amount) in amounts {
+                    let sum = user.resources.entry(resource.to_owned()).or_default();
+                    *sum = sum.saturating_add(amount);
+                }
+            }
+        }
+        OwnedReport::Decoded(report)
+    }
+}
+
+/// A report of any [`ReportSource`], owned ([`ReportSource::to_owned_report`]).
+#[derive(Debug, Clone)]
+pub enum OwnedReport {
+    /// Read in place, with the stream's node id when it is filed under
+    /// that ([`FromNode`]).
+    Raw(Option<String>, RawReport),
+    /// Decoded.
+    Decoded(v1::Report),
 }
 
 type ReportUsers<'a> = std::iter::Map<
@@ -64,6 +102,10 @@ impl ReportSource for v1::Report {
         usages.map(|u| u.users.len()).sum()
     }
 
+    fn to_owned_report(&self) -> OwnedReport {
+        OwnedReport::Decoded(self.clone())
+    }
+
     fn usages(&self) -> impl Iterator<Item = (&str, bool, ReportUsers<'_>)> {
         let consumption = self
             .consumption
@@ -100,6 +142,10 @@ impl ReportSource for RawReport {
     fn usages(&self) -> impl Iterator<Item = (&str, bool, RawUsers<'_>)> {
         RawReport::usages(self)
     }
+
+    fn to_owned_report(&self) -> OwnedReport {
+        OwnedReport::Raw(None, self.clone())
+    }
 }
 
 /// A report filed under the name of the stream it came on, whatever node id
@@ -135,5 +181,15 @@ impl<R: ReportSource> ReportSource for FromNode<'_, R> {
 
     fn usages(&self) -> impl Iterator<Item = (&str, bool, R::Users<'_>)> {
         self.1.usages()
+    }
+
+    fn to_owned_report(&self) -> OwnedReport {
+        match self.1.to_owned_report() {
+            OwnedReport::Raw(_, raw) => OwnedReport::Raw(Some(self.0.to_owned()), raw),
+            OwnedReport::Decoded(mut report) => {
+                report.node_id = self.0.to_owned();
+                OwnedReport::Decoded(report)
+            }
+        }
     }
 }

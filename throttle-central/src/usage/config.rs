@@ -78,6 +78,8 @@ impl UsageConfig {
         let writer = UsageWriter {
             store: self.store.clone(),
             rx,
+            slot,
+            max_amount,
             retention,
             clock,
             buffer: self.buffer,
@@ -85,6 +87,6 @@ impl UsageConfig {
         let thread = std::thread::Builder::new()
             .name("usage-writer".into())
             .spawn(move || writer.run())?;
-        Ok((UsageTap::new(tx, slot, max_amount), thread))
+        Ok((UsageTap::new(tx), thread))
     }
 }

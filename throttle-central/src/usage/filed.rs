@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ledger::{ReportSource, valid_name};
+use crate::ledger::{FromNode, OwnedReport, ReportSource, valid_name};
 
 /// What one node reported for one data slot, per (service, user,
 /// resource): the unit the usage store writes exactly once, keyed by
@@ -36,6 +36,17 @@ pub struct UsageEntry {
 }
 
 impl FiledUsage {
+    /// [`FiledUsage::of`] an owned report.
+    pub fn of_owned(report: &OwnedReport, start_ms: i64, max_amount: i64) -> Self {
+        match report {
+            OwnedReport::Raw(Some(node), raw) => {
+                Self::of(&FromNode(node, raw), start_ms, max_amount)
+            }
+            OwnedReport::Raw(None, raw) => Self::of(raw, start_ms, max_amount),
+            OwnedReport::Decoded(decoded) => Self::of(decoded, start_ms, max_amount),
+        }
+    }
+
     /// The usage of `report`, whose data slot starts at `start_ms`. An
     /// entry the ledger would leave out (a name it does not take, an
     /// amount that is not positive or is above `max_amount`, a refusal above

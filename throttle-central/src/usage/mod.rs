@@ -1,9 +1,10 @@
 //! Usage accounting: what each user was admitted and refused, per
 //! minute, hour and day, kept in a store that outlives the process.
 //!
-//! The leader's ledger hands every report it files to a tap
-//! (never waiting: a full queue is counted as lost); the
-//! writer's thread keeps the reports in a bounded buffer and
+//! The leader's ledger hands every report it files to a [`UsageTap`]
+//! (never waiting: a full queue is counted as lost; it copies the report,
+//! nothing more); the writer's thread reads their entries, keeps them in
+//! a bounded buffer and
 //! writes them every quarter second, in batches, each batch in one
 //! transaction. A report is written once, keyed by (node, data slot): the
 //! store marks it in the same transaction that adds its amounts to its
@@ -47,4 +48,4 @@ pub use retention::Retention;
 pub use sqlite::SqliteUsage;
 pub use step::Step;
 pub use store::{UsageStore, Written};
-pub(crate) use tap::UsageTap;
+pub use tap::{QUEUE, UsageTap};

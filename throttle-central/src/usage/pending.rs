@@ -70,6 +70,11 @@ impl Pending {
         self.entries
     }
 
+    /// Reports waiting.
+    pub(super) fn len(&self) -> usize {
+        self.reports.len()
+    }
+
     /// Whether nothing waits.
     pub(super) fn is_empty(&self) -> bool {
         self.reports.is_empty()

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -28,7 +29,14 @@ pub struct PostgresUsage {
     config: Config,
     write: Mutex<Option<Client>>,
     read: Mutex<Option<Client>>,
+    /// Whether the tables are known to exist.
+    schema: AtomicBool,
 }
+
+/// The advisory lock the centrals take to create the tables one at a
+/// time: PostgreSQL's `CREATE TABLE IF NOT EXISTS` fails when two run at
+/// once.
+const SCHEMA_LOCK: i64 = 0x7468_726f_7474;
 
 impl Drop for PostgresUsage {
     /// A client closes by blocking on its own runtime, which an async
@@ -66,25 +74,53 @@ fn add_all(step: Step) -> String {
 }
 
 impl PostgresUsage {
-    /// Connects to `url` (`postgres://user@host:port/db`) and creates the
-    /// tables when missing. It blocks: call it off async tasks.
+    /// The store at `url` (`postgres://user@host:port/db`). It connects
+    /// once now and creates the tables when missing; a database that is
+    /// down is only logged: the writer connects when it is back, and
+    /// reports wait in its buffer meanwhile. It blocks: call it off async
+    /// tasks.
     ///
     /// # Errors
     ///
-    /// When the URL does not parse, the database cannot be reached, or it
-    /// refuses the tables.
+    /// When the URL does not parse.
     pub fn open(url: &str) -> Result<Self, UsageError> {
         let mut config = Config::from_str(url)?;
         config.connect_timeout(CONNECT_TIMEOUT);
-        let mut client = config.connect(NoTls)?;
-        for statement in sql::schema() {
-            client.batch_execute(&statement)?;
-        }
-        Ok(Self {
+        let store = Self {
             config,
-            write: Mutex::new(Some(client)),
+            write: Mutex::new(None),
             read: Mutex::new(None),
-        })
+            schema: AtomicBool::new(false),
+        };
+        if let Err(e) = store.with(&store.write, |_| Ok(())) {
+            tracing::warn!(error = %e, "usage store not reachable yet: connecting when it is");
+        }
+        Ok(store)
+    }
+
+    /// A new connection, the tables created first if not known to exist.
+    fn connect(&self) -> Result<Client, postgres::Error> {
+        let mut client = self.config.connect(NoTls)?;
+        if !self.schema.load(Ordering::Acquire) {
+            let mut tx = client.transaction()?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])?;
+            // The tables are made in one transaction, their last index
+            // last: when it exists, they all do, and the statements (which
+            // lock the tables even when they exist) are not run again,
+            // not to wait on writers.
+            let last = tx.query_one(
+                "SELECT to_regclass('usage_filed_by_start') IS NOT NULL",
+                &[],
+            )?;
+            if !last.try_get::<_, bool>(0)? {
+                for statement in sql::schema() {
+                    tx.batch_execute(&statement)?;
+                }
+            }
+            tx.commit()?;
+            self.schema.store(true, Ordering::Release);
+        }
+        Ok(client)
     }
 
     /// Runs `f` on the connection in `slot`, opened first if it is not;
@@ -97,7 +133,7 @@ impl PostgresUsage {
         let mut slot = slot.lock();
         let client = match &mut *slot {
             Some(c) if !c.is_closed() => c,
-            _ => slot.insert(self.config.connect(NoTls)?),
+            _ => slot.insert(self.connect()?),
         };
         let out = f(client);
         if out.is_err() {

@@ -3,63 +3,55 @@
 
 use std::sync::mpsc::{SyncSender, TrySendError};
 
-use throttle_clock::SlotLength;
-
-use super::filed::FiledUsage;
-use crate::ledger::ReportSource;
+use crate::ledger::{OwnedReport, ReportSource};
 use crate::log::Throttled;
 
 /// Reports filed and not yet taken by the writer.
-pub(super) const QUEUE: usize = 4_096;
+pub const QUEUE: usize = 4_096;
 
 /// The ledger's end of the queue to the usage writer: never waits; a
-/// report the queue has no room for is counted as lost and logged.
+/// report the queue has no room for is counted as lost and logged. What
+/// it costs the ledger's task is a copy of the report (of its bytes'
+/// reading, for the reports of node streams); the writer's thread reads
+/// the entries.
 #[derive(Debug, Clone)]
-pub(crate) struct UsageTap {
-    tx: SyncSender<FiledUsage>,
-    slot: SlotLength,
-    max_amount: i64,
+pub struct UsageTap {
+    tx: SyncSender<OwnedReport>,
 }
 
 static LOST: Throttled = Throttled::new();
 
-/// Counts and logs (at most once a second) `entries` that could not be
-/// kept, and why.
-pub(crate) fn lost(entries: usize, reason: &'static str) {
-    metrics::counter!("throttle_central_usage_lost_entries_total", "reason" => reason)
-        .increment(entries as u64);
+/// Counts and logs (at most once a second) `reports` whose usage could
+/// not be kept, and why.
+pub(crate) fn lost(reports: usize, reason: &'static str) {
+    metrics::counter!("throttle_central_usage_lost_reports_total", "reason" => reason)
+        .increment(reports as u64);
     if let Some(skipped) = LOST.allow_now() {
         tracing::error!(
-            entries,
+            reports,
             reason,
             skipped,
-            "usage entries lost: not written to the usage store"
+            "usage lost: reports not written to the usage store"
         );
     }
 }
 
 impl UsageTap {
-    /// A tap sending into `tx`, for a ledger of `slot` and `max_amount`.
-    pub(crate) fn new(tx: SyncSender<FiledUsage>, slot: SlotLength, max_amount: i64) -> Self {
-        Self {
-            tx,
-            slot,
-            max_amount,
-        }
+    /// A tap sending into `tx`.
+    pub fn new(tx: SyncSender<OwnedReport>) -> Self {
+        Self { tx }
     }
 
-    /// Hands the usage of `report`, which the ledger took, to the writer.
-    /// Sent again or not, it goes: the store decides what it has written.
-    pub(crate) fn filed<R: ReportSource>(&self, report: &R) {
-        let start_ms = self.slot.start_ms(report.slot_number() - 1);
-        let usage = FiledUsage::of(report, start_ms, self.max_amount);
-        if usage.entries.is_empty() {
+    /// Hands `report`, which the ledger took, to the writer. Sent again
+    /// or not, it goes: the store decides what it has written.
+    pub fn filed<R: ReportSource>(&self, report: &R) {
+        if report.user_count() == 0 {
             return;
         }
-        match self.tx.try_send(usage) {
+        match self.tx.try_send(report.to_owned_report()) {
             Ok(()) => {}
-            Err(TrySendError::Full(u)) => lost(u.entries.len(), "queue_full"),
-            Err(TrySendError::Disconnected(u)) => lost(u.entries.len(), "stopped"),
+            Err(TrySendError::Full(_)) => lost(1, "queue_full"),
+            Err(TrySendError::Disconnected(_)) => lost(1, "stopped"),
         }
     }
 }

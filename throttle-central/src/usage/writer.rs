@@ -4,13 +4,14 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use throttle_clock::Clock;
+use throttle_clock::{Clock, SlotLength};
 
 use super::filed::FiledUsage;
 use super::pending::Pending;
 use super::retention::Retention;
 use super::store::UsageStore;
 use super::tap::lost;
+use crate::ledger::OwnedReport;
 use crate::log::Throttled;
 
 /// How often waiting reports are written: well within the two slots a
@@ -34,7 +35,11 @@ static FAILED: Throttled = Throttled::new();
 /// a backoff, the reports kept meanwhile.
 pub(crate) struct UsageWriter {
     pub(super) store: Arc<dyn UsageStore>,
-    pub(super) rx: Receiver<FiledUsage>,
+    pub(super) rx: Receiver<OwnedReport>,
+    /// The slot length: a data slot's minute.
+    pub(super) slot: SlotLength,
+    /// The ledger's most amount: larger ones are left out, as it does.
+    pub(super) max_amount: i64,
     pub(super) retention: Retention,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) buffer: usize,
@@ -51,14 +56,14 @@ impl UsageWriter {
         loop {
             let open = match self.rx.recv_timeout(WRITE_EVERY) {
                 Ok(report) => {
-                    keep(&mut pending, report);
+                    self.keep(&mut pending, &report);
                     true
                 }
                 Err(RecvTimeoutError::Timeout) => true,
                 Err(RecvTimeoutError::Disconnected) => false,
             };
             while let Ok(report) = self.rx.try_recv() {
-                keep(&mut pending, report);
+                self.keep(&mut pending, &report);
             }
             let now = Instant::now();
             let due = last_write.elapsed() >= WRITE_EVERY || pending.entries() >= BATCH_ENTRIES;
@@ -76,7 +81,7 @@ impl UsageWriter {
             metrics::gauge!("throttle_central_usage_pending_entries").set(pending.entries() as f64);
             if !open {
                 if !pending.is_empty() {
-                    lost(pending.entries(), "stopped");
+                    lost(pending.len(), "stopped");
                 }
                 return;
             }
@@ -127,8 +132,18 @@ impl UsageWriter {
     }
 }
 
-fn keep(pending: &mut Pending, report: FiledUsage) {
-    if let Err(report) = pending.push(report) {
-        lost(report.entries.len(), "buffer_full");
+impl UsageWriter {
+    /// Reads `report`'s entries into `pending`, or counts it as lost when
+    /// there is no room.
+    fn keep(&self, pending: &mut Pending, report: &OwnedReport) {
+        let slot_number = match report {
+            OwnedReport::Raw(_, raw) => raw.slot_number(),
+            OwnedReport::Decoded(decoded) => decoded.slot_number,
+        };
+        let start_ms = self.slot.start_ms(slot_number - 1);
+        let usage = FiledUsage::of_owned(report, start_ms, self.max_amount);
+        if !usage.entries.is_empty() && pending.push(usage).is_err() {
+            lost(1, "buffer_full");
+        }
     }
 }

@@ -12,6 +12,10 @@ let WINDOW = 60;
 const SVG = 'http://www.w3.org/2000/svg';
 // The resource drawn, per service, as the reader last chose it.
 const chosen = {};
+// The user whose day of usage is drawn (`#service=S&user=U`, or a click
+// on a user's name), and how often it is read again.
+const usageOf = { service: hash.get('service') || '', user: hash.get('user') || '' };
+const USAGE_EVERY_MS = 60000;
 
 async function api(path) {
   const headers = token ? { authorization: 'Bearer ' + token } : {};
@@ -19,7 +23,10 @@ async function api(path) {
   if (r.status === 401) {
     throw new Error('this central needs its token: open /dashboard#token=YOUR_TOKEN');
   }
-  if (!r.ok) throw new Error(path + ': HTTP ' + r.status);
+  if (!r.ok) {
+    const why = await r.json().then((b) => b.error).catch(() => null);
+    throw new Error(why || path + ': HTTP ' + r.status);
+  }
   return r.json();
 }
 
@@ -101,7 +108,7 @@ function card(name, resource, admitted, refused, bucket, slotSeconds, from, to) 
     'data-admitted': inWindow,
     'data-refused': refusedInWindow,
     'data-limit-per-slot': limit == null ? '' : limit,
-  }, el('h3', {}, name), figures, chart(admitted, refused, limit, from, to));
+  }, el('h3', {}, usageLink(currentService, name)), figures, chart(admitted, refused, limit, from, to));
   if (bucket) {
     article.append(el('p', { class: 'bucket' },
       `bucket ${short(bucket.level)} of ${short(bucket.capacity)}, ${short(bucket.rate)}/s (${bucket.period})`));
@@ -159,7 +166,11 @@ function resourceOf(service, resources) {
   return resources.includes('requests') ? 'requests' : resources[0];
 }
 
+// The service whose cards are being drawn, for their links to usage.
+let currentService = '';
+
 function serviceSection(service, heaviest, refused, apps, slotSeconds, to) {
+  currentService = service;
   const resources = Object.keys(heaviest).sort();
   const resource = resourceOf(service, resources);
   const from = to - WINDOW + 1;
@@ -228,5 +239,80 @@ async function refresh() {
   }
 }
 
+// A user's name that draws their day of usage when clicked.
+function usageLink(service, user) {
+  const a = el('a', { href: '#', class: 'usage-link' }, user);
+  a.addEventListener('click', (e) => {
+    e.preventDefault();
+    usageOf.service = service;
+    usageOf.user = user;
+    drawUsage();
+  });
+  return a;
+}
+
+// One resource's day, hour by hour: admitted bars with refused on top.
+function hourBars(resource, hours, rows) {
+  const W = 480, H = 110, PAD = 4;
+  const at = new Map(rows.map((r) => [r.start_s, r]));
+  let top = 1;
+  for (const h of hours) top = Math.max(top, (at.get(h)?.admitted || 0) + (at.get(h)?.refused || 0));
+  const bw = (W - 2 * PAD) / hours.length;
+  const y = (v) => (v / (top * 1.1)) * (H - 2 * PAD);
+  const g = svg('svg', { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: 'img' });
+  g.append(svg('rect', { class: 'frame', x: 0, y: 0, width: W, height: H }));
+  hours.forEach((h, i) => {
+    const r = at.get(h) || { admitted: 0, refused: 0 };
+    const x = PAD + i * bw + 1;
+    const a = y(r.admitted), f = y(r.refused);
+    g.append(svg('rect', { class: 'admitted-bar', x, y: H - PAD - a, width: bw - 2, height: a, 'data-start': h }));
+    g.append(svg('rect', { class: 'refused-bar', x, y: H - PAD - a - f, width: bw - 2, height: f }));
+  });
+  const scale = svg('text', { class: 'scale', x: W - PAD, y: 12, 'text-anchor': 'end' });
+  scale.textContent = short(top);
+  g.append(scale);
+  return g;
+}
+
+// The chosen user's usage over the last day, from the usage store.
+async function drawUsage() {
+  const box = document.getElementById('usage-body');
+  const title = document.getElementById('usage-title');
+  if (!usageOf.service || !usageOf.user) {
+    box.replaceChildren(el('p', { class: 'quiet' }, 'click a user\'s name to draw their last day'));
+    return;
+  }
+  title.textContent = `Usage of ${usageOf.user} in ${usageOf.service}, last 24 hours`;
+  const now = Math.floor(Date.now() / 1000);
+  const first = Math.floor((now - 86400) / 3600) * 3600 + 3600;
+  const hours = [];
+  for (let h = first; h <= now; h += 3600) hours.push(h);
+  const q = new URLSearchParams({ service: usageOf.service, user: usageOf.user, step: 'hour',
+    from: String(first), to: String(now + 1), limit: '10000' });
+  let answer;
+  try {
+    answer = await api('/v1/usage?' + q);
+  } catch (e) {
+    box.replaceChildren(el('p', { class: 'quiet', 'data-state': 'error' }, String(e.message || e)));
+    return;
+  }
+  const resources = [...new Set(answer.rows.map((r) => r.resource))].sort();
+  if (resources.length === 0) {
+    box.replaceChildren(el('p', { class: 'quiet' }, 'nothing kept for this user in the last day'));
+    return;
+  }
+  box.replaceChildren(...resources.map((resource) => {
+    const rows = answer.rows.filter((r) => r.resource === resource);
+    const admitted = rows.reduce((s, r) => s + r.admitted, 0);
+    const refused = rows.reduce((s, r) => s + r.refused, 0);
+    return el('article', { class: 'usage', 'data-resource': resource, 'data-admitted': admitted,
+      'data-refused': refused, 'data-hours': hours.length },
+    el('h3', {}, resource), el('p', { class: 'figures' }, `${short(admitted)} admitted, ${short(refused)} refused`),
+    hourBars(resource, hours, rows));
+  }));
+}
+
 refresh();
 setInterval(refresh, EVERY_MS);
+drawUsage();
+setInterval(drawUsage, USAGE_EVERY_MS);
