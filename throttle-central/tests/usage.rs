@@ -234,3 +234,52 @@ fn postgres_stores_open_together_and_before_the_database() {
     let bob = rows(&early, Step::Minute, Some("bob"));
     assert_eq!(bob[0].3, 4);
 }
+
+/// `sslmode=require` connects over TLS, the server's certificate checked
+/// against `sslrootcert`; the server refuses connections without TLS, and
+/// a certificate from another root is refused.
+#[test]
+fn the_postgres_store_connects_over_tls() {
+    let test = "the_postgres_store_connects_over_tls";
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("certificate");
+    let (cert_pem, key_pem) = (cert.cert.pem(), cert.signing_key.serialize_pem());
+    let Some(pg) = Postgres::start_tls(test, &cert_pem, &key_pem) else {
+        return;
+    };
+    let dir = TempDir::new("usage-tls");
+    let root = dir.path().join("root.pem");
+    std::fs::write(&root, &cert_pem).expect("root written");
+    let url = format!(
+        "{}?sslmode=require&sslrootcert={}",
+        pg.url(),
+        root.display()
+    );
+    let store = throttle_central::usage::PostgresUsage::open(&url).expect("opened");
+    let batch = [filed("n1", DAY + 1, vec![entry("alice", "requests", 3, 0)])];
+    assert_eq!(store.write(&batch).expect("written over TLS").reports, 1);
+    // Without TLS the server says no.
+    let plain = throttle_central::usage::PostgresUsage::open(&pg.url()).expect("opened");
+    assert!(plain.write(&batch).is_err(), "written without TLS");
+    // Another root does not vouch for this server.
+    let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("certificate");
+    let other_root = dir.path().join("other.pem");
+    std::fs::write(&other_root, other.cert.pem()).expect("root written");
+    let url = format!(
+        "{}?sslmode=require&sslrootcert={}",
+        pg.url(),
+        other_root.display()
+    );
+    let stranger = throttle_central::usage::PostgresUsage::open(&url).expect("opened");
+    assert!(
+        stranger.write(&batch).is_err(),
+        "trusted a certificate of another root"
+    );
+    // A root file that holds no certificate is refused at once.
+    std::fs::write(dir.path().join("empty.pem"), "").expect("written");
+    let url = format!(
+        "{}?sslmode=require&sslrootcert={}",
+        pg.url(),
+        dir.path().join("empty.pem").display()
+    );
+    assert!(throttle_central::usage::PostgresUsage::open(&url).is_err());
+}

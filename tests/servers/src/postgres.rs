@@ -22,6 +22,8 @@ pub struct Postgres {
     port: u16,
     dir: TempDir,
     as_nobody: bool,
+    /// More `-c name=value` settings for `postgres`.
+    settings: Vec<String>,
 }
 
 /// The directory holding `postgres` and `initdb`: on `PATH`, else the
@@ -72,6 +74,7 @@ impl Postgres {
             port: free_port(),
             dir: TempDir::new("postgres"),
             as_nobody: is_root(),
+            settings: Vec::new(),
         };
         if pg.as_nobody {
             let status = Command::new("chown")
@@ -91,6 +94,37 @@ impl Postgres {
             .status()
             .expect("initdb runs");
         assert!(status.success(), "initdb");
+        pg.restart();
+        Some(pg)
+    }
+
+    /// [`Postgres::start`] taking TLS connections only, with `cert_pem`
+    /// and `key_pem` (a connection without TLS is rejected).
+    pub fn start_tls(test: &str, cert_pem: &str, key_pem: &str) -> Option<Self> {
+        let mut pg = Self::start(test)?;
+        pg.stop();
+        let (cert, key) = (pg.dir().join("server.crt"), pg.dir().join("server.key"));
+        std::fs::write(&cert, cert_pem).expect("certificate written");
+        std::fs::write(&key, key_pem).expect("key written");
+        let hba = pg.data().join("pg_hba.conf");
+        let rules = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+        std::fs::write(&hba, format!("hostnossl all all all reject\n{rules}"))
+            .expect("pg_hba.conf written");
+        if pg.as_nobody {
+            let status = Command::new("chown")
+                .args(["nobody:nogroup"])
+                .args([&cert, &key])
+                .status()
+                .expect("chown runs");
+            assert!(status.success(), "chown of the certificate");
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("key mode");
+        pg.settings = vec![
+            "ssl=on".into(),
+            format!("ssl_cert_file={}", cert.display()),
+            format!("ssl_key_file={}", key.display()),
+        ];
         pg.restart();
         Some(pg)
     }
@@ -142,6 +176,7 @@ impl Postgres {
             .arg("-k")
             .arg(self.dir())
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -9,6 +9,9 @@ pub enum UsageError {
     /// SQLite said no.
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// The TLS settings of the store cannot be used.
+    #[error("usage store TLS: {0}")]
+    Tls(String),
     /// PostgreSQL said no, or could not be reached.
     #[error("postgres: {0}")]
     Postgres(#[from] postgres::Error),

@@ -9,6 +9,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use postgres::types::ToSql;
 use postgres::{Client, Config, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_rustls::rustls::pki_types::CertificateDer;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
 use super::error::UsageError;
 use super::filed::FiledUsage;
@@ -27,6 +31,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// store comes back on its own after the database does.
 pub struct PostgresUsage {
     config: Config,
+    /// With `sslmode=require` (or `prefer`): TLS, the server's
+    /// certificate checked against `sslrootcert` or the system's roots.
+    tls: Option<MakeRustlsConnect>,
     write: Mutex<Option<Client>>,
     read: Mutex<Option<Client>>,
     /// Whether the tables are known to exist.
@@ -82,12 +89,21 @@ impl PostgresUsage {
     ///
     /// # Errors
     ///
-    /// When the URL does not parse.
+    /// When the URL does not parse, or its TLS roots cannot be read.
     pub fn open(url: &str) -> Result<Self, UsageError> {
-        let mut config = Config::from_str(url)?;
+        let (url, root_file) = take_param(url, "sslrootcert");
+        let mut config = Config::from_str(&url)?;
         config.connect_timeout(CONNECT_TIMEOUT);
+        let wants_tls = ["sslmode=require", "sslmode=prefer"]
+            .iter()
+            .any(|m| url.contains(m));
+        let tls = match wants_tls {
+            true => Some(MakeRustlsConnect::new(client_tls(root_file.as_deref())?)),
+            false => None,
+        };
         let store = Self {
             config,
+            tls,
             write: Mutex::new(None),
             read: Mutex::new(None),
             schema: AtomicBool::new(false),
@@ -100,7 +116,10 @@ impl PostgresUsage {
 
     /// A new connection, the tables created first if not known to exist.
     fn connect(&self) -> Result<Client, postgres::Error> {
-        let mut client = self.config.connect(NoTls)?;
+        let mut client = match &self.tls {
+            Some(tls) => self.config.connect(tls.clone())?,
+            None => self.config.connect(NoTls)?,
+        };
         if !self.schema.load(Ordering::Acquire) {
             let mut tx = client.transaction()?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])?;
@@ -155,6 +174,63 @@ impl PostgresUsage {
         let refs: Vec<&(dyn ToSql + Sync)> = boxed.iter().map(|b| &**b).collect();
         self.with(&self.read, |c| c.query(&dollars(text), &refs))
     }
+}
+
+/// `url` without its `name=VALUE` query parameter, and the value: libpq's
+/// `sslrootcert`, which the URL parser does not take.
+fn take_param(url: &str, name: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut value = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(
+            |pair| match pair.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
+                Some(v) => {
+                    value = Some(v.to_owned());
+                    false
+                }
+                None => true,
+            },
+        )
+        .collect();
+    let url = match kept.is_empty() {
+        true => base.to_owned(),
+        false => format!("{base}?{}", kept.join("&")),
+    };
+    (url, value)
+}
+
+/// TLS for the connection: the certificates of `root_file` (PEM) as
+/// roots, else the system's.
+fn client_tls(root_file: Option<&str>) -> Result<ClientConfig, UsageError> {
+    let mut roots = RootCertStore::empty();
+    match root_file {
+        Some(path) => {
+            let bad = |e: String| UsageError::Tls(format!("sslrootcert {path}: {e}"));
+            let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+            for cert in CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert.map_err(|e| bad(e.to_string()))?;
+                roots.add(cert).map_err(|e| bad(e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(bad("no certificate in it".into()));
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| UsageError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(config)
 }
 
 /// The columns of `rollup`'s rows in `step`, as arrays.
@@ -264,5 +340,27 @@ impl UsageStore for PostgresUsage {
         let (text, params) = sql::resources(query);
         let rows = self.query(&text, params)?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sslrootcert_is_taken_out_of_the_url() {
+        let (url, root) = take_param(
+            "postgres://u@h/db?sslmode=require&sslrootcert=/ca.pem",
+            "sslrootcert",
+        );
+        assert_eq!(url, "postgres://u@h/db?sslmode=require");
+        assert_eq!(root.as_deref(), Some("/ca.pem"));
+        let (url, root) = take_param("postgres://u@h/db?sslrootcert=/ca.pem", "sslrootcert");
+        assert_eq!(
+            (url.as_str(), root.as_deref()),
+            ("postgres://u@h/db", Some("/ca.pem"))
+        );
+        let (url, root) = take_param("postgres://u@h/db", "sslrootcert");
+        assert_eq!((url.as_str(), root), ("postgres://u@h/db", None));
     }
 }
