@@ -16,6 +16,9 @@ use std::time::Duration;
 use throttle_examples::load::{Load, unix_second};
 use throttle_test_servers::{AppProcess, CentralProcess, Etcd, TempDir, free_port, until};
 
+/// The example node's binary, run at its default flags.
+const AXUM_NODE: &str = env!("CARGO_BIN_EXE_axum-node");
+
 const LIMIT: i64 = 100;
 
 const LIMITS: &str = r#"
@@ -41,36 +44,11 @@ fn central_bin(test: &str) -> Option<String> {
     throttle_test_servers::central_beside(env!("CARGO_BIN_EXE_axum-node"), test)
 }
 
-/// An `axum-node` at its default flags, listing `centrals`.
-fn node(id: &str, centrals: &[String]) -> AppProcess {
-    let mut args = vec!["--node-id", id, "--log", "warn"];
-    args.extend(centrals.iter().flat_map(|c| ["--central", c.as_str()]));
-    AppProcess::start(env!("CARGO_BIN_EXE_axum-node"), &args)
-}
-
 /// The limits file, in `dir`.
 fn limits_file(dir: &TempDir) -> String {
     let path = dir.path().join("limits.toml");
     std::fs::write(&path, LIMITS).expect("limits written");
     path.display().to_string()
-}
-
-fn role(central: &CentralProcess) -> Option<String> {
-    let body = central.get("/healthz", Duration::from_millis(200))?;
-    let health: serde_json::Value = serde_json::from_str(&body).ok()?;
-    health["role"].as_str().map(str::to_owned)
-}
-
-/// The node ids with a stream open on `central`.
-fn streams(central: &CentralProcess) -> Vec<String> {
-    let body = central.get("/v1/monitor/connections", Duration::from_millis(200));
-    let Some(v) = body.and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok()) else {
-        return Vec::new();
-    };
-    let streams = v["connections"].as_array().cloned();
-    let ids = streams.unwrap_or_default().into_iter();
-    ids.filter_map(|s| s["node_id"].as_str().map(str::to_owned))
-        .collect()
 }
 
 /// alice's load: 150 a second on each node, from now on for `seconds`.
@@ -179,21 +157,24 @@ impl Pair {
             })
             .collect();
         let pair = Self {
-            nodes: [node("node-a", &urls), node("node-b", &urls)],
+            nodes: [
+                AppProcess::node(AXUM_NODE, "node-a", &urls),
+                AppProcess::node(AXUM_NODE, "node-b", &urls),
+            ],
             centrals,
             etcd,
             _dir: dir,
         };
         until(Duration::from_secs(10), "both nodes on the leader", || {
             pair.leader()
-                .is_some_and(|l| streams(&pair.centrals[l]).len() == 2)
+                .is_some_and(|l| pair.centrals[l].streams().len() == 2)
         });
         Some(pair)
     }
 
     /// The central that says it leads.
     fn leader(&self) -> Option<usize> {
-        (0..2).find(|&i| role(&self.centrals[i]).as_deref() == Some("leader"))
+        (0..2).find(|&i| self.centrals[i].role().as_deref() == Some("leader"))
     }
 }
 
@@ -216,7 +197,7 @@ async fn a_killed_leader_is_not_noticed() {
     let both = until(
         Duration::from_secs(10),
         "both nodes on the new leader",
-        || streams(&pair.centrals[standby]).len() == 2,
+        || pair.centrals[standby].streams().len() == 2,
     );
     let (took_over, both) = (took_over.as_secs_f64(), (took_over + both).as_secs_f64());
     println!(
@@ -285,7 +266,7 @@ async fn etcd_away(
         "both nodes on a leader",
         || {
             pair.leader()
-                .is_some_and(|l| streams(&pair.centrals[l]).len() == 2)
+                .is_some_and(|l| pair.centrals[l].streams().len() == 2)
         },
     );
     println!(
@@ -310,9 +291,12 @@ async fn lone_central_restarted(test: &str, state: bool) {
     }
     let mut central = CentralProcess::start(&bin, &args);
     let url = [central.url()];
-    let nodes = [node("node-a", &url), node("node-b", &url)];
+    let nodes = [
+        AppProcess::node(AXUM_NODE, "node-a", &url),
+        AppProcess::node(AXUM_NODE, "node-b", &url),
+    ];
     until(Duration::from_secs(10), "both nodes connected", || {
-        streams(&central).len() == 2
+        central.streams().len() == 2
     });
     let (load, running) = offer(&nodes, 35);
     tokio::time::sleep(Duration::from_secs(13)).await;
@@ -322,7 +306,7 @@ async fn lone_central_restarted(test: &str, state: bool) {
     tokio::time::sleep(Duration::from_secs(5)).await;
     central.restart();
     let back = until(Duration::from_secs(10), "both nodes back", || {
-        streams(&central).len() == 2
+        central.streams().len() == 2
     });
     println!(
         "central restarted: both nodes back {:.2} s after",
@@ -369,9 +353,12 @@ async fn a_lone_central_down_30_s_keeps_an_hourly_budget() {
     let dir = TempDir::new("outages");
     let mut central = CentralProcess::start(&bin, &["--limits".to_owned(), limits_file(&dir)]);
     let url = [central.url()];
-    let nodes = [node("node-a", &url), node("node-b", &url)];
+    let nodes = [
+        AppProcess::node(AXUM_NODE, "node-a", &url),
+        AppProcess::node(AXUM_NODE, "node-b", &url),
+    ];
     until(Duration::from_secs(10), "both nodes connected", || {
-        streams(&central).len() == 2
+        central.streams().len() == 2
     });
     let load = Load::new(nodes.iter().map(|n| n.addr).collect(), "/");
     load.flow("hourly", 0, 30.0);

@@ -16,6 +16,9 @@ use throttle_test_servers::{
     AppProcess, CentralProcess, Etcd, Postgres, TempDir, free_port, until,
 };
 
+/// The example node's binary, run at its default flags.
+const AXUM_NODE: &str = env!("CARGO_BIN_EXE_axum-node");
+
 const LIMITS: &str = r#"
 [[limit]]
 service = "front"
@@ -32,21 +35,6 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 fn central_bin(test: &str) -> Option<String> {
     throttle_test_servers::central_beside(env!("CARGO_BIN_EXE_axum-node"), test)
-}
-
-/// An `axum-node` at its default flags, listing `centrals`.
-fn node(id: &str, centrals: &[String]) -> AppProcess {
-    let mut args = vec!["--node-id", id, "--log", "warn"];
-    args.extend(centrals.iter().flat_map(|c| ["--central", c.as_str()]));
-    AppProcess::start(env!("CARGO_BIN_EXE_axum-node"), &args)
-}
-
-/// The node ids with a stream open on `central`.
-fn streams(central: &CentralProcess) -> usize {
-    let body = central.get("/v1/monitor/connections", Duration::from_millis(200));
-    let v = body.and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok());
-    v.and_then(|v| v["connections"].as_array().map(Vec::len))
-        .unwrap_or(0)
 }
 
 /// alice offered 300 a second (3x her limit) and bob 40 (no limit), over
@@ -133,9 +121,12 @@ async fn a_lone_central_restarted_on_sqlite_keeps_usage_to_the_unit() {
     ];
     let mut central = CentralProcess::start(&bin, &args);
     let url = [central.url()];
-    let nodes = [node("node-a", &url), node("node-b", &url)];
+    let nodes = [
+        AppProcess::node(AXUM_NODE, "node-a", &url),
+        AppProcess::node(AXUM_NODE, "node-b", &url),
+    ];
     until(Duration::from_secs(10), "both nodes connected", || {
-        streams(&central) == 2
+        central.streams().len() == 2
     });
     let load = offer(&nodes);
     let from = unix_second();
@@ -156,14 +147,8 @@ async fn a_lone_central_restarted_on_sqlite_keeps_usage_to_the_unit() {
     );
 }
 
-fn role(central: &CentralProcess) -> Option<String> {
-    let body = central.get("/healthz", Duration::from_millis(200))?;
-    let health: serde_json::Value = serde_json::from_str(&body).ok()?;
-    health["role"].as_str().map(str::to_owned)
-}
-
 fn leader(centrals: &[CentralProcess]) -> Option<usize> {
-    (0..centrals.len()).find(|&i| role(&centrals[i]).as_deref() == Some("leader"))
+    (0..centrals.len()).find(|&i| centrals[i].role().as_deref() == Some("leader"))
 }
 
 /// alice's requests admitted in each Unix second from `from` to `to`.
@@ -213,11 +198,14 @@ async fn a_failover_and_a_postgres_outage_keep_usage_to_the_unit() {
         })
         .collect();
     until(Duration::from_secs(10), "both centrals up", || {
-        centrals.iter().all(|c| role(c).is_some())
+        centrals.iter().all(|c| c.role().is_some())
     });
-    let nodes = [node("node-a", &urls), node("node-b", &urls)];
+    let nodes = [
+        AppProcess::node(AXUM_NODE, "node-a", &urls),
+        AppProcess::node(AXUM_NODE, "node-b", &urls),
+    ];
     until(Duration::from_secs(10), "both nodes on the leader", || {
-        leader(&centrals).is_some_and(|l| streams(&centrals[l]) == 2)
+        leader(&centrals).is_some_and(|l| centrals[l].streams().len() == 2)
     });
     let load = offer(&nodes);
     let from = unix_second();

@@ -34,6 +34,16 @@ impl AppProcess {
     }
 }
 
+impl AppProcess {
+    /// `bin` (an `axum-node`) at its default flags as node `id`, listing
+    /// `centrals`, logging warnings only.
+    pub fn node(bin: &str, id: &str, centrals: &[String]) -> Self {
+        let mut args = vec!["--node-id", id, "--log", "warn"];
+        args.extend(centrals.iter().flat_map(|c| ["--central", c.as_str()]));
+        Self::start(bin, &args)
+    }
+}
+
 impl Drop for AppProcess {
     fn drop(&mut self) {
         crate::kill(&mut self.child);

@@ -113,6 +113,28 @@ impl CentralProcess {
         text.split(' ').nth(1)?.parse().ok()
     }
 
+    /// The role its `/healthz` names (`leader`, `standby`, `single`), or
+    /// `None` when it does not answer within 300 ms.
+    pub fn role(&self) -> Option<String> {
+        let body = self.get("/healthz", Duration::from_millis(300))?;
+        let health: serde_json::Value = serde_json::from_str(&body).ok()?;
+        health["role"].as_str().map(str::to_owned)
+    }
+
+    /// The node ids with a stream open on it (none when it does not
+    /// answer within 300 ms).
+    pub fn streams(&self) -> Vec<String> {
+        let body = self.get("/v1/monitor/connections", Duration::from_millis(300));
+        let json: serde_json::Value = body
+            .and_then(|b| serde_json::from_str(&b).ok())
+            .unwrap_or_default();
+        let streams = json["connections"].as_array().cloned().unwrap_or_default();
+        streams
+            .iter()
+            .filter_map(|s| s["node_id"].as_str().map(str::to_owned))
+            .collect()
+    }
+
     /// Sends signal `name` (`STOP`, `CONT`...) to the process.
     pub fn signal(&self, name: &str) {
         if let Some(child) = &self.child {

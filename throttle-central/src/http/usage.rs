@@ -4,6 +4,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -114,14 +115,21 @@ impl UsageParams {
     }
 }
 
-/// The usage store, or the answer that says there is none.
-fn store_of(state: &HttpState) -> Result<&UsageConfig, Box<Response>> {
-    state.usage.as_ref().ok_or_else(|| {
+/// The question's parameters and the usage store, or the answer that
+/// says why there is no answer (bad parameters, no store).
+fn asked(
+    state: &HttpState,
+    params: Result<Query<UsageParams>, QueryRejection>,
+) -> Result<(UsageParams, UsageConfig), Box<Response>> {
+    let Query(params) =
+        params.map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, e.body_text())))?;
+    let usage = state.usage.clone().ok_or_else(|| {
         Box::new(error(
             StatusCode::NOT_FOUND,
             "no usage store: start the central with --usage".into(),
         ))
-    })
+    })?;
+    Ok((params, usage))
 }
 
 /// Runs `f` on the store off the async tasks, one of the monitor's places
@@ -160,14 +168,10 @@ fn wants_csv(headers: &HeaderMap) -> bool {
 pub(super) async fn rows(
     State(state): State<HttpState>,
     headers: HeaderMap,
-    params: Result<Query<UsageParams>, axum::extract::rejection::QueryRejection>,
+    params: Result<Query<UsageParams>, QueryRejection>,
 ) -> Response {
-    let params = match params {
-        Ok(Query(p)) => p,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
-    };
-    let usage = match store_of(&state) {
-        Ok(u) => u.clone(),
+    let (params, usage) = match asked(&state, params) {
+        Ok(asked) => asked,
         Err(r) => return *r,
     };
     let query = match params
@@ -262,14 +266,10 @@ fn csv(query: &RowsQuery, rows: &[UsageRow]) -> Response {
 
 pub(super) async fn top(
     State(state): State<HttpState>,
-    params: Result<Query<UsageParams>, axum::extract::rejection::QueryRejection>,
+    params: Result<Query<UsageParams>, QueryRejection>,
 ) -> Response {
-    let params = match params {
-        Ok(Query(p)) => p,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
-    };
-    let usage = match store_of(&state) {
-        Ok(u) => u.clone(),
+    let (params, usage) = match asked(&state, params) {
+        Ok(asked) => asked,
         Err(r) => return *r,
     };
     let n = params.n.unwrap_or(DEFAULT_N);
