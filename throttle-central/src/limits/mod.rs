@@ -131,6 +131,10 @@ pub struct Limit {
 /// The user of a rule for every user without a rule of their own.
 pub const EVERY_USER: &str = "*";
 
+/// The quota policies a service may name (`[service.NAME] policy`);
+/// [`crate::policy::by_name`] makes each.
+pub const POLICY_NAMES: [&str; 4] = ["projected", "classic", "static-split", "hierarchical"];
+
 impl Limit {
     /// The bucket this rule sets for `resource` over `period`, if any.
     pub fn allowance(&self, resource: &str, period: Period) -> Option<Allowance> {

@@ -10,8 +10,10 @@ use super::block::{Block, unix_ms};
 use super::hierarchy::{HIERARCHICAL, Hierarchy};
 use super::parse_hierarchy::{AppEntry, add_app, app_error, capacity};
 use super::period::{Allowance, Period};
-use super::{DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS};
-use crate::policy::POLICY_NAMES;
+use super::{
+    DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS,
+    POLICY_NAMES,
+};
 use crate::watched::{line_of, parse_toml};
 
 #[derive(Deserialize)]

@@ -40,10 +40,8 @@ pub use policy::Policy;
 pub use projected::Projected;
 pub use split::StaticSplit;
 
-/// The names [`by_name`] knows.
-pub const POLICY_NAMES: [&str; 4] = ["projected", "classic", "static-split", "hierarchical"];
-
-/// A new policy of the name a limits file or a flag gives it.
+/// A new policy of the name a limits file or a flag gives it, one of
+/// [`crate::limits::POLICY_NAMES`].
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
     Some(match name {
         "projected" => Box::new(Projected::new()),

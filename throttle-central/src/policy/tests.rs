@@ -11,6 +11,14 @@ fn amount(q: f64) -> f64 {
 }
 
 #[test]
+fn every_policy_name_of_the_limits_makes_a_policy() {
+    for name in crate::limits::POLICY_NAMES {
+        assert!(by_name(name).is_some(), "{name}");
+    }
+    assert!(by_name("fair").is_none());
+}
+
+#[test]
 fn a_grant_keeps_exact_amounts_and_nothing_below_zero() {
     for q in [0.0, 1.0, 0.5, 1000.0, 16_777_216.0, 2f64.powi(100)] {
         assert_eq!(amount(q), q);

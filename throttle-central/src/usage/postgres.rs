@@ -16,12 +16,12 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
 use super::error::UsageError;
 use super::filed::FiledUsage;
-use super::query::{RowsQuery, TopQuery, TopRow, UsageRow};
 use super::retention::Retention;
 use super::rollup::Rollup;
 use super::sql::{self, Param, dollars};
 use super::step::Step;
 use super::store::{UsageStore, Written};
+use super::{RowsQuery, TopQuery, TopRow, UsageRow};
 
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

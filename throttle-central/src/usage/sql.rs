@@ -2,8 +2,8 @@
 //! (PostgreSQL's `$N` are written from them, [`dollars`]), `BIGINT` and
 //! `TEXT` columns, `ON CONFLICT` upserts.
 
-use super::query::{RowsQuery, TopQuery};
 use super::step::Step;
+use super::{RowsQuery, TopQuery};
 
 /// A parameter of a query built here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,7 +164,7 @@ pub(super) fn dollars(sql: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::query::RowCursor;
+    use crate::usage::RowCursor;
 
     #[test]
     fn a_page_after_a_cursor_numbers_its_parameters_in_order() {

@@ -9,12 +9,12 @@ use rusqlite::{Connection, OpenFlags, params, params_from_iter};
 
 use super::error::UsageError;
 use super::filed::FiledUsage;
-use super::query::{RowsQuery, TopQuery, TopRow, UsageRow};
 use super::retention::Retention;
 use super::rollup::Rollup;
 use super::sql::{self, Param};
 use super::step::Step;
 use super::store::{UsageStore, Written};
+use super::{RowsQuery, TopQuery, TopRow, UsageRow};
 
 /// How long a connection waits for the file's lock before it gives up.
 const BUSY: Duration = Duration::from_secs(5);

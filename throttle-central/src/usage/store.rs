@@ -2,8 +2,8 @@
 
 use super::error::UsageError;
 use super::filed::FiledUsage;
-use super::query::{RowsQuery, TopQuery, TopRow, UsageRow};
 use super::retention::Retention;
+use super::{RowsQuery, TopQuery, TopRow, UsageRow};
 
 /// What one [`UsageStore::write`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
