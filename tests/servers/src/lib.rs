@@ -43,15 +43,16 @@ pub fn available(binary: &str, test: &str) -> bool {
     if found {
         return true;
     }
-    let required = std::env::var("THROTTLE_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
-    assert!(
-        !required,
-        "{test}: `{binary}` is not on PATH and THROTTLE_REQUIRE_SERVERS=1"
-    );
-    eprintln!(
-        "SKIPPED {test}: `{binary}` is not on PATH (install it, e.g. `{install}`, to run this test)"
-    );
+    missing(test, &format!("`{binary}` is not on PATH"), &install);
     false
+}
+
+/// Says that `test` is skipped because of `why` (install with `install`),
+/// or fails it under `THROTTLE_REQUIRE_SERVERS=1`.
+fn missing(test: &str, why: &str, install: &str) {
+    let required = std::env::var("THROTTLE_REQUIRE_SERVERS").is_ok_and(|v| v == "1");
+    assert!(!required, "{test}: {why} and THROTTLE_REQUIRE_SERVERS=1");
+    eprintln!("SKIPPED {test}: {why} (install it, e.g. `{install}`, to run this test)");
 }
 
 /// A free port on 127.0.0.1, as the kernel chose it.
