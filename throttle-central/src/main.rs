@@ -20,6 +20,23 @@ use throttle_central::usage::{Retention, UsageConfig};
 use throttle_central::{Central, CentralBuilder};
 use throttle_clock::SlotLength;
 
+/// jemalloc, which gives freed pages back to the system within seconds,
+/// where glibc's malloc kept most of the memory of users once forgotten
+/// (`central-churn` in `docs/performance.md`).
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Has jemalloc give freed pages back to the system on time, from a
+/// thread of its own, rather than only when the arena that freed them
+/// allocates again (a central whose users left allocates little).
+fn return_memory_on_time() {
+    #[cfg(not(target_env = "msvc"))]
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::warn!(error = %e, "jemalloc's background thread did not start; freed memory goes back more slowly");
+    }
+}
+
 /// Central node of throttle: holds one token bucket per (service, user,
 /// resource), takes the nodes' reports over gRPC and sends each node its
 /// share of what is left.
@@ -162,6 +179,7 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_new(&args.log).context("invalid --log filter")?,
         )
         .init();
+    return_memory_on_time();
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("installing the Prometheus recorder")?;

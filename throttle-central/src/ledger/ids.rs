@@ -32,8 +32,10 @@ impl NodeId {
 /// The place of one (user, resource) key in its service's arena.
 ///
 /// Ids are dense, so per-key tables (grants, a policy's history) are plain
-/// vectors. A freed id is reused only once no assignment in the book can
-/// still name it; [`Key::generation`](super::Key::generation) tells a reused id from its former key.
+/// vectors. A freed id is reused only once no assignment in the book or
+/// the quota history can still name it, and an id cut from the arena's end
+/// leaves the book with its key ([`Cuts`](super::Cuts));
+/// [`Key::generation`](super::Key::generation) tells a reused id from its former key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyId(pub(super) u32);
 

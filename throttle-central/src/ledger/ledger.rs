@@ -332,8 +332,9 @@ impl Ledger {
             // answered for a slot already past, which its node never reads.
             svc.forget_book(cutoff, current);
             svc.policy.forget_before(cutoff);
-            svc.state
-                .forget(cutoff, cutoff + i64::from(self.config.nr_slot), now_ms);
+            if let Some(len) = svc.state.forget(cutoff, current, now_ms) {
+                svc.forget_grants_from(len);
+            }
         }
         self.key_total = self.key_count();
         if self.key_total >= self.config.max_keys {

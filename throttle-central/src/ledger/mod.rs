@@ -40,6 +40,8 @@
 //! - [`ids`](NodeId): interned nodes, key ids, resource names;
 //! - `state`: [`Key`] and [`ServiceState`], what policies read;
 //! - `sums`: the per-slot sums of a service, a column per slot;
+//! - `cuts`: [`Cuts`], where the key arena was cut, for readers of
+//!   older grants;
 //! - `recent`: per node, the users of its last report (a filing shortcut);
 //! - `source`: [`ReportSource`], the reports the ledger can file;
 //! - `config`: [`LedgerConfig`] and the check of a whole report;
@@ -63,6 +65,7 @@ mod catch_up;
 mod charge;
 mod checkpoint;
 mod config;
+mod cuts;
 mod dropped;
 mod filing;
 mod filing_at;
@@ -89,6 +92,7 @@ pub use bound::MAX_BOUND_KEYS;
 pub use catch_up::hold_ms;
 pub use checkpoint::{CheckpointError, Restoration};
 pub use config::{LedgerConfig, MAX_AMOUNT, MAX_KEYS, ReportError};
+pub use cuts::Cuts;
 pub use dropped::{DROPPED_EXAMPLES, DropReason, Dropped};
 pub use filing::Ingested;
 pub(crate) use ids::valid_name;

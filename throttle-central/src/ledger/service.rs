@@ -37,7 +37,7 @@ impl Service {
         let mut out = self.spare.take().unwrap_or_default();
         out.clear_like(self.book.values().next_back());
         self.state.bind(now_ms);
-        let granted = Granted::new(&self.book, &self.kept);
+        let granted = Granted::new(&self.book, &self.kept, self.state.cuts());
         let mut assignment = self.policy.assign(&self.state, granted, slot, now_ms, out);
         assignment.share_keys();
         if let Some(replaced) = self.book.insert(slot, assignment) {
@@ -68,6 +68,17 @@ impl Service {
             self.keep_spare(assignment);
         }
         self.kept.forget_before(cutoff);
+    }
+}
+
+impl Service {
+    /// Drops the book's grants of keys cut from the arena (ids `bound` and
+    /// above), so that no quota still to be sent names an id a new key may
+    /// hold.
+    pub(crate) fn forget_grants_from(&mut self, bound: usize) {
+        for assignment in self.book.values_mut() {
+            assignment.forget_keys_from(bound);
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use throttle_clock::SlotLength;
 
+use super::cuts::Cuts;
 use super::ids::{KeyId, Map, Name, NodeId};
 use super::key::Key;
 use super::recent::NodeUsers;
@@ -20,9 +21,11 @@ use crate::limits::Hierarchy;
 /// ([`NodeUsers`]).
 type UserKeys = SmallVec<[KeyId; 4]>;
 
-/// Slots after it is freed before a key's id may be reused: the book holds
-/// assignments up to a policy's lead (at most 2) ahead of the current slot,
-/// and those must go before the id can name another key.
+/// Slots after it is freed before a key's id may be given again (once the
+/// quota history no longer names it either, `nr_slot` slots later): the
+/// book holds assignments up to a policy's lead (at most 2) ahead of the
+/// current slot. A key at the arena's end is cut at once instead, with
+/// its grants in the book (see [`Cuts`]).
 const REUSE_AFTER: i64 = 4;
 
 /// All (user, resource) state of one service; what a [`Policy`](crate::policy::Policy) reads.
@@ -66,6 +69,8 @@ pub struct ServiceState {
     /// How many ids have been given to a new key: a list in `recent` made
     /// before the count changed may name keys that are no longer its.
     pub(super) reused: u64,
+    /// Where the arena was cut, for the readers of the quota history.
+    pub(super) cuts: Cuts,
     /// The generation a key pushed at the end of the arena starts at:
     /// above every generation its id had before the arena was cut.
     pub(super) generation_floor: u32,
@@ -129,6 +134,20 @@ impl ServiceState {
         });
         ids.sort_unstable_by_key(|id| id.index());
         Box::new(ids.into_iter().map(|id| (id, &self.keys[id.index()])))
+    }
+
+    /// The key a grant of `slot` names by `id`: `None` when the arena
+    /// was cut below `id` since (see [`Cuts`]): that key is forgotten.
+    pub fn granted_key(&self, id: KeyId, slot: i64) -> Option<&Key> {
+        if self.cuts.stale(slot, id) {
+            return None;
+        }
+        self.keys.get(id.index())
+    }
+
+    /// Where the arena was cut, for readers of the quota history.
+    pub fn cuts(&self) -> &Cuts {
+        &self.cuts
     }
 
     /// The key of `id`. A freed id still names its former key until it is
@@ -344,8 +363,9 @@ impl ServiceState {
     }
 
     /// Drops what is older than `cutoff` and the keys left empty; `current`
-    /// is the current slot.
-    pub(super) fn forget(&mut self, cutoff: i64, current: i64, now_ms: i64) {
+    /// is the current slot. Returns the arena's new length if it was cut:
+    /// the book's grants of ids from there on must go.
+    pub(super) fn forget(&mut self, cutoff: i64, current: i64, now_ms: i64) -> Option<usize> {
         self.cutoff = cutoff;
         self.last_report.retain(|_, s| *s >= cutoff);
         let reporting = &self.last_report;
@@ -402,25 +422,26 @@ impl ServiceState {
             }
         }
         self.names.retain(|n| Arc::strong_count(&n.0) > 1);
-        self.release();
+        self.cuts.forget_before(cutoff);
+        self.release(current)
     }
 
     /// Gives back what keys that left took: the arena is cut after its
-    /// last key that is live or whose id may not be reused yet, and the
-    /// arena and the user map give back their spare room once they are
-    /// at most a quarter full. A churn of users otherwise leaves the
-    /// arena and the map at their largest for good.
-    fn release(&mut self) {
-        let waiting = self.freed.iter().filter(|(_, from)| *from > self.cutoff);
-        let last_waiting = waiting.map(|(id, _)| id.index() + 1).max().unwrap_or(0);
-        let last_live = self.keys.iter().rposition(|k| k.live).map_or(0, |i| i + 1);
-        let len = last_waiting.max(last_live);
-        if len < self.keys.len() {
+    /// last live key (the caller drops the book's grants of the keys cut;
+    /// see [`Cuts`] for the history's), and the arena and the user map
+    /// give back their spare room once they are at most a quarter full. A
+    /// churn of users otherwise leaves the arena and the map at their
+    /// largest for good. Returns the arena's new length if it was cut.
+    fn release(&mut self, current: i64) -> Option<usize> {
+        let len = self.keys.iter().rposition(|k| k.live).map_or(0, |i| i + 1);
+        let cut = len < self.keys.len();
+        if cut {
             let cut = self.keys[len..].iter().map(|k| k.generation).max();
             let floor = cut.map_or(0, |g| g.wrapping_add(1));
             self.generation_floor = self.generation_floor.max(floor);
             self.keys.truncate(len);
             self.freed.retain(|(id, _)| id.index() < len);
+            self.cuts.record(current - 1, len);
             // Lists of ids made before the cut may name ids given again.
             self.reused += 1;
         }
@@ -431,5 +452,6 @@ impl ServiceState {
         if self.users.capacity() > 4 * self.users.len().max(1024) {
             self.users.shrink_to(2 * self.users.len());
         }
+        cut.then_some(len)
     }
 }

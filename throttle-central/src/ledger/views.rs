@@ -259,7 +259,9 @@ impl QuotaPager<'_, '_> {
             for g in grants.iter() {
                 let position = self.position;
                 self.position += 1;
-                let key = self.state.key(g.key);
+                let Some(key) = self.state.granted_key(g.key, slot) else {
+                    continue;
+                };
                 if position < self.start || !self.page.wants(key.user()) {
                     continue;
                 }

@@ -177,6 +177,22 @@ impl Assignment {
         }
     }
 
+    /// Drops the grants of keys whose ids are `bound` or above: keys cut
+    /// from the arena, whose ids new keys may hold next.
+    pub fn forget_keys_from(&mut self, bound: usize) {
+        for column in &mut self.nodes {
+            if column.keys().iter().all(|k| k.index() < bound) {
+                continue;
+            }
+            let kept = column.keys().iter().zip(&column.amounts);
+            let (keys, amounts): (Vec<KeyId>, Vec<f32>) =
+                kept.filter(|(k, _)| k.index() < bound).unzip();
+            column.shared = Arc::from(keys);
+            column.own = None;
+            column.amounts = amounts;
+        }
+    }
+
     /// The grants of `node`, if it has any.
     pub fn get(&self, node: NodeId) -> Option<NodeGrants<'_>> {
         self.nodes

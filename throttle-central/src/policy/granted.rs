@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::assignment::Assignment;
 use super::history::QuotaHistory;
-use crate::ledger::{KeyId, NodeId};
+use crate::ledger::{Cuts, KeyId, NodeId};
 
 /// The grants nodes got for slots before the one being assigned, as the
 /// ledger holds them: the book's slots (the previous one on) and the
@@ -16,12 +16,18 @@ use crate::ledger::{KeyId, NodeId};
 pub struct Granted<'a> {
     book: &'a BTreeMap<i64, Assignment>,
     kept: &'a QuotaHistory,
+    cuts: &'a Cuts,
 }
 
 impl<'a> Granted<'a> {
-    /// The grants of the slots in `book`, and of the older slots in `kept`.
-    pub fn new(book: &'a BTreeMap<i64, Assignment>, kept: &'a QuotaHistory) -> Self {
-        Self { book, kept }
+    /// The grants of the slots in `book`, and of the older slots in `kept`
+    /// but those of keys cut from the arena since (`cuts`).
+    pub fn new(
+        book: &'a BTreeMap<i64, Assignment>,
+        kept: &'a QuotaHistory,
+        cuts: &'a Cuts,
+    ) -> Self {
+        Self { book, kept, cuts }
     }
 
     /// A reader of `slot`'s grants.
@@ -32,6 +38,7 @@ impl<'a> Granted<'a> {
         };
         SlotGrants {
             source,
+            bound: self.cuts.bound(slot),
             nodes: Vec::new(),
         }
     }
@@ -51,6 +58,8 @@ impl<'a> Granted<'a> {
 #[derive(Debug)]
 pub struct SlotGrants<'a> {
     source: Source<'a>,
+    /// The first key id the slot's grants no longer name (see [`Cuts`]).
+    bound: usize,
     /// By node index, once looked up: the node's grants and how far its
     /// lookups have read.
     nodes: Vec<Option<(Column<'a>, usize)>>,
@@ -74,6 +83,9 @@ impl SlotGrants<'_> {
     /// What `node` was granted of `key` in this slot, if anything. `key`
     /// must not come before the key of the node's previous lookup.
     pub fn get(&mut self, node: NodeId, key: KeyId) -> Option<f32> {
+        if key.index() >= self.bound {
+            return None;
+        }
         let i = node.index();
         if self.nodes.len() <= i {
             self.nodes.resize_with(i + 1, || None);

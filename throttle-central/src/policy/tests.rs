@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::ledger::{KeyId, NodeId};
+use crate::ledger::{Cuts, KeyId, NodeId};
 
 fn amount(q: f64) -> f64 {
     Grant::new(KeyId::test(0), q).amount()
@@ -71,7 +71,8 @@ proptest! {
                 book.insert(slot, assignment(grants));
             }
         }
-        let granted = Granted::new(&book, &kept);
+        let cuts = Cuts::default();
+        let granted = Granted::new(&book, &kept, &cuts);
         let mut unordered = asks.clone();
         unordered.reverse();
         asks.sort_by_key(|&(_, key)| key);
@@ -139,6 +140,38 @@ proptest! {
                 prop_assert!(Arc::ptr_eq(&like, &shared), "{:?}", node);
             }
         }
+    }
+
+    /// Forgetting the keys from an id on leaves every other grant, in
+    /// order, whether the node's keys were shared or its own.
+    #[test]
+    fn forgetting_keys_from_an_id_keeps_the_grants_below_it(
+        pushed in prop::collection::btree_map(0u32..4, prop::collection::btree_map(0u32..12, 0u32..9, 0..8), 0..4),
+        bound in 0usize..14,
+        shared in any::<bool>(),
+    ) {
+        let mut a = Assignment::default();
+        for (&node, grants) in &pushed {
+            for (&key, &q) in grants {
+                a.push(NodeId::test(node), Grant::new(KeyId::test(key), f64::from(q)));
+            }
+        }
+        if shared {
+            a.share_keys();
+        }
+        a.forget_keys_from(bound);
+        let want: Vec<(NodeId, Vec<Grant>)> = pushed
+            .iter()
+            .map(|(&n, g)| {
+                let g = g.iter().filter(|(k, _)| (**k as usize) < bound);
+                let g = g.map(|(&k, &q)| Grant::new(KeyId::test(k), f64::from(q)));
+                (NodeId::test(n), g.collect::<Vec<_>>())
+            })
+            .filter(|(_, g)| !g.is_empty())
+            .collect();
+        let read: Vec<(NodeId, Vec<Grant>)> =
+            a.iter().map(|(n, g)| (n, g.iter().collect())).collect();
+        prop_assert_eq!(read, want);
     }
 
     /// The kept amount is the largest `f32` not above the computed one,

@@ -162,7 +162,7 @@ fn the_slots_an_assign_weighs_are_still_held_when_it_runs() {
         );
         l.forget(now + 500);
         let svc = &l.services["front"];
-        let granted = Granted::new(&svc.book, &svc.kept);
+        let granted = Granted::new(&svc.book, &svc.kept, svc.state.cuts());
         let next = assigned + 1;
         for y in (next - 4..next).filter(|y| seen.contains_key(y)) {
             let mut found = granted.slot(y);

@@ -34,40 +34,44 @@ fn forget_drops_old_slots_and_idle_keys() {
 }
 
 #[test]
-fn freed_key_ids_are_reused_only_once_the_book_lets_go() {
+fn freed_key_ids_are_reused_only_once_the_history_lets_go() {
     let mut l = keeping(5);
     let one = |user: &str| format!(r#"{{"{user}": {{"requests": 1}}}}"#);
     l.ingest(&report("n1", 100, &one("bob"), "{}"), T).unwrap();
+    l.ingest(&report("n2", 100, &one("carol"), "{}"), T)
+        .unwrap();
+    l.ingest(&report("n2", 104, &one("carol"), "{}"), T + 4_000)
+        .unwrap();
     l.forget(T + 5_000);
     fn state(l: &Ledger) -> &ServiceState {
         &l.services["front"].state
     }
-    assert_eq!(state(&l).key_count(), 0);
+    assert_eq!(state(&l).key_count(), 1, "carol stays");
     assert_eq!(
         state(&l).key(KeyId(0)).user(),
         "bob",
-        "a freed key keeps its names for the assignments still naming it"
+        "a freed key keeps its names for the grants still naming it"
     );
-    // Too soon to reuse id 0: the book may hold slots up to 107.
-    l.ingest(&report("n1", 106, &one("carol"), "{}"), T + 6_000)
+    // Too soon to reuse id 0: the history may name it up to slot 107.
+    l.ingest(&report("n1", 106, &one("dave"), "{}"), T + 6_000)
         .unwrap();
-    assert_eq!(state(&l).find("carol", "requests"), Some(KeyId(1)));
-    // Carol's data slot 105 is forgotten too; id 0 may now be reused.
+    assert_eq!(state(&l).find("dave", "requests"), Some(KeyId(2)));
+    l.ingest(&report("n2", 113, &one("carol"), "{}"), T + 13_000)
+        .unwrap();
     l.forget(T + 14_000);
-    l.ingest(&report("n1", 115, &one("dave"), "{}"), T + 15_000)
+    l.ingest(&report("n1", 115, &one("erin"), "{}"), T + 15_000)
         .unwrap();
-    let dave = state(&l).find("dave", "requests");
-    assert_eq!(dave, Some(KeyId(0)));
+    assert_eq!(state(&l).find("erin", "requests"), Some(KeyId(0)));
     let key = state(&l).key(KeyId(0));
-    assert_eq!((key.user(), key.resource()), ("dave", "requests"));
+    assert_eq!((key.user(), key.resource()), ("erin", "requests"));
     assert_eq!(key.generation(), 1, "a reused id is a new generation");
-    assert_eq!(state(&l).id_bound(), 2);
-    assert_eq!(l.slot_sum("front", "dave", "requests", 114, false), 1);
+    assert_eq!(l.slot_sum("front", "erin", "requests", 114, false), 1);
     assert_eq!(l.slot_sum("front", "bob", "requests", 99, false), 0);
 }
 
-/// Keys that left are given back once their ids could be given again: the
-/// arena is cut after its last key in use, and a key at a cut id is a new
+/// Keys that left the arena's end are given back at once: the arena is
+/// cut after its last key in use, the book's grants of the keys cut go,
+/// the older ones kept are stale, and a key at a cut id is a new
 /// generation.
 #[test]
 fn the_arena_is_cut_after_its_last_key_in_use() {
@@ -85,26 +89,49 @@ fn the_arena_is_cut_after_its_last_key_in_use() {
     l.ingest(&report("n1", 104, &one("carol"), "{}"), T + 4_000)
         .unwrap();
     l.forget(T + 5_000);
-    l.ingest(&report("n1", 112, &one("carol"), "{}"), T + 12_000)
-        .unwrap();
-    l.forget(T + 13_000);
-    assert_eq!(state(&l).id_bound(), 3, "dave's id may still be named");
-    l.forget(T + 14_000);
     assert_eq!(state(&l).id_bound(), 2, "cut after carol");
-    // Erin reuses bob's id; frank is pushed where dave was.
-    l.ingest(&report("n1", 114, &one("erin"), "{}"), T + 14_000)
+    let cuts = state(&l).cuts();
+    assert!(cuts.stale(104, KeyId(2)), "granted before the cut");
+    assert!(!cuts.stale(105, KeyId(2)) && !cuts.stale(104, KeyId(1)));
+    // Frank is pushed where dave was.
+    l.ingest(&report("n2", 106, &one("frank"), "{}"), T + 6_000)
         .unwrap();
-    l.ingest(&report("n2", 114, &one("frank"), "{}"), T + 14_000)
-        .unwrap();
-    let generation = |user| {
-        let id = state(&l).find(user, "requests").unwrap();
-        (id, state(&l).key(id).generation())
-    };
-    assert_eq!(generation("erin"), (KeyId(0), 1));
+    let found = state(&l).find("frank", "requests");
+    let generation = found.map(|id| (id, state(&l).key(id).generation()));
     assert_eq!(
-        generation("frank"),
-        (KeyId(2), 1),
+        generation,
+        Some((KeyId(2), 1)),
         "a cut id is a new generation"
     );
     assert_eq!(state(&l).find("dave", "requests"), None);
+}
+
+/// A key cut from the arena leaves the quota history with it: the key
+/// pushed at its id next is not shown the grants it had.
+#[test]
+fn a_cut_keys_quotas_leave_with_it() {
+    let mut l = keeping(10);
+    l.apply_limits("front", &[limit("*", "requests", 10.0)], T);
+    let one = |user: &str| format!(r#"{{"{user}": {{"requests": 1}}}}"#);
+    l.ingest(&report("n1", 100, &one("bob"), "{}"), T).unwrap();
+    fn state(l: &Ledger) -> &ServiceState {
+        &l.services["front"].state
+    }
+    for slot in 100..=110 {
+        l.assign(slot * 1_000 + 500);
+        if slot == 110 {
+            let quotas = monitor_quota(&l, SlotRange::default());
+            assert_eq!(quotas["front"]["104"]["n1"]["bob"]["requests"], 55.0);
+        }
+        l.forget(slot * 1_000 + 500);
+    }
+    // Bob was forgotten at slot 110 (data slot 99 left the 10 kept) and
+    // cut at once, while the history still held his grants of slot 104.
+    assert_eq!(state(&l).id_bound(), 0, "bob's id is cut");
+    l.ingest(&report("n1", 110, &one("frank"), "{}"), 110_600)
+        .unwrap();
+    assert_eq!(state(&l).find("frank", "requests"), Some(KeyId(0)));
+    let quotas = monitor_quota(&l, SlotRange::default());
+    assert!(!quotas.to_string().contains("frank"), "{quotas}");
+    assert!(!quotas.to_string().contains("bob"), "{quotas}");
 }
