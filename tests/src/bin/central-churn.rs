@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use throttle_central::assigner::{Accepts, Assigner};
-use throttle_central::ledger::{Ledger, LedgerConfig, Page, SlotRange};
+use throttle_central::ledger::{Ledger, LedgerConfig, Monitor, Page, SlotRange};
 use throttle_central::limits::{LimitSet, StaticLimits};
 use throttle_proto::v1;
 
@@ -57,21 +57,21 @@ fn read_pages(ledger: &Ledger, now_ms: i64) -> usize {
     let mut rows = 0;
     let mut page = Page::first(1_000);
     loop {
-        let p = ledger.distribution_view(all, now_ms, &page);
+        let p = Monitor::of(&ledger).distribution(all, now_ms, &page);
         rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
         let Some(next) = p.next else { break };
         page.after = Some(next);
     }
     page.after = None;
     loop {
-        let p = ledger.sums_view(all, false, &page);
+        let p = Monitor::of(&ledger).sums(all, false, &page);
         rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
         let Some(next) = p.next else { break };
         page.after = Some(next);
     }
     page.after = None;
     loop {
-        let p = ledger.quota_view(all, &page);
+        let p = Monitor::of(&ledger).quota(all, &page);
         rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
         let Some(next) = p.next else { break };
         page.after = Some(next);

@@ -56,7 +56,8 @@
 //! - `told`: what the nodes are told of a service's limits (the default
 //!   quota for users new to a node, every rule's allowances);
 //! - `service`: one service's state, policy and book of assignments;
-//! - `views`: typed answers to monitor questions;
+//! - `views`: the rows of monitor answers;
+//! - `monitor`: [`Monitor`], the monitor's questions, a page at a time;
 //! - `top`: the heaviest users of each resource, slot by slot;
 //! - `ledger`: the [`Ledger`] itself.
 
@@ -73,6 +74,7 @@ mod ids;
 mod key;
 #[allow(clippy::module_inception)]
 mod ledger;
+mod monitor;
 mod page;
 mod periods;
 mod recent;
@@ -99,6 +101,7 @@ pub(crate) use ids::valid_name;
 pub use ids::{KeyId, Map, NodeId};
 pub use key::{Key, NodeUsage};
 pub use ledger::{Ledger, PolicyFactory};
+pub use monitor::Monitor;
 pub use page::{Cursor, Page, Paged, ServiceRows};
 pub use source::{FromNode, OwnedReport, ReportSource};
 pub use state::ServiceState;

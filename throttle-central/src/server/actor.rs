@@ -22,7 +22,7 @@ use super::told::{Sent, SentLimits, ToldNow};
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
 use crate::leadership::Leadership;
 use crate::ledger::{
-    FromNode, Ingested, NodeId, Page, ReportError, ReportSource, SlotRange, TopUsers,
+    FromNode, Ingested, Monitor, NodeId, Page, ReportError, ReportSource, SlotRange, TopUsers,
 };
 use crate::limits::blocked_at;
 use crate::log::{Throttled, peer, truncate};
@@ -665,15 +665,19 @@ impl Actor {
         let ledger = self.assigner.ledger();
         match subject {
             Subject::Connections => MonitorView::Connections(self.connections()),
-            Subject::Reported => MonitorView::Reported(ledger.reported_view(range)),
-            Subject::ConsumptionSum => MonitorView::Sums(ledger.sums_view(range, false, page)),
-            Subject::RejectionSum => MonitorView::Sums(ledger.sums_view(range, true, page)),
+            Subject::Reported => MonitorView::Reported(Monitor::of(&ledger).reported(range)),
+            Subject::ConsumptionSum => {
+                MonitorView::Sums(Monitor::of(&ledger).sums(range, false, page))
+            }
+            Subject::RejectionSum => {
+                MonitorView::Sums(Monitor::of(&ledger).sums(range, true, page))
+            }
             Subject::Distribution => {
                 let now = self.clock.now_ms();
-                MonitorView::Distribution(ledger.distribution_view(range, now, page))
+                MonitorView::Distribution(Monitor::of(&ledger).distribution(range, now, page))
             }
-            Subject::Quota => MonitorView::Quota(ledger.quota_view(range, page)),
-            Subject::Apps => MonitorView::Apps(ledger.apps_view(page.service.as_deref())),
+            Subject::Quota => MonitorView::Quota(Monitor::of(&ledger).quota(range, page)),
+            Subject::Apps => MonitorView::Apps(Monitor::of(&ledger).apps(page.service.as_deref())),
         }
     }
 

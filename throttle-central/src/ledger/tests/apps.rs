@@ -113,7 +113,7 @@ fn a_burst_ends_after_its_seconds_and_the_rest_goes_down_the_priorities() {
     assert_eq!(video, [600.0, 600.0, 600.0, 300.0, 300.0, 300.0, 300.0]);
     let batch = slots[4]["batch"].round();
     assert_eq!(batch, 700.0, "video's burst went to batch: {:?}", slots[4]);
-    let view = l.apps_view(None);
+    let view = Monitor::of(&l).apps(None);
     let status = &view[0].1.resources[0];
     let names: Vec<&str> = status.apps.iter().map(|a| a.name.as_str()).collect();
     assert_eq!(names, ["video", "batch", "*"]);

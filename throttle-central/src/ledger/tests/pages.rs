@@ -51,7 +51,7 @@ fn whole<T: Clone>(view: &Paged<T>) -> Vec<(String, T)> {
 #[test]
 fn distribution_pages_make_the_whole_in_order() {
     let l = busy(50);
-    let view = |page: &Page| l.distribution_view(SlotRange::default(), T, page);
+    let view = |page: &Page| Monitor::of(&l).distribution(SlotRange::default(), T, page);
     let all = view(&Page::ALL);
     assert_eq!(all.next, None);
     assert_eq!(whole(&all).len(), 100);
@@ -70,7 +70,7 @@ fn distribution_pages_make_the_whole_in_order() {
 #[test]
 fn sums_and_quota_pages_make_the_whole_in_order() {
     let l = busy(30);
-    let sums = |page: &Page| l.sums_view(SlotRange::default(), false, page);
+    let sums = |page: &Page| Monitor::of(&l).sums(SlotRange::default(), false, page);
     let all = sums(&Page::ALL);
     assert_eq!(
         whole(&all).len(),
@@ -84,7 +84,7 @@ fn sums_and_quota_pages_make_the_whole_in_order() {
             "limit {limit}"
         );
     }
-    let quota = |page: &Page| l.quota_view(SlotRange::default(), page);
+    let quota = |page: &Page| Monitor::of(&l).quota(SlotRange::default(), page);
     let grants = |pages: &[Paged<QuotaSlot>]| {
         let rows = joined(pages);
         let flat = rows
@@ -106,18 +106,18 @@ fn a_page_of_one_user_holds_theirs_only() {
         user: Some("u7".into()),
         ..Page::first(10)
     };
-    let view = l.distribution_view(SlotRange::default(), T, &page);
+    let view = Monitor::of(&l).distribution(SlotRange::default(), T, &page);
     let rows = whole(&view);
     assert_eq!(rows.len(), 2, "requests and bytes");
     assert!(rows.iter().all(|(_, k)| k.user == "u7"));
-    let sums = whole(&l.sums_view(SlotRange::default(), false, &page));
+    let sums = whole(&Monitor::of(&l).sums(SlotRange::default(), false, &page));
     assert_eq!(sums.len(), 4, "two resources in two slots");
     assert!(sums.iter().all(|(_, r)| r.user == "u7"));
     let nobody = Page {
         user: Some("nobody".into()),
         ..Page::first(10)
     };
-    let view = l.distribution_view(SlotRange::default(), T, &nobody);
+    let view = Monitor::of(&l).distribution(SlotRange::default(), T, &nobody);
     assert!(whole(&view).is_empty());
     assert_eq!(view.next, None);
 }

@@ -105,7 +105,7 @@ fn several_periods_all_charge_and_the_tightest_binds() {
     let mut l = keeping(60);
     l.apply_limits("front", &rules(SECOND_AND_MINUTE), T);
     let view = |l: &Ledger, now| {
-        let page = l.distribution_view(SlotRange::default(), now, &Page::ALL);
+        let page = Monitor::of(&l).distribution(SlotRange::default(), now, &Page::ALL);
         let (_, keys) = page.rows.into_iter().next().unwrap();
         keys.into_iter().find(|k| k.user == "alice").unwrap()
     };
@@ -145,8 +145,8 @@ fn several_periods_all_charge_and_the_tightest_binds() {
         105_500,
     )
     .unwrap();
-    let bob = l
-        .distribution_view(SlotRange::default(), 105_500, &Page::ALL)
+    let bob = Monitor::of(&l)
+        .distribution(SlotRange::default(), 105_500, &Page::ALL)
         .rows[0]
         .1
         .iter()
@@ -177,7 +177,7 @@ proptest! {
             let users = format!(r#"{{"u": {{"requests": {spend}}}}}"#);
             l.ingest(&report("n1", slot, &users, "{}"), now).unwrap();
             l.assign(now + 500);
-            let page = l.distribution_view(SlotRange::default(), now + 500, &Page::ALL);
+            let page = Monitor::of(&l).distribution(SlotRange::default(), now + 500, &Page::ALL);
             let key = &page.rows[0].1[0];
             let room = |b: &BucketView| b.level + b.rate;
             let own = key.bucket.as_ref().map(room).unwrap_or_default();
