@@ -57,21 +57,21 @@ fn read_pages(ledger: &Ledger, now_ms: i64) -> usize {
     let mut rows = 0;
     let mut page = Page::first(1_000);
     loop {
-        let p = Monitor::of(&ledger).distribution(all, now_ms, &page);
+        let p = Monitor::of(ledger).distribution(all, now_ms, &page);
         rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
         let Some(next) = p.next else { break };
         page.after = Some(next);
     }
     page.after = None;
     loop {
-        let p = Monitor::of(&ledger).sums(all, false, &page);
+        let p = Monitor::of(ledger).sums(all, false, &page);
         rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
         let Some(next) = p.next else { break };
         page.after = Some(next);
     }
     page.after = None;
     loop {
-        let p = Monitor::of(&ledger).quota(all, &page);
+        let p = Monitor::of(ledger).quota(all, &page);
         rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
         let Some(next) = p.next else { break };
         page.after = Some(next);

@@ -7,10 +7,15 @@ use std::sync::Arc;
 use super::catch_up::CatchUp;
 use super::charge::Charge;
 use super::checkpoint::{CheckpointError, Restoration, Restored, period_of};
-use super::config::LedgerConfig;
+use super::config::{LedgerConfig, ReportError};
+use super::dropped::DropReason;
+use super::filing::Filer;
+use super::filing_at::Filing;
 use super::ids::{Map, NodeId, valid_name};
+use super::ingested::Ingested;
 use super::rules::ServiceRules;
 use super::service::Service;
+use super::source::ReportSource;
 use super::state::ServiceState;
 use super::told::ACTIVE_SLOTS;
 use crate::limits::{Hierarchy, Limit};
@@ -385,6 +390,97 @@ impl Ledger {
     /// The state of `service`, if it is known.
     pub fn service_state(&self, service: &str) -> Option<&ServiceState> {
         self.services.get(service).map(|s| &s.state)
+    }
+}
+
+// Filing (see `filing`).
+impl Ledger {
+    /// Files a report: charges the buckets, updates the distribution and the
+    /// sums, and lets each service's policy see it. Its
+    /// [`packed`](v1::Report::packed) usages are read as the map entries they
+    /// stand for ([`v1::Report::unpack`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ReportError`] when the report as a whole is unusable; bad entries
+    /// are only left out and listed in [`Ingested::dropped`].
+    pub fn ingest(&mut self, report: &v1::Report, now_ms: i64) -> Result<Ingested, ReportError> {
+        if report.packed.is_empty() {
+            return self.ingest_from(report, now_ms);
+        }
+        let mut unpacked = report.clone();
+        unpacked.unpack()?;
+        self.ingest_from(&unpacked, now_ms)
+    }
+
+    /// [`Ledger::ingest`] for any [`ReportSource`], such as a
+    /// [`RawReport`](throttle_proto::wire::RawReport) read in place.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::ingest`].
+    pub fn ingest_from<R: ReportSource>(
+        &mut self,
+        report: &R,
+        now_ms: i64,
+    ) -> Result<Ingested, ReportError> {
+        self.config.check(report, now_ms)?;
+        let node = self.node_id(report.node_id());
+        let slot = report.slot_number() - 1;
+        if report.answered() {
+            self.await_unknown_nodes(now_ms);
+        }
+        self.await_after_silence(now_ms);
+        if !self.reported.entry(slot).or_default().insert(node) {
+            return Ok(Ingested {
+                duplicate: true,
+                ..Ingested::default()
+            });
+        }
+        self.caught_up(node, slot, now_ms);
+        let charge = self.charge_of(node, slot, report.answered(), now_ms);
+        let mut out = Ingested::default();
+        // Services filed (or refused), each once, in the order first seen.
+        let mut seen: Vec<(&str, bool)> = Vec::new();
+        for (name, is_rejection, users) in report.usages() {
+            let known = seen.iter().find(|(s, _)| *s == name).map(|&(_, ok)| ok);
+            let valid = known.unwrap_or_else(|| {
+                let refused = if !valid_name(name) {
+                    Some(DropReason::BadName)
+                } else if !self.has_room_for(name) {
+                    Some(DropReason::TooManyServices)
+                } else {
+                    None
+                };
+                if let Some(reason) = refused {
+                    out.dropped.push(reason, || name.to_owned());
+                }
+                seen.push((name, refused.is_none()));
+                refused.is_none()
+            });
+            if valid {
+                let at = Filing {
+                    node,
+                    slot,
+                    is_rejection,
+                    charge,
+                    max_amount: self.config.max_amount,
+                    now_ms,
+                };
+                let mut room = self.config.max_keys.saturating_sub(self.key_total);
+                let before = room;
+                let state = &mut self.service_mut(name).state;
+                Filer { state }.file_usage(name, at, users, &mut room, &mut out);
+                self.key_total += before - room;
+            }
+        }
+        for (name, _) in seen.into_iter().filter(|(_, valid)| *valid) {
+            let svc = self.service_mut(name);
+            let last = svc.state.last_report.entry(node).or_insert(slot);
+            *last = (*last).max(slot);
+            svc.policy.consume(&svc.state, node, slot, now_ms);
+        }
+        Ok(out)
     }
 }
 

@@ -47,7 +47,8 @@
 //! - `config`: [`LedgerConfig`] and the check of a whole report;
 //! - `checkpoint`: [`Ledger::checkpoint`] and [`Ledger::restore`], the
 //!   levels a new ledger cannot rebuild from reports sent again;
-//! - `filing`: [`Ledger::ingest`];
+//! - `filing`: a report's usages filed into a service's state;
+//! - `ingested`: [`Ingested`], what filing a report did;
 //! - `rules`: a service's limit rules, which limit keys as they appear;
 //! - `periods`: keys limited over several periods;
 //! - `dropped`: entries of a report left out, counted per reason;
@@ -71,6 +72,7 @@ mod dropped;
 mod filing;
 mod filing_at;
 mod ids;
+mod ingested;
 mod key;
 #[allow(clippy::module_inception)]
 mod ledger;
@@ -96,9 +98,9 @@ pub use checkpoint::{CheckpointError, Restoration};
 pub use config::{LedgerConfig, MAX_AMOUNT, MAX_KEYS, ReportError};
 pub use cuts::Cuts;
 pub use dropped::{DROPPED_EXAMPLES, DropReason, Dropped};
-pub use filing::Ingested;
 pub(crate) use ids::valid_name;
 pub use ids::{KeyId, Map, NodeId};
+pub use ingested::Ingested;
 pub use key::{Key, NodeUsage};
 pub use ledger::{Ledger, PolicyFactory};
 pub use monitor::Monitor;

@@ -665,19 +665,17 @@ impl Actor {
         let ledger = self.assigner.ledger();
         match subject {
             Subject::Connections => MonitorView::Connections(self.connections()),
-            Subject::Reported => MonitorView::Reported(Monitor::of(&ledger).reported(range)),
+            Subject::Reported => MonitorView::Reported(Monitor::of(ledger).reported(range)),
             Subject::ConsumptionSum => {
-                MonitorView::Sums(Monitor::of(&ledger).sums(range, false, page))
+                MonitorView::Sums(Monitor::of(ledger).sums(range, false, page))
             }
-            Subject::RejectionSum => {
-                MonitorView::Sums(Monitor::of(&ledger).sums(range, true, page))
-            }
+            Subject::RejectionSum => MonitorView::Sums(Monitor::of(ledger).sums(range, true, page)),
             Subject::Distribution => {
                 let now = self.clock.now_ms();
-                MonitorView::Distribution(Monitor::of(&ledger).distribution(range, now, page))
+                MonitorView::Distribution(Monitor::of(ledger).distribution(range, now, page))
             }
-            Subject::Quota => MonitorView::Quota(Monitor::of(&ledger).quota(range, page)),
-            Subject::Apps => MonitorView::Apps(Monitor::of(&ledger).apps(page.service.as_deref())),
+            Subject::Quota => MonitorView::Quota(Monitor::of(ledger).quota(range, page)),
+            Subject::Apps => MonitorView::Apps(Monitor::of(ledger).apps(page.service.as_deref())),
         }
     }
 

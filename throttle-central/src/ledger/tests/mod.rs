@@ -24,13 +24,11 @@ mod retention;
 mod rules;
 
 fn monitor_quota(l: &Ledger, range: SlotRange) -> Value {
-    to_json(&MonitorView::Quota(
-        Monitor::of(&l).quota(range, &Page::ALL),
-    ))
+    to_json(&MonitorView::Quota(Monitor::of(l).quota(range, &Page::ALL)))
 }
 
 fn monitor_sums(l: &Ledger, range: SlotRange, rejection: bool) -> Value {
-    to_json(&MonitorView::Sums(Monitor::of(&l).sums(
+    to_json(&MonitorView::Sums(Monitor::of(l).sums(
         range,
         rejection,
         &Page::ALL,
@@ -38,7 +36,7 @@ fn monitor_sums(l: &Ledger, range: SlotRange, rejection: bool) -> Value {
 }
 
 fn monitor_distribution(l: &Ledger, range: SlotRange, now_ms: i64) -> Value {
-    to_json(&MonitorView::Distribution(Monitor::of(&l).distribution(
+    to_json(&MonitorView::Distribution(Monitor::of(l).distribution(
         range,
         now_ms,
         &Page::ALL,
@@ -46,7 +44,7 @@ fn monitor_distribution(l: &Ledger, range: SlotRange, now_ms: i64) -> Value {
 }
 
 fn monitor_reported(l: &Ledger, range: SlotRange) -> Value {
-    to_json(&MonitorView::Reported(Monitor::of(&l).reported(range)))
+    to_json(&MonitorView::Reported(Monitor::of(l).reported(range)))
 }
 
 fn limit(user: &str, resource: &str, rate: f64) -> Limit {

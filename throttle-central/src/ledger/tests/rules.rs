@@ -105,7 +105,7 @@ fn several_periods_all_charge_and_the_tightest_binds() {
     let mut l = keeping(60);
     l.apply_limits("front", &rules(SECOND_AND_MINUTE), T);
     let view = |l: &Ledger, now| {
-        let page = Monitor::of(&l).distribution(SlotRange::default(), now, &Page::ALL);
+        let page = Monitor::of(l).distribution(SlotRange::default(), now, &Page::ALL);
         let (_, keys) = page.rows.into_iter().next().unwrap();
         keys.into_iter().find(|k| k.user == "alice").unwrap()
     };
