@@ -15,15 +15,20 @@
 //!   data in and out; the HTTP monitor (`http`) asks it and renders JSON;
 //! - [`assigner`]: what to answer a report, what to push and when, and
 //!   how quotas are written onto the wire (`assigner::render`);
+//! - [`ledger`]: files the reports, keeps each service's book of
+//!   assignments, its checkpoints and the monitor's answers, and asks the
+//!   service's policy to assign;
 //! - [`policy`]: how a service's tokens are split between nodes;
-//! - [`ledger`]: buckets, distribution, per-slot sums; [`bucket`],
-//!   [`limits`]: the token bucket and where limits come from; [`state`]:
-//!   where checkpoints are kept; `atomic_file`: a file replaced whole (the
-//!   limits file's edits, the checkpoint file).
+//! - `arena`: what policies read, each service's keys (user, resource)
+//!   with their buckets, distribution and per-slot sums;
+//! - [`bucket`], [`limits`]: the token bucket and where limits come from;
+//!   [`state`]: where checkpoints are kept; `atomic_file`: a file replaced
+//!   whole (the limits file's edits, the checkpoint file).
 //!
 //! Everything from the assigner down is plain synchronous code with an
 //! injected clock.
 
+mod arena;
 pub mod assigner;
 mod atomic_file;
 pub mod bucket;

@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use throttle_proto::v1;
 
-use super::ids::KeyId;
-use super::key::NodeUsage;
-use super::state::ServiceState;
 use super::told::ACTIVE_SLOTS;
+use crate::arena::ids::KeyId;
+use crate::arena::key::NodeUsage;
+use crate::arena::state::ServiceState;
 
 /// Most keys one [`v1::Bound`] lists.
 pub const MAX_BOUND_KEYS: usize = 100_000;

@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use throttle_clock::SlotLength;
 
-use super::ids::NodeId;
+use crate::arena::ids::NodeId;
 
 /// The longest a restored ledger waits for the nodes it expects: two
 /// slots, and at least one second (nodes reconnect within their backoff).

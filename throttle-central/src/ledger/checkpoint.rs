@@ -47,7 +47,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::ids::NodeId;
+use crate::arena::ids::NodeId;
 use crate::limits::Period;
 
 /// Why a checkpoint was not restored.

@@ -3,8 +3,8 @@
 use throttle_clock::SlotLength;
 use throttle_proto::MAX_NAME_LEN;
 
-use super::ids::valid_name;
 use super::source::ReportSource;
+use crate::arena::ids::valid_name;
 
 /// Settings of a [`Ledger`](super::Ledger).
 #[derive(Debug, Clone)]

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::dropped::DropReason;
-use super::filing_at::Filing;
-use super::ids::{KeyId, Name, valid_name};
 use super::ingested::Ingested;
-use super::key::Key;
-use super::recent::NodeUsers;
-use super::state::ServiceState;
+use crate::arena::filing_at::Filing;
+use crate::arena::ids::{KeyId, Name, valid_name};
+use crate::arena::key::Key;
+use crate::arena::recent::NodeUsers;
+use crate::arena::state::ServiceState;
 
 /// Files a report's usages into one service's state.
 pub(super) struct Filer<'s> {

@@ -1,9 +1,9 @@
 //! [`Ingested`]: what filing a report did.
 
 use super::dropped::Dropped;
-use super::ids::Name;
+use crate::arena::ids::Name;
 
-/// What [`Ledger::ingest`] did with a report.
+/// What [`Ledger::ingest`](super::Ledger::ingest) did with a report.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ingested {
     /// The same node already reported this slot; nothing was charged again.

@@ -64,27 +64,17 @@
 
 mod bound;
 mod catch_up;
-mod charge;
 mod checkpoint;
 mod config;
-mod cuts;
 mod dropped;
 mod filing;
-mod filing_at;
-mod ids;
 mod ingested;
-mod key;
 #[allow(clippy::module_inception)]
 mod ledger;
 mod monitor;
 mod page;
-mod periods;
-mod recent;
-mod rules;
 mod service;
 mod source;
-mod state;
-mod sums;
 mod told;
 mod top;
 mod views;
@@ -92,21 +82,18 @@ mod views;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub(crate) use crate::arena::valid_name;
+pub use crate::arena::{Cuts, Key, KeyId, Map, NodeId, NodeUsage, ServiceState};
 pub use bound::MAX_BOUND_KEYS;
 pub use catch_up::hold_ms;
 pub use checkpoint::{CheckpointError, Restoration};
 pub use config::{LedgerConfig, MAX_AMOUNT, MAX_KEYS, ReportError};
-pub use cuts::Cuts;
 pub use dropped::{DROPPED_EXAMPLES, DropReason, Dropped};
-pub(crate) use ids::valid_name;
-pub use ids::{KeyId, Map, NodeId};
 pub use ingested::Ingested;
-pub use key::{Key, NodeUsage};
 pub use ledger::{Ledger, PolicyFactory};
 pub use monitor::Monitor;
 pub use page::{Cursor, Page, Paged, ServiceRows};
 pub use source::{FromNode, OwnedReport, ReportSource};
-pub use state::ServiceState;
 pub use told::MAX_TOLD_USERS;
 pub use top::{RankBy, TopUsers, UserSeries};
 pub use views::{BucketView, KeyView, NodeEntry, QuotaRow, QuotaSlot, SlotRange, SumRow};

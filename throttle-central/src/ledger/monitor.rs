@@ -1,10 +1,10 @@
 //! [`Monitor`]: the monitor's questions to the ledger, a page at a time.
 
-use super::ids::NodeId;
 use super::ledger::Ledger;
 use super::page::{Filler, Page, Paged};
-use super::state::ServiceState;
 use super::views::{KeyView, NodeEntry, QuotaRow, QuotaSlot, SlotRange, SumRow, bucket_view};
+use crate::arena::ids::NodeId;
+use crate::arena::state::ServiceState;
 use crate::policy::{AppsStatus, NodeGrants};
 
 /// The monitor's questions to a [`Ledger`], each answered with owned rows:

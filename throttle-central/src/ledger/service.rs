@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::bound::Bound;
-use super::state::ServiceState;
 use super::told::Told;
+use crate::arena::state::ServiceState;
 use crate::policy::{Assignment, Granted, Policy, QuotaHistory};
 
 /// One service of the ledger.

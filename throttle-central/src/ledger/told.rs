@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use throttle_proto::v1;
 
-use super::rules::ServiceRules;
+use crate::arena::rules::ServiceRules;
 use crate::limits::{Limit, limited_resources, resolve};
 
 /// Most users with a rule of their own one [`v1::Limits`] lists.

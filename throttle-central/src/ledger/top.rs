@@ -7,10 +7,10 @@
 
 use std::collections::BTreeMap;
 
-use super::ids::KeyId;
 use super::ledger::Ledger;
-use super::state::ServiceState;
 use super::views::{BucketView, bucket_view};
+use crate::arena::ids::KeyId;
+use crate::arena::state::ServiceState;
 
 /// Admitted (`0`) or refused (`1`): which sums rank the users.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -2,7 +2,7 @@
 //! owned rows that the HTTP layer renders (and that may leave the ledger's
 //! thread).
 
-use super::key::NodeUsage;
+use crate::arena::key::NodeUsage;
 use crate::bucket::Bucket;
 use crate::limits::Period;
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::ledger::{KeyId, NodeId};
+use crate::arena::{KeyId, NodeId};
 
 /// One node's quota for one (user, resource) in one slot.
 ///

@@ -3,7 +3,7 @@
 use super::assignment::{Assignment, Grant};
 use super::granted::Granted;
 use super::policy::Policy;
-use crate::ledger::{NodeUsage, ServiceState};
+use crate::arena::{NodeUsage, ServiceState};
 
 /// Slots in the weighting window.
 const WINDOW: i64 = 5;

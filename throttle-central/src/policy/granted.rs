@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::assignment::Assignment;
 use super::history::QuotaHistory;
-use crate::ledger::{Cuts, KeyId, NodeId};
+use crate::arena::{Cuts, KeyId, NodeId};
 
 /// The grants nodes got for slots before the one being assigned, as the
 /// ledger holds them: the book's slots (the previous one on) and the

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use prost::encoding::{decode_varint, encode_varint};
 
 use super::assignment::{Assignment, NodeGrants, same_keys};
-use crate::ledger::{KeyId, NodeId};
+use crate::arena::{KeyId, NodeId};
 
 /// The quotas of the slots the book let go, for the monitor.
 ///

@@ -6,7 +6,7 @@ use std::fmt;
 use super::assignment::{Assignment, NodeGrants};
 use super::granted::Granted;
 use super::hierarchy::AppsStatus;
-use crate::ledger::{NodeId, ServiceState};
+use crate::arena::{NodeId, ServiceState};
 
 /// A quota strategy for one service; see the [module docs](crate::policy).
 pub trait Policy: Send + fmt::Debug {

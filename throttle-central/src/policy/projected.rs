@@ -4,7 +4,7 @@
 use super::assignment::{Assignment, Grant};
 use super::granted::{Granted, SlotGrants};
 use super::policy::Policy;
-use crate::ledger::{Key, NodeId, NodeUsage, ServiceState};
+use crate::arena::{Key, NodeId, NodeUsage, ServiceState};
 
 /// Data slots a node's latest report stays relevant.
 pub(super) const WINDOW: i64 = 5;

@@ -3,7 +3,7 @@
 use super::assignment::{Assignment, Grant};
 use super::granted::Granted;
 use super::policy::Policy;
-use crate::ledger::ServiceState;
+use crate::arena::ServiceState;
 
 /// Each node that used a limited (user, resource) lately gets
 /// `rate x slot / nodes`, where `nodes` counts those nodes; no bucket, no

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::ledger::{Cuts, KeyId, NodeId};
+use crate::arena::{Cuts, KeyId, NodeId};
 
 fn amount(q: f64) -> f64 {
     Grant::new(KeyId::test(0), q).amount()

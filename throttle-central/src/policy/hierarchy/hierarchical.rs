@@ -10,7 +10,7 @@ use super::fill::fill;
 use super::group::Group;
 use super::split::{Ask, Scratch, Share, split};
 use super::status::{AppStatus, AppsStatus, ResourceStatus};
-use crate::ledger::{KeyId, NodeId, ServiceState};
+use crate::arena::{KeyId, NodeId, ServiceState};
 use crate::limits::Hierarchy;
 use crate::policy::assignment::{Assignment, Grant};
 use crate::policy::granted::Granted;

@@ -16,13 +16,13 @@ use super::ids::{KeyId, Map};
 /// as dense as consumption's would be 240 bytes per key, nearly all zeros;
 /// sparse, it is nothing until someone is refused.
 #[derive(Debug)]
-pub(super) struct SlotSums {
-    pub(super) slot: i64,
+pub(crate) struct SlotSums {
+    pub(crate) slot: i64,
     /// Consumption (0) and rejection (1).
-    pub(super) columns: [Column; 2],
+    pub(crate) columns: [Column; 2],
     /// Packed once no report files into it ([`Column::pack`]): tried once,
     /// not at every retention pass.
-    pub(super) settled: bool,
+    pub(crate) settled: bool,
 }
 
 /// One slot's sums of one kind, per key.
@@ -35,7 +35,7 @@ pub(super) struct SlotSums {
 /// of 8 for sums of up to 4 G per slot, which covers request counts and
 /// most byte counts.
 #[derive(Debug)]
-pub(super) enum Column {
+pub(crate) enum Column {
     /// By key id.
     Sparse(Map<KeyId, i64>),
     /// Indexed by key id, while every sum fits; zero for a key without sums.
@@ -53,18 +53,18 @@ pub(super) enum Column {
 /// slots kept are only ever read again. Every [`Packed::BLOCK`]th sum's
 /// offset is kept, so reading one key decodes at most a block.
 #[derive(Debug)]
-pub(super) struct Packed {
-    pub(super) bytes: Box<[u8]>,
+pub(crate) struct Packed {
+    pub(crate) bytes: Box<[u8]>,
     /// The offset in `bytes` of the sums of ids `k * BLOCK`.
-    pub(super) blocks: Box<[u32]>,
-    pub(super) len: usize,
+    pub(crate) blocks: Box<[u32]>,
+    pub(crate) len: usize,
 }
 
 impl Packed {
     const BLOCK: usize = 32;
 
     /// Packs `sums` (each at least 0), or `None` past 4 GiB of bytes.
-    pub(super) fn new(sums: impl ExactSizeIterator<Item = i64>) -> Option<Self> {
+    pub(crate) fn new(sums: impl ExactSizeIterator<Item = i64>) -> Option<Self> {
         let len = sums.len();
         let mut bytes = Vec::with_capacity(len + len / 2);
         let mut blocks = Vec::with_capacity(len.div_ceil(Self::BLOCK));
@@ -82,7 +82,7 @@ impl Packed {
     }
 
     /// The sums from id `from` on, in order.
-    pub(super) fn from(&self, from: usize) -> impl Iterator<Item = i64> + '_ {
+    pub(crate) fn from(&self, from: usize) -> impl Iterator<Item = i64> + '_ {
         let block = from / Self::BLOCK;
         let start = self
             .blocks
@@ -106,7 +106,7 @@ impl Packed {
 impl Column {
     /// An empty column, dense if `dense` (sized for `id_bound` ids), in
     /// the memory of a dense column packed before, if `spare` holds one.
-    pub(super) fn new(dense: bool, id_bound: usize, spare: &mut Option<Vec<u32>>) -> Self {
+    pub(crate) fn new(dense: bool, id_bound: usize, spare: &mut Option<Vec<u32>>) -> Self {
         if dense {
             let mut v = spare.take().unwrap_or_default();
             v.clear();
@@ -117,13 +117,13 @@ impl Column {
         }
     }
 
-    pub(super) fn is_dense(&self) -> bool {
+    pub(crate) fn is_dense(&self) -> bool {
         !matches!(self, Column::Sparse(_))
     }
 
     /// Adds `amount` (at least 0) to the sum of `id`, in a service of
     /// `id_bound` ids.
-    pub(super) fn add(&mut self, id: KeyId, amount: i64, id_bound: usize) {
+    pub(crate) fn add(&mut self, id: KeyId, amount: i64, id_bound: usize) {
         let len = id_bound.max(id.index() + 1);
         match self {
             Column::Narrow(v) => {
@@ -172,7 +172,7 @@ impl Column {
         }
     }
 
-    pub(super) fn get(&self, id: KeyId) -> i64 {
+    pub(crate) fn get(&self, id: KeyId) -> i64 {
         match self {
             Column::Narrow(v) => v.get(id.index()).map(|&s| i64::from(s)),
             Column::Dense(v) => v.get(id.index()).copied(),
@@ -186,7 +186,7 @@ impl Column {
     /// ([`Packed`]) where that is smaller (sums from 2^28 up take 5 bytes
     /// as varints); a sparse one is left as it is. Returns the `u32`s a
     /// narrow column let go, for the next slot's column to fill.
-    pub(super) fn pack(&mut self) -> Option<Vec<u32>> {
+    pub(crate) fn pack(&mut self) -> Option<Vec<u32>> {
         let (packed, size) = match self {
             Column::Narrow(v) => (Packed::new(v.iter().map(|&s| i64::from(s))), v.len() * 4),
             Column::Dense(v) => (Packed::new(v.iter().copied()), v.len() * 8),
@@ -200,7 +200,7 @@ impl Column {
     }
 
     /// Every key with a sum other than zero, in no particular order.
-    pub(super) fn iter(&self) -> Box<dyn Iterator<Item = (KeyId, i64)> + '_> {
+    pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = (KeyId, i64)> + '_> {
         let nonzero = |(i, s): (usize, i64)| (s != 0).then_some((KeyId(i as u32), s));
         match self {
             Column::Narrow(v) => Box::new(
@@ -224,7 +224,7 @@ impl Column {
 impl SlotSums {
     /// An empty slot, each column dense where `dense` says (sized for
     /// `id_bound` ids; see [`Column::new`] for `spare`).
-    pub(super) fn new(
+    pub(crate) fn new(
         slot: i64,
         dense: [bool; 2],
         id_bound: usize,
@@ -239,20 +239,20 @@ impl SlotSums {
 
     /// Adds `amount` (at least 0) to the consumption (`which` 0) or
     /// rejection (1) of `id`, in a service of `id_bound` ids.
-    pub(super) fn add(&mut self, id: KeyId, which: usize, amount: i64, id_bound: usize) {
+    pub(crate) fn add(&mut self, id: KeyId, which: usize, amount: i64, id_bound: usize) {
         if let Some(column) = self.columns.get_mut(which) {
             column.add(id, amount, id_bound);
         }
     }
 
     /// The consumption (`which` 0) or rejection (1) of `id`.
-    pub(super) fn get(&self, id: KeyId, which: usize) -> i64 {
+    pub(crate) fn get(&self, id: KeyId, which: usize) -> i64 {
         self.columns.get(which).map_or(0, |c| c.get(id))
     }
 
     /// Every key with a consumption (`which` 0) or rejection (1) other
     /// than zero, in no particular order.
-    pub(super) fn entries(&self, which: usize) -> impl Iterator<Item = (KeyId, i64)> + '_ {
+    pub(crate) fn entries(&self, which: usize) -> impl Iterator<Item = (KeyId, i64)> + '_ {
         self.columns.get(which).into_iter().flat_map(|c| c.iter())
     }
 }

@@ -2,7 +2,7 @@
 
 /// How a report's consumption is charged to its keys' buckets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Charge {
+pub(crate) enum Charge {
     /// Not at all: a restored checkpoint holds its charge, or a central
     /// this ledger has no record of answered it.
     No,

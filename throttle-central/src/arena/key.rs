@@ -16,7 +16,7 @@ use crate::limits::{Period, Resolved};
 ///
 /// 24 bytes: a rejection count is a number of requests refused in one
 /// slot, and the ledger drops one above `u32::MAX` as absurd
-/// ([`DropReason::TooManyRejections`](super::DropReason::TooManyRejections)), so it fits beside the node's id,
+/// ([`DropReason::TooManyRejections`](crate::ledger::DropReason::TooManyRejections)), so it fits beside the node's id,
 /// and a key's three inline entries take 72 bytes instead of 96.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NodeUsage {
@@ -46,18 +46,18 @@ const _: () = assert!(std::mem::size_of::<NodeUsage>() == 24);
 /// buckets of a key limited over several periods are behind one pointer.
 #[derive(Debug)]
 pub struct Key {
-    pub(super) user: Arc<str>,
-    pub(super) resource: Name,
-    pub(super) nodes: NodeList,
+    pub(crate) user: Arc<str>,
+    pub(crate) resource: Name,
+    pub(crate) nodes: NodeList,
     /// Meaningful while `limited`.
-    pub(super) bucket: Bucket,
-    pub(super) generation: u32,
-    pub(super) live: bool,
-    pub(super) limited: bool,
+    pub(crate) bucket: Bucket,
+    pub(crate) generation: u32,
+    pub(crate) live: bool,
+    pub(crate) limited: bool,
     /// How deep in debt the bucket may go; in what was padding.
-    pub(super) max_debt: MaxDebt,
+    pub(crate) max_debt: MaxDebt,
     /// The buckets of other periods, for a key limited over several.
-    pub(super) periods: Option<Box<Periods>>,
+    pub(crate) periods: Option<Box<Periods>>,
 }
 
 /// How far below zero a bucket may go, in whole seconds of its rate, in
@@ -90,7 +90,7 @@ impl MaxDebt {
 const _: () = assert!(std::mem::size_of::<Key>() == 160);
 
 impl Key {
-    pub(super) fn new(user: Arc<str>, resource: Name, generation: u32) -> Self {
+    pub(crate) fn new(user: Arc<str>, resource: Name, generation: u32) -> Self {
         Self {
             user,
             resource,
@@ -105,7 +105,7 @@ impl Key {
     }
 
     /// The bucket, when the user has a limit on this resource.
-    pub(super) fn bucket_mut(&mut self) -> Option<&mut Bucket> {
+    pub(crate) fn bucket_mut(&mut self) -> Option<&mut Bucket> {
         self.limited.then_some(&mut self.bucket)
     }
 
@@ -149,7 +149,7 @@ impl Key {
     }
 
     /// The bucket of `period`, if the key is limited over it.
-    pub(super) fn bucket_of_mut(&mut self, period: Period) -> Option<&mut Bucket> {
+    pub(crate) fn bucket_of_mut(&mut self, period: Period) -> Option<&mut Bucket> {
         if !self.limited {
             return None;
         }
@@ -161,14 +161,14 @@ impl Key {
     }
 
     /// Whether the key is limited over several periods.
-    pub(super) fn has_several(&self) -> bool {
+    pub(crate) fn has_several(&self) -> bool {
         self.periods.as_ref().is_some_and(|p| !p.others.is_empty())
     }
 
     /// Limits the key as `resolved` says from `now_ms`: a bucket per
     /// period, each keeping its level if it had one. Returns whether the
     /// key has buckets of several periods.
-    pub(super) fn set_allowances(&mut self, resolved: &Resolved, now_ms: i64) -> bool {
+    pub(crate) fn set_allowances(&mut self, resolved: &Resolved, now_ms: i64) -> bool {
         let mut old: SmallVec<[(Period, Bucket); 4]> = SmallVec::new();
         if self.limited {
             old.push((self.period(), self.bucket.clone()));
@@ -201,7 +201,7 @@ impl Key {
     }
 
     /// Makes the bucket with the least room the key's own.
-    pub(super) fn bind(&mut self, now_ms: i64) {
+    pub(crate) fn bind(&mut self, now_ms: i64) {
         let Some(p) = self.periods.as_deref_mut() else {
             return;
         };
@@ -222,7 +222,7 @@ impl Key {
 
     /// Charges `amount` to every bucket as `how` says, each no deeper
     /// than its floor.
-    pub(super) fn charge(&mut self, amount: i64, now_ms: i64, how: Charge) {
+    pub(crate) fn charge(&mut self, amount: i64, now_ms: i64, how: Charge) {
         let max_debt = self.max_debt;
         let charge = |b: &mut Bucket| match how {
             Charge::No => {}
@@ -240,7 +240,7 @@ impl Key {
     /// Whether every bucket holds at least what a new one would start
     /// with at `now_ms`: forgetting the key then gives its user nothing
     /// back.
-    pub(super) fn buckets_full(&self, now_ms: i64) -> bool {
+    pub(crate) fn buckets_full(&self, now_ms: i64) -> bool {
         self.buckets().all(|(period, b)| {
             let start = match period {
                 Period::Second => b.capacity().min(b.rate()),
@@ -258,7 +258,7 @@ fn rejections(amount: i64) -> u32 {
 }
 
 impl Key {
-    pub(super) fn file(&mut self, at: Filing, amount: i64) {
+    pub(crate) fn file(&mut self, at: Filing, amount: i64) {
         let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
         if !is_rejection && self.limited {
             self.charge(amount, at.now_ms, at.charge);

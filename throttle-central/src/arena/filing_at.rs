@@ -6,12 +6,12 @@ use super::ids::NodeId;
 /// Where a usage's entries are filed: by which node, for which data slot,
 /// as consumption or rejection, and when.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Filing {
-    pub(super) node: NodeId,
-    pub(super) slot: i64,
-    pub(super) is_rejection: bool,
+pub(crate) struct Filing {
+    pub(crate) node: NodeId,
+    pub(crate) slot: i64,
+    pub(crate) is_rejection: bool,
     /// How the buckets are charged (see `Ledger::charge_of`).
-    pub(super) charge: Charge,
-    pub(super) max_amount: i64,
-    pub(super) now_ms: i64,
+    pub(crate) charge: Charge,
+    pub(crate) max_amount: i64,
+    pub(crate) now_ms: i64,
 }

@@ -37,13 +37,13 @@ const REUSE_AFTER: i64 = 4;
 #[derive(Debug, Default)]
 pub struct ServiceState {
     /// user -> its keys.
-    pub(super) users: Map<Arc<str>, UserKeys>,
-    pub(super) keys: Vec<Key>,
+    pub(crate) users: Map<Arc<str>, UserKeys>,
+    pub(crate) keys: Vec<Key>,
     /// Freed ids, with the cutoff from which each may be reused.
-    pub(super) freed: VecDeque<(KeyId, i64)>,
-    pub(super) live: usize,
+    pub(crate) freed: VecDeque<(KeyId, i64)>,
+    pub(crate) live: usize,
     /// The oldest slot kept, as of the last [`Ledger::forget`].
-    pub(super) cutoff: i64,
+    pub(crate) cutoff: i64,
     /// Per node, the newest data slot it reported for this service: its
     /// consumption up to there is charged.
     pub last_report: Map<NodeId, i64>,
@@ -54,34 +54,34 @@ pub struct ServiceState {
     /// The slot length.
     pub slot: SlotLength,
     /// Resource names, interned: every key of a resource shares one `Arc`.
-    pub(super) names: std::collections::HashSet<Name, foldhash::fast::RandomState>,
+    pub(crate) names: std::collections::HashSet<Name, foldhash::fast::RandomState>,
     /// Per data slot, the sums of every key, oldest first.
-    pub(super) sums: VecDeque<SlotSums>,
+    pub(crate) sums: VecDeque<SlotSums>,
     /// The `u32`s of the last dense column packed, for the next slot's:
     /// at a million keys a column is megabytes, and allocating one afresh
     /// each slot beside the smaller packed ones fragments the heap (40
     /// bytes per entry of resident memory in `ledger-slot`).
-    pub(super) spare_sums: Option<Vec<u32>>,
+    pub(crate) spare_sums: Option<Vec<u32>>,
     /// Per node, the users of its last report and their keys.
-    pub(super) recent: Map<NodeId, NodeUsers>,
+    pub(crate) recent: Map<NodeId, NodeUsers>,
     /// A list of `recent` let go, for the next report to fill.
-    pub(super) recent_spare: Option<NodeUsers>,
+    pub(crate) recent_spare: Option<NodeUsers>,
     /// How many ids have been given to a new key: a list in `recent` made
     /// before the count changed may name keys that are no longer its.
-    pub(super) reused: u64,
+    pub(crate) reused: u64,
     /// Where the arena was cut, for the readers of the quota history.
-    pub(super) cuts: Cuts,
+    pub(crate) cuts: Cuts,
     /// The generation a key pushed at the end of the arena starts at:
     /// above every generation its id had before the arena was cut.
-    pub(super) generation_floor: u32,
+    pub(crate) generation_floor: u32,
     /// The rules that limit the service's keys, new ones included.
-    pub(super) rules: ServiceRules,
+    pub(crate) rules: ServiceRules,
     /// Keys limited over several periods, whose binding bucket is chosen
     /// again before each assign (some may no longer be).
-    pub(super) several: Vec<KeyId>,
+    pub(crate) several: Vec<KeyId>,
     /// The capacity all users share and its applications, if the
     /// limits declare one.
-    pub(super) hierarchy: Option<Arc<Hierarchy>>,
+    pub(crate) hierarchy: Option<Arc<Hierarchy>>,
 }
 
 impl ServiceState {
@@ -183,13 +183,13 @@ impl ServiceState {
     }
 
     /// Which of a user's `keys` is of `resource`.
-    pub(super) fn key_of(&self, keys: &UserKeys, resource: &str) -> Option<KeyId> {
+    pub(crate) fn key_of(&self, keys: &UserKeys, resource: &str) -> Option<KeyId> {
         keys.iter()
             .copied()
             .find(|id| *self.keys[id.index()].resource == *resource)
     }
 
-    pub(super) fn key_mut(&mut self, id: KeyId) -> &mut Key {
+    pub(crate) fn key_mut(&mut self, id: KeyId) -> &mut Key {
         &mut self.keys[id.index()]
     }
 
@@ -197,7 +197,7 @@ impl ServiceState {
     /// user's keys of the resources of `entries`, in order: listed before
     /// any id was reused (checked by the caller), and neither freed since
     /// nor of other resources. Reads the keys, which filing reads next.
-    pub(super) fn still_keys_of(&self, ids: &[KeyId], entries: &[(&str, i64)]) -> bool {
+    pub(crate) fn still_keys_of(&self, ids: &[KeyId], entries: &[(&str, i64)]) -> bool {
         ids.len() == entries.len()
             && ids.iter().zip(entries).all(|(id, (resource, _))| {
                 let key = &self.keys[id.index()];
@@ -206,7 +206,7 @@ impl ServiceState {
     }
 
     /// The index of data slot `slot`'s column of sums, made if new.
-    pub(super) fn sums_column(&mut self, slot: i64) -> usize {
+    pub(crate) fn sums_column(&mut self, slot: i64) -> usize {
         // Reports are of the newest slot or the one before: search backwards.
         let at = self.sums.iter().rposition(|c| c.slot <= slot);
         match at {
@@ -229,7 +229,7 @@ impl ServiceState {
 
     /// The keys, and the column of sums at `column` (from
     /// [`ServiceState::sums_column`]), to update both.
-    pub(super) fn keys_and_sums(&mut self, column: usize) -> (&mut [Key], &mut SlotSums) {
+    pub(crate) fn keys_and_sums(&mut self, column: usize) -> (&mut [Key], &mut SlotSums) {
         (&mut self.keys, &mut self.sums[column])
     }
 
@@ -238,7 +238,7 @@ impl ServiceState {
     /// created while `room` lasts (each takes one); an entry whose key
     /// would be past it is taken out of `entries`, and its resource
     /// returned.
-    pub(super) fn keys_for<'r>(
+    pub(crate) fn keys_for<'r>(
         &mut self,
         user: &str,
         entries: &mut SmallVec<[(&'r str, i64); 8]>,
@@ -279,7 +279,7 @@ impl ServiceState {
     }
 
     /// The key of (`user`, `resource`), created if new.
-    pub(super) fn find_or_insert(&mut self, user: &str, resource: &str, now_ms: i64) -> KeyId {
+    pub(crate) fn find_or_insert(&mut self, user: &str, resource: &str, now_ms: i64) -> KeyId {
         // Look up before inserting: the common case allocates nothing.
         if let Some(id) = self.find(user, resource) {
             return id;
@@ -309,7 +309,7 @@ impl ServiceState {
     }
 
     /// Limits key `id` as the rules say, from `now_ms`.
-    pub(super) fn limit(&mut self, id: KeyId, now_ms: i64) {
+    pub(crate) fn limit(&mut self, id: KeyId, now_ms: i64) {
         let key = &self.keys[id.index()];
         if self.rules.is_empty() && !key.limited {
             return;
@@ -322,7 +322,7 @@ impl ServiceState {
     }
 
     /// Limits every key as the rules say, from `now_ms`.
-    pub(super) fn limit_all(&mut self, now_ms: i64) {
+    pub(crate) fn limit_all(&mut self, now_ms: i64) {
         for i in 0..self.keys.len() {
             if self.keys[i].live {
                 self.limit(KeyId(i as u32), now_ms);
@@ -334,7 +334,7 @@ impl ServiceState {
 
     /// Makes each key's bucket with the least room its own, before an
     /// assign reads them; forgets the keys no longer of several periods.
-    pub(super) fn bind(&mut self, now_ms: i64) {
+    pub(crate) fn bind(&mut self, now_ms: i64) {
         let keys = &mut self.keys;
         self.several.retain(|id| {
             let key = &mut keys[id.index()];
@@ -343,7 +343,7 @@ impl ServiceState {
         });
     }
 
-    pub(super) fn alloc(&mut self, user: Arc<str>, resource: Name) -> KeyId {
+    pub(crate) fn alloc(&mut self, user: Arc<str>, resource: Name) -> KeyId {
         self.live += 1;
         if let Some(&(id, from)) = self.freed.front()
             && from <= self.cutoff
@@ -365,7 +365,7 @@ impl ServiceState {
     /// Drops what is older than `cutoff` and the keys left empty; `current`
     /// is the current slot. Returns the arena's new length if it was cut:
     /// the book's grants of ids from there on must go.
-    pub(super) fn forget(&mut self, cutoff: i64, current: i64, now_ms: i64) -> Option<usize> {
+    pub(crate) fn forget(&mut self, cutoff: i64, current: i64, now_ms: i64) -> Option<usize> {
         self.cutoff = cutoff;
         self.last_report.retain(|_, s| *s >= cutoff);
         let reporting = &self.last_report;

@@ -11,7 +11,7 @@ pub type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A node, interned: cheap to copy and compare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId(pub(super) u32);
+pub struct NodeId(pub(crate) u32);
 
 impl NodeId {
     /// The index of the node among all nodes seen (dense, from 0).
@@ -37,7 +37,7 @@ impl NodeId {
 /// leaves the book with its key ([`Cuts`](super::Cuts));
 /// [`Key::generation`](super::Key::generation) tells a reused id from its former key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KeyId(pub(super) u32);
+pub struct KeyId(pub(crate) u32);
 
 impl KeyId {
     #[cfg(test)]
@@ -56,7 +56,7 @@ impl KeyId {
 /// and reads it through a second pointer, to one of a few names that stay
 /// in cache.
 #[derive(Debug, Clone)]
-pub(crate) struct Name(pub(super) Arc<Box<str>>);
+pub(crate) struct Name(pub(crate) Arc<Box<str>>);
 
 impl std::ops::Deref for Name {
     type Target = str;

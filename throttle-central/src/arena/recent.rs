@@ -11,18 +11,18 @@ use super::ids::KeyId;
 /// cache misses per user (the map's control bytes, its bucket, the name),
 /// and this list is read in order.
 #[derive(Debug, Default)]
-pub(super) struct NodeUsers {
+pub(crate) struct NodeUsers {
     /// Per user, where its name ends in `names` and its keys in `ids`: 8
     /// bytes a user, 2 per entry.
-    pub(super) ends: Vec<(u32, u32)>,
-    pub(super) names: Vec<u8>,
-    pub(super) ids: Vec<KeyId>,
+    pub(crate) ends: Vec<(u32, u32)>,
+    pub(crate) names: Vec<u8>,
+    pub(crate) ids: Vec<KeyId>,
     /// [`ServiceState::reused`] when the list was made.
-    pub(super) reused: u64,
+    pub(crate) reused: u64,
 }
 
 impl NodeUsers {
-    pub(super) fn clear(&mut self, reused: u64) {
+    pub(crate) fn clear(&mut self, reused: u64) {
         self.ends.clear();
         self.names.clear();
         self.ids.clear();
@@ -32,7 +32,7 @@ impl NodeUsers {
     /// Lists `user` with its keys, unless the list would pass 4 GiB of
     /// names or 2^32 keys (a report cannot: its size is bounded far below),
     /// when the user is left to the service's map.
-    pub(super) fn push(&mut self, user: &str, ids: &[KeyId]) {
+    pub(crate) fn push(&mut self, user: &str, ids: &[KeyId]) {
         let ends = (
             u32::try_from(self.names.len() + user.len()),
             u32::try_from(self.ids.len() + ids.len()),
@@ -46,7 +46,7 @@ impl NodeUsers {
 
     /// The keys listed for `user`, looking from `*at` on (both lists are in
     /// the order of the names' bytes, as reports are); moves `*at` past it.
-    pub(super) fn find(&self, at: &mut usize, user: &str) -> Option<&[KeyId]> {
+    pub(crate) fn find(&self, at: &mut usize, user: &str) -> Option<&[KeyId]> {
         while let Some(&(name_end, ids_end)) = self.ends.get(*at) {
             let (name_start, ids_start) = match at.checked_sub(1) {
                 Some(i) => self.ends[i],

@@ -25,7 +25,7 @@ pub struct Cuts {
 impl Cuts {
     /// Notes a cut to `len` keys, made before any grant of slot
     /// `before` + 1 and later.
-    pub(super) fn record(&mut self, before: i64, len: usize) {
+    pub(crate) fn record(&mut self, before: i64, len: usize) {
         while self.cuts.back().is_some_and(|&(_, l)| l >= len) {
             self.cuts.pop_back();
         }
@@ -33,7 +33,7 @@ impl Cuts {
     }
 
     /// Forgets the cuts no slot kept is before.
-    pub(super) fn forget_before(&mut self, cutoff: i64) {
+    pub(crate) fn forget_before(&mut self, cutoff: i64) {
         while self.cuts.front().is_some_and(|&(s, _)| s < cutoff) {
             self.cuts.pop_front();
         }

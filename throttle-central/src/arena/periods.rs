@@ -12,19 +12,19 @@ use crate::limits::{Allowance, Period};
 #[derive(Debug, Clone)]
 pub(crate) struct Periods {
     /// The period of the key's own bucket.
-    pub(super) own: Period,
+    pub(crate) own: Period,
     /// The other periods' buckets.
-    pub(super) others: SmallVec<[(Period, Bucket); 3]>,
+    pub(crate) others: SmallVec<[(Period, Bucket); 3]>,
 }
 
 /// How much a bucket can take over the next second: what binds first.
-pub(super) fn room(bucket: &Bucket, now_ms: i64) -> f64 {
+pub(crate) fn room(bucket: &Bucket, now_ms: i64) -> f64 {
     bucket.level_at(now_ms) + bucket.rate()
 }
 
 /// A bucket for `allowance`, from `old` when it had one of its period (its
 /// level kept, its limit changed if the rule did).
-pub(super) fn bucket_for(allowance: &Allowance, old: Option<Bucket>, now_ms: i64) -> Bucket {
+pub(crate) fn bucket_for(allowance: &Allowance, old: Option<Bucket>, now_ms: i64) -> Bucket {
     let Allowance {
         period,
         rate,
