@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use throttle_central::assigner::{Accepts, Assigner};
-use throttle_central::ledger::{Ledger, LedgerConfig, Monitor, Page, SlotRange};
+use throttle_central::ledger::{Ledger, LedgerConfig, Monitor, Page, Paged, SlotRange};
 use throttle_central::limits::{LimitSet, StaticLimits};
 use throttle_proto::v1;
 
@@ -54,29 +54,21 @@ fn report(node: &str, slot: i64, from: u64, n: u64) -> v1::Report {
 /// HTTP API does (1,000 rows a page); returns the rows read.
 fn read_pages(ledger: &Ledger, now_ms: i64) -> usize {
     let all = SlotRange::default();
-    let mut rows = 0;
-    let mut page = Page::first(1_000);
+    let monitor = Monitor::of(ledger);
+    rows_of(|page| monitor.distribution(all, now_ms, page))
+        + rows_of(|page| monitor.sums(all, false, page))
+        + rows_of(|page| monitor.quota(all, page))
+}
+
+/// The rows of every page `read` answers, 1,000 at a time.
+fn rows_of<T>(read: impl Fn(&Page) -> Paged<T>) -> usize {
+    let (mut rows, mut page) = (0, Page::first(1_000));
     loop {
-        let p = Monitor::of(ledger).distribution(all, now_ms, &page);
+        let p = read(&page);
         rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
-        let Some(next) = p.next else { break };
+        let Some(next) = p.next else { return rows };
         page.after = Some(next);
     }
-    page.after = None;
-    loop {
-        let p = Monitor::of(ledger).sums(all, false, &page);
-        rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
-        let Some(next) = p.next else { break };
-        page.after = Some(next);
-    }
-    page.after = None;
-    loop {
-        let p = Monitor::of(ledger).quota(all, &page);
-        rows += p.rows.iter().map(|(_, r)| r.len()).sum::<usize>();
-        let Some(next) = p.next else { break };
-        page.after = Some(next);
-    }
-    rows
 }
 
 /// Prints the resident memory, against `steady` when given, and what is

@@ -8,7 +8,7 @@
 //! `requests`; the stream is a node of the ledger, named by its
 //! `x-throttle-node` metadata:
 //!
-//! - `service`: the gRPC service, which names the proxy and spawns its
+//! - `rlqs`: the gRPC service, which names the proxy and spawns its
 //!   session;
 //! - `session`: one stream: each report filed at once over the slots it
 //!   covers (`backfill`), assignments sent as the shares change
@@ -19,13 +19,14 @@
 mod assignment;
 mod backfill;
 mod buckets;
-mod service;
+#[allow(clippy::module_inception)]
+mod rlqs;
 mod session;
 mod shares;
 
 use std::time::Duration;
 
-pub(crate) use service::Rlqs;
+pub(crate) use rlqs::Rlqs;
 
 /// How long a proxy keeps an assignment by default: three of Envoy's 5 s
 /// reports.

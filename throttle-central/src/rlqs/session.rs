@@ -23,7 +23,7 @@ use tonic::{Status, Streaming};
 use super::assignment::duration;
 use super::backfill::{Backfill, MAX_SLOTS};
 use super::buckets::{Action, Buckets, Timing};
-use super::service::{Rlqs, USER_KEY};
+use super::rlqs::{Rlqs, USER_KEY};
 use super::shares::{REQUESTS, Shares};
 use crate::log::{Throttled, peer};
 use crate::server::{Heard, Link, NotFiled, restored};

@@ -18,7 +18,7 @@ use super::blocks::SentBlocks;
 use super::command::{Command, Outgoing, Snapshot};
 use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
-use super::told::{Sent, SentLimits, ToldNow};
+use super::sent::{Sent, SentLimits, ToldNow};
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
 use crate::leadership::Leadership;
 use crate::ledger::{

@@ -13,7 +13,7 @@
 //!   a leader it can reach is known;
 //! - `auth`: a stream's credentials, checked before it is read;
 //! - `blocks`: block lists carried to the nodes;
-//! - `told`: limits carried to the nodes (the default quota, allowances);
+//! - `sent`: limits carried to the nodes (the default quota, allowances);
 //! - `ahead`: answers rendered ahead of filing;
 //! - `received`: a report as it reaches the ledger's task;
 //! - `command`: what the ledger's task is asked;
@@ -35,10 +35,10 @@ mod keeper;
 mod link;
 mod monitor;
 mod received;
+mod sent;
 mod standby;
 mod stream;
 mod timers;
-mod told;
 
 pub(crate) use actor::{Actor, TOP_KEPT};
 pub(crate) use command::{Command, ask, ask_top};

@@ -23,7 +23,7 @@ pub enum Scope {
 
 /// A refusal and the level that gave it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refused {
+pub struct LevelRefusal {
     /// The level that refused.
     pub scope: Scope,
     /// Why, or how long until it would not.
@@ -110,9 +110,9 @@ impl<S: Store> Levels<S> {
     }
 
     /// Takes `n` tokens of `user` in `service` from every level, or from
-    /// none: the first level without them says why ([`Refused`]).
-    pub async fn try_acquire(&self, service: &str, user: &str, n: u64) -> Result<(), Refused> {
-        let refused = |scope| move |wait| Refused { scope, wait };
+    /// none: the first level without them says why ([`LevelRefusal`]).
+    pub async fn try_acquire(&self, service: &str, user: &str, n: u64) -> Result<(), LevelRefusal> {
+        let refused = |scope| move |wait| LevelRefusal { scope, wait };
         match &self.user {
             // The user's bucket answers for its block mark too.
             Some(shape) => self
@@ -142,10 +142,10 @@ impl<S: Store> Levels<S> {
 
     /// Takes `n` tokens from every level, waiting until they all hold
     /// them; fails at once where no wait is enough.
-    pub async fn acquire(&self, service: &str, user: &str, n: u64) -> Result<(), Refused> {
+    pub async fn acquire(&self, service: &str, user: &str, n: u64) -> Result<(), LevelRefusal> {
         loop {
             match self.try_acquire(service, user, n).await {
-                Err(Refused {
+                Err(LevelRefusal {
                     wait: Wait::For(wait),
                     ..
                 }) => tokio::time::sleep(wait.max(Duration::from_micros(1))).await,

@@ -35,7 +35,7 @@ mod store;
 
 pub use buckets::{Bucket, Buckets};
 pub use level::{Level, Wait};
-pub use levels::{Levels, Refused, Scope};
+pub use levels::{LevelRefusal, Levels, Scope};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_TIMEOUT, RedisStore, RedisStoreBuilder, Unavailable};

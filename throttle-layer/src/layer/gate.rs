@@ -9,7 +9,7 @@ use super::built::Built;
 use super::cost::{self, Costs};
 use super::future::{Hold, Refusal};
 use super::local::{log_refusal, with_limit_key};
-use super::refusal::{LimitRefusal, Limiter, is_grpc, refuse_limit};
+use super::refusal::{LimitRefusal, OwnLimit, is_grpc, refuse_limit};
 use super::refusal_body::accepts_json;
 use super::shared::SharedLimits;
 use crate::bucket::{Shape, Wait};
@@ -76,7 +76,7 @@ pub(crate) fn gate(
             };
             l.refused.increment(1);
             if l.logged.due() {
-                log_refusal(l.limit.log_level, Limiter::Shared, &l.text);
+                log_refusal(l.limit.log_level, OwnLimit::Shared, &l.text);
             }
             if built.config.shadow {
                 continue;
@@ -90,7 +90,7 @@ pub(crate) fn gate(
                     grpc,
                     json,
                     retry_secs: retry,
-                    by: Limiter::Shared,
+                    by: OwnLimit::Shared,
                     limit: &l.text,
                     user: refund.user.as_deref(),
                 },

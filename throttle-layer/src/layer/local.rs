@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::config::Config;
 use super::future::Refusal;
-use super::refusal::{LimitRefusal, Limiter, is_grpc, refuse_limit};
+use super::refusal::{LimitRefusal, OwnLimit, is_grpc, refuse_limit};
 use super::refusal_body::accepts_json;
 use crate::every_second::EverySecond;
 use crate::local::{LocalLimit, Verdict, Zone};
@@ -94,7 +94,7 @@ impl LocalZones {
                             grpc: is_grpc(head),
                             json: accepts_json(head),
                             retry_secs: z.retry_secs(),
-                            by: Limiter::Local,
+                            by: OwnLimit::Local,
                             limit: &z.text,
                             user,
                         },
@@ -176,7 +176,7 @@ pub(super) fn with_limit_key<R>(
 
 /// Logs that `limit` (a local or a shared one) refused a request, at
 /// `level`.
-pub(super) fn log_refusal(level: tracing::Level, by: Limiter, limit: &str) {
+pub(super) fn log_refusal(level: tracing::Level, by: OwnLimit, limit: &str) {
     let by = by.name();
     match level {
         tracing::Level::ERROR => tracing::error!(by, limit, "rate limit refused a request"),
@@ -197,7 +197,7 @@ impl LocalZone {
     /// Logs a refusal at the limit's level, at most once a second.
     fn log_refusal(&self) {
         if self.logged.due() {
-            log_refusal(self.limit.log_level, Limiter::Local, &self.text);
+            log_refusal(self.limit.log_level, OwnLimit::Local, &self.text);
         }
     }
 }

@@ -126,12 +126,12 @@ mod on_refusal;
 mod refusal;
 mod refusal_body;
 mod refusal_cache;
-mod service;
 mod shared;
 mod success;
+mod throttle;
 
 pub use body::{RefusalBody, RequestBody, ResponseBody};
 pub use config::{Metered, Plain};
 pub use layer::{LayerError, ThrottleLayer, ThrottleLayerBuilder};
 pub use on_refusal::{Refused, RefusedBy};
-pub use service::Throttle;
+pub use throttle::Throttle;

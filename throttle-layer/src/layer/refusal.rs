@@ -277,19 +277,19 @@ fn finish<'a>(cfg: &'a Config, refusal: Refusal, why: impl FnOnce() -> Refused<'
 
 /// Which of the layer's own limits refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Limiter {
+pub(crate) enum OwnLimit {
     /// A [`LocalLimit`](crate::local::LocalLimit) of this node.
     Local,
     /// A shared limit, in a bucket store.
     Shared,
 }
 
-impl Limiter {
+impl OwnLimit {
     /// As `throttle-refused-by` and the logs name it.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Limiter::Local => "local",
-            Limiter::Shared => "shared",
+            OwnLimit::Local => "local",
+            OwnLimit::Shared => "shared",
         }
     }
 }
@@ -301,7 +301,7 @@ pub(crate) struct LimitRefusal<'a> {
     pub(crate) grpc: bool,
     pub(crate) json: bool,
     pub(crate) retry_secs: u64,
-    pub(crate) by: Limiter,
+    pub(crate) by: OwnLimit,
     /// The limit, in nginx's form.
     pub(crate) limit: &'a str,
     pub(crate) user: Option<&'a str>,
@@ -338,8 +338,8 @@ pub(crate) fn refuse_limit(cfg: &Config, r: LimitRefusal<'_>) -> Refusal {
         h.insert(REFUSED_BY, v);
     }
     let kind = match r.by {
-        Limiter::Local => RefusedBy::LocalLimit,
-        Limiter::Shared => RefusedBy::SharedLimit,
+        OwnLimit::Local => RefusedBy::LocalLimit,
+        OwnLimit::Shared => RefusedBy::SharedLimit,
     };
     finish(cfg, (head, body), || Refused {
         rule: Some(r.limit),

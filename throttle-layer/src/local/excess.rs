@@ -12,9 +12,9 @@ pub enum Verdict {
     Reject,
 }
 
-/// The shape of a limit, in `limit_req`'s units.
+/// How a limit paces requests, in `limit_req`'s units: its rate, burst and delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
+pub struct Pace {
     /// Requests per 1,000 seconds (`10r/s` is 10,000; `6r/m` is 100).
     pub rate: u64,
     /// Excess allowed, in thousandths of a request (`burst=5` is 5,000).
@@ -47,7 +47,7 @@ impl Excess {
     /// since the last one and grows by one request; past the burst the
     /// request is refused (and the state left as it was), past `delay` it
     /// waits until the excess above `delay` has drained.
-    pub fn account(&mut self, shape: Shape, now_ms: u64) -> Verdict {
+    pub fn account(&mut self, shape: Pace, now_ms: u64) -> Verdict {
         let excess = self
             .milli
             .saturating_sub(self.drained(shape, now_ms))
@@ -70,12 +70,12 @@ impl Excess {
 
     /// Whether the excess has drained by `now_ms`: the key holds nothing
     /// a new one would not.
-    pub fn is_idle(&self, shape: Shape, now_ms: u64) -> bool {
+    pub fn is_idle(&self, shape: Pace, now_ms: u64) -> bool {
         self.drained(shape, now_ms) >= self.milli
     }
 
     /// Thousandths of a request the rate has drained since the last one.
-    fn drained(&self, shape: Shape, now_ms: u64) -> u64 {
+    fn drained(&self, shape: Pace, now_ms: u64) -> u64 {
         let elapsed = now_ms.saturating_sub(self.last_ms);
         shape.rate.saturating_mul(elapsed) / 1000
     }
@@ -87,8 +87,8 @@ mod tests {
 
     use super::*;
 
-    fn shape(rate: u64, burst: u64, delay: Option<u64>) -> Shape {
-        Shape {
+    fn shape(rate: u64, burst: u64, delay: Option<u64>) -> Pace {
+        Pace {
             rate: rate * 1000,
             burst: burst * 1000,
             delay: delay.unwrap_or(burst) * 1000,

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use http::StatusCode;
 use throttle_clock::Clock;
 
-use super::excess::Shape;
+use super::excess::Pace;
 use super::zone::{Zone, ZoneClock};
 use crate::user::UserKey;
 
@@ -174,9 +174,9 @@ impl LocalLimit {
     }
 
     /// The limit in `limit_req`'s units.
-    pub(crate) fn shape(&self) -> Shape {
+    pub(crate) fn shape(&self) -> Pace {
         let burst = self.burst.saturating_mul(1000);
-        Shape {
+        Pace {
             rate: self.rate,
             burst,
             delay: self

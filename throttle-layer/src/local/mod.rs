@@ -23,7 +23,7 @@ mod limit;
 mod limiter;
 mod zone;
 
-pub use excess::{Excess, Shape, Verdict};
+pub use excess::{Excess, Pace, Verdict};
 pub use limit::{DEFAULT_ZONE_SIZE, LocalLimit, LocalLimitError};
 pub use limiter::Limiter;
 pub(crate) use zone::Zone;

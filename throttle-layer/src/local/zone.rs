@@ -7,7 +7,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use throttle_clock::{Clock, CoarseClock};
 
-use super::excess::{Excess, Shape, Verdict};
+use super::excess::{Excess, Pace, Verdict};
 use super::keys::Keys;
 
 /// Shards of a zone: each key's state is behind its shard's lock only, so
@@ -53,7 +53,7 @@ pub(crate) struct Zone {
     shards: Box<[Mutex<Keys>]>,
     hasher: Hasher,
     clock: ZoneClock,
-    pub(crate) shape: Shape,
+    pub(crate) shape: Pace,
     /// Keys evicted while their excess had not drained.
     pub(crate) evicted_busy: metrics::Counter,
 }
@@ -62,7 +62,7 @@ impl Zone {
     /// A zone of `shape` holding at most about `size` keys (at least one
     /// per shard), accounting by `clock`.
     pub(crate) fn new(
-        shape: Shape,
+        shape: Pace,
         size: usize,
         clock: ZoneClock,
         evicted_busy: metrics::Counter,
@@ -125,7 +125,7 @@ mod tests {
     use super::*;
 
     fn zone(size: usize) -> Zone {
-        let shape = Shape {
+        let shape = Pace {
             rate: 1000,
             burst: 0,
             delay: 0,

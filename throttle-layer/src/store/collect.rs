@@ -10,7 +10,7 @@ use throttle_proto::v1;
 use throttle_proto::wire::{ReportEncoder, UsageEncoder};
 
 use super::resource::MAX_RESOURCES;
-use super::service::ServiceStore;
+use super::service_store::ServiceStore;
 use super::slot_store::SlotStore;
 use super::user::{Counters, ROWS_PER_USER, UserState};
 use super::users::{UserLock, Users, with_users};

@@ -8,7 +8,9 @@ use throttle_clock::{Clock, CoarseClock};
 
 use super::fallback::Fallback;
 use super::resource::ResourceId;
-use super::service::{QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, UserHandle, VERSION_MASK};
+use super::service_store::{
+    QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, UserHandle, VERSION_MASK,
+};
 use super::user::{ROWS_PER_USER, RowTag, UserState};
 use super::users::{Entry, Guard, Name, UserGuard, UserLock, UserMap, Users, with_users};
 
@@ -89,7 +91,7 @@ impl UserState {
     /// Applies row `row`: counts rejections (if `record`) and refuses, or
     /// admits and adds `costs`.
     #[inline(always)]
-    pub(super) fn decide(
+    pub(super) fn apply_row(
         &mut self,
         row: usize,
         costs: &[(ResourceId, i64)],
@@ -322,7 +324,7 @@ impl ServiceStore {
         // `UserState::roll`, with the user's default row given in a new
         // slot.
         if st.slot < slot {
-            self.roll_on(&mut st, slot, user);
+            self.roll_with_default(&mut st, slot, user);
         }
         Some(f(&mut st))
     }
@@ -426,7 +428,7 @@ impl ServiceStore {
         };
         match st.row(quota_slot, version) {
             Some(row) => {
-                let (allowed, tightest) = st.decide(row, costs, record);
+                let (allowed, tightest) = st.apply_row(row, costs, record);
                 Decision {
                     allowed,
                     basis,

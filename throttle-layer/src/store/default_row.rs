@@ -12,7 +12,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::service::ServiceStore;
+use super::service_store::ServiceStore;
 use super::user::{ROWS_PER_USER, RowTag, UserState};
 
 /// The version of a default row: above any table's, so it is current for
@@ -23,7 +23,7 @@ impl ServiceStore {
     /// Rolls `st` on to `slot` ([`UserState::roll_on`]) and gives it its
     /// default row there.
     #[inline(never)]
-    pub(super) fn roll_on(&self, st: &mut UserState, slot: i64, user: &str) {
+    pub(super) fn roll_with_default(&self, st: &mut UserState, slot: i64, user: &str) {
         st.roll_on(slot, user, &self.overflow);
         self.give_default_row(st, user, slot);
     }

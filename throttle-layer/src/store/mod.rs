@@ -86,7 +86,7 @@
 //! The files: `decision` (the request path), `default_row` (the default
 //! quota of a user without a row), `limits` (`ServiceLimits`, the
 //! central's limits as this node holds them), `user` (a user's counts and
-//! rows), `users` (the map of users), `service` ([`ServiceStore`]), `quota`
+//! rows), `users` (the map of users), `service_store` ([`ServiceStore`]), `quota`
 //! (installing quotas), `collect` (reports), `take` (amounts a handler
 //! takes before its work), `slot_store` ([`SlotStore`]).
 
@@ -99,7 +99,7 @@ mod fallback;
 mod limits;
 mod quota;
 mod resource;
-mod service;
+mod service_store;
 mod slot_store;
 mod take;
 mod user;
@@ -112,5 +112,5 @@ pub use decision::{Admission, Basis, Decision, Tightest};
 pub use fallback::{Fallback, FallbackParseError};
 pub(crate) use limits::period_name;
 pub use resource::{MAX_RESOURCES, ResourceId};
-pub use service::{ServiceStore, UserHandle};
+pub use service_store::{ServiceStore, UserHandle};
 pub use slot_store::{SlotStore, StoreBuilder};

@@ -8,7 +8,7 @@ use throttle_proto::wire::RawQuota;
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::resource::MAX_RESOURCES;
-use super::service::{QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, VERSION_MASK};
+use super::service_store::{QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, VERSION_MASK};
 use super::slot_store::SlotStore;
 use super::user::{UserState, whole_units};
 use super::users::{UserLock, Users, with_users};

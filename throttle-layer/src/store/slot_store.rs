@@ -11,7 +11,7 @@ use throttle_clock::{Clock, CoarseClock, SlotLength};
 use throttle_proto::v1;
 
 use super::blocked::Blocked;
-use super::service::ServiceStore;
+use super::service_store::ServiceStore;
 use super::user::Overflow;
 
 pub(super) struct Shared {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::decision::Tightest;
 use super::resource::ResourceId;
-use super::service::ServiceStore;
+use super::service_store::ServiceStore;
 
 impl ServiceStore {
     /// Takes `amount` of `resource` for `user` now if their quota of that

@@ -234,7 +234,7 @@ impl UserState {
     }
 
     /// Moves the counters on to `slot`, keeping the last slot's counts for
-    /// the reporter (the store rolls with [`ServiceStore::roll_on`](super::ServiceStore),
+    /// the reporter (the store rolls with [`ServiceStore::roll_with_default`](super::ServiceStore),
     /// which also gives the user their default row).
     #[cfg(test)]
     pub(super) fn roll(&mut self, slot: i64, user: &str, overflow: &Mutex<Overflow>) {

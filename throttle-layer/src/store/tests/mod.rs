@@ -13,7 +13,7 @@ use throttle_proto::v1;
 use throttle_proto::wire::RawQuota;
 
 use super::decision::*;
-use super::service::*;
+use super::service_store::*;
 use super::slot_store::*;
 use super::user::*;
 use super::users::*;

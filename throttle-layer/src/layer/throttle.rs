@@ -78,7 +78,7 @@ fn hold_for(delay_ms: u64) -> Option<Hold> {
 
 /// The decision, shared by both modes: find the user, ask the store, count
 /// the metrics, build the refusal.
-fn decide(built: &Arc<Built>, head: RequestHead<'_>) -> Outcome {
+fn outcome_of(built: &Arc<Built>, head: RequestHead<'_>) -> Outcome {
     let cfg = &built.config;
     cfg.user.with_user(head, |found| {
         let user = match (found, &cfg.missing_user) {
@@ -233,7 +233,7 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let cfg = &self.built.config;
-        let (passed, hold) = match decide(&self.built, RequestHead::of(&req)) {
+        let (passed, hold) = match outcome_of(&self.built, RequestHead::of(&req)) {
             Outcome::Skip => (Passed::default(), None),
             Outcome::Refuse((parts, body)) => {
                 return PlainFuture::rejected(Response::from_parts(parts, ResB::refusal(body)));
@@ -264,7 +264,7 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let cfg = &self.built.config;
-        let (passed, hold) = match decide(&self.built, RequestHead::of(&req)) {
+        let (passed, hold) = match outcome_of(&self.built, RequestHead::of(&req)) {
             Outcome::Skip => (Passed::default(), None),
             Outcome::Refuse(refusal) => return ResponseFuture::rejected(refusal),
             Outcome::Pass(passed, delay) => (passed, hold_for(delay)),
