@@ -33,7 +33,7 @@ use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
 use crate::legacy::Endpoint;
 use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource};
 use crate::net::{self, ConnectionLimits, ServerTls};
-use crate::rlqs::{self, Rlqs};
+use crate::rlqs::{self, Rlqs, StreamSettings};
 use crate::server::{
     Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, follow_etcd, reloader,
     ticker,
@@ -407,15 +407,17 @@ impl CentralBuilder {
             incarnation: rand::random::<u64>() | 1,
         };
         let rlqs = Rlqs {
-            commands: commands.clone(),
-            leadership: self.leadership.clone(),
-            clock: self.clock.clone(),
-            slot,
-            restored: service.restored.clone(),
-            max_amount: service.config.max_amount,
-            limits: self.limits.clone(),
+            settings: StreamSettings {
+                commands: commands.clone(),
+                leadership: self.leadership.clone(),
+                clock: self.clock.clone(),
+                slot,
+                restored: service.restored.clone(),
+                max_amount: service.config.max_amount,
+                limits: self.limits.clone(),
+                ttl_s: i64::try_from(self.rlqs_ttl.as_secs()).unwrap_or(i64::MAX),
+            },
             keys: service.keys.clone(),
-            ttl_s: i64::try_from(self.rlqs_ttl.as_secs()).unwrap_or(i64::MAX),
         };
         let grpc_server = GrpcServer {
             max_message_bytes: self.max_message_bytes,

@@ -10,6 +10,7 @@
 //!
 //! - `rlqs`: the gRPC service, which names the proxy and spawns its
 //!   session;
+//! - `settings`: what every stream reads;
 //! - `session`: one stream: each report filed at once over the slots it
 //!   covers (`backfill`), assignments sent as the shares change
 //!   (`buckets`, `shares`, `assignment`).
@@ -22,11 +23,13 @@ mod buckets;
 #[allow(clippy::module_inception)]
 mod rlqs;
 mod session;
+mod settings;
 mod shares;
 
 use std::time::Duration;
 
 pub(crate) use rlqs::Rlqs;
+pub(crate) use settings::StreamSettings;
 
 /// How long a proxy keeps an assignment by default: three of Envoy's 5 s
 /// reports.

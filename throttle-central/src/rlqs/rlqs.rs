@@ -9,27 +9,21 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use throttle_clock::{Clock, SlotLength};
 use throttle_proto::MAX_NAME_LEN;
 use throttle_proto::auth::AuthError;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::session::Session;
+use super::settings::StreamSettings;
 use crate::keys::NodeKeys;
-use crate::leadership::Leadership;
-use crate::limits::LimitSource;
 use crate::log::{Throttled, peer};
 use crate::net::NodeConnInfo;
-use crate::server::Command;
 
 /// The metadata header that names a proxy: its node id.
 pub(super) const NODE_HEADER: &str = "x-throttle-node";
-
-/// The bucket id entry that names the user, unless a service sets
-/// another (`[service.NAME] envoy_user_key`).
-pub(super) const USER_KEY: &str = "user";
 
 /// Messages queued for one proxy.
 const QUEUE: usize = 16;
@@ -37,24 +31,13 @@ const QUEUE: usize = 16;
 /// Streams opened without a node id, to tell them apart.
 static ANONYMOUS: AtomicU64 = AtomicU64::new(0);
 
-/// The RLQS gRPC service: spawns a task per proxy stream.
+/// The RLQS gRPC service: spawns a [`Session`] per proxy stream.
 #[derive(Clone)]
 pub(crate) struct Rlqs {
-    pub(crate) commands: mpsc::Sender<Command>,
-    pub(crate) leadership: Arc<dyn Leadership>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) slot: SlotLength,
-    /// With a state store: the epoch whose checkpoint is restored.
-    pub(crate) restored: Option<watch::Receiver<Option<u64>>>,
-    /// The largest count one bucket may report.
-    pub(crate) max_amount: i64,
-    /// The limits, which may name a service's user entry
-    /// (`envoy_user_key`).
-    pub(crate) limits: Arc<dyn LimitSource>,
+    /// What every stream reads.
+    pub(crate) settings: StreamSettings,
     /// With node keys, a proxy shows its token.
     pub(crate) keys: Option<Arc<NodeKeys>>,
-    /// Seconds an assignment lives ([`super::DEFAULT_TTL`] unless set).
-    pub(crate) ttl_s: i64,
 }
 
 /// Lines about refused proxies, at most once a second.
@@ -116,7 +99,7 @@ impl RateLimitQuotaService for Rlqs {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
-        if !self.leadership.is_leader() {
+        if !self.settings.leadership.is_leader() {
             return Err(Status::unavailable("not the leader"));
         }
         let conn = NodeConnInfo::of(&request);
@@ -125,7 +108,8 @@ impl RateLimitQuotaService for Rlqs {
         let node_id = self.authenticated(request.metadata(), addr)?;
         let (out, rx) = mpsc::channel(QUEUE);
         let inbound = request.into_inner();
-        tokio::spawn(self.clone().serve(node_id, addr, inbound, out));
+        let session = Session::new(self.settings.clone(), node_id, addr, out);
+        tokio::spawn(session.run(inbound));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -23,7 +23,7 @@ use tonic::{Status, Streaming};
 use super::assignment::duration;
 use super::backfill::{Backfill, MAX_SLOTS};
 use super::buckets::{Action, Buckets, Timing};
-use super::rlqs::{Rlqs, USER_KEY};
+use super::settings::{StreamSettings, USER_KEY};
 use super::shares::{REQUESTS, Shares};
 use crate::log::{Throttled, peer};
 use crate::server::{Heard, Link, NotFiled, restored};
@@ -37,9 +37,9 @@ const IDLE_S: i64 = 12 * REPORT_EVERY_S;
 /// Lines about refused reports and buckets, at most once a second.
 static REFUSED: Throttled = Throttled::new();
 
-/// What a stream holds while it runs.
-struct Session {
-    rlqs: Rlqs,
+/// One proxy's stream: what it holds while it runs.
+pub(super) struct Session {
+    settings: StreamSettings,
     node_id: String,
     addr: Option<SocketAddr>,
     /// The report's domain: the service.
@@ -51,68 +51,73 @@ struct Session {
     out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
 }
 
-impl Rlqs {
-    /// Serves one proxy's stream until it ends.
-    pub(super) async fn serve(
-        self,
+impl Session {
+    /// A session of proxy `node_id`, whose messages go to `out`.
+    pub(super) fn new(
+        settings: StreamSettings,
         node_id: String,
         addr: Option<SocketAddr>,
-        mut inbound: Streaming<RateLimitQuotaUsageReports>,
         out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
-    ) {
-        let mut deposed = self.leadership.deposed();
-        let slot_ms = self.slot.as_ms();
-        let mut session = Session {
+    ) -> Self {
+        let slot_ms = settings.slot.as_ms();
+        Self {
             buckets: Buckets::new(USER_KEY),
-            link: Link::new(self.commands.clone()),
-            rlqs: self,
+            link: Link::new(settings.commands.clone()),
+            settings,
             node_id,
             addr,
             service: None,
             backfill: Backfill::default(),
             shares: Shares::new(slot_ms),
             out,
-        };
+        }
+    }
+
+    /// Serves the stream until it ends.
+    pub(super) async fn run(mut self, mut inbound: Streaming<RateLimitQuotaUsageReports>) {
+        let mut deposed = self.settings.leadership.deposed();
         let end = loop {
-            let wait = session.until_next_slot();
+            let wait = self.until_next_slot();
             tokio::select! {
                 next = inbound.next() => match next {
                     Some(Ok(reports)) => {
-                        if let Err(status) = session.take(reports).await {
+                        if let Err(status) = self.take(reports).await {
                             break Some(status);
                         }
                     }
                     Some(Err(_)) | None => break None,
                 },
-                heard = session.link.heard() => match heard {
+                heard = self.link.heard() => match heard {
                     Heard::Message(m) => {
-                        session.shares.absorb(session.service.as_deref(), m);
-                        session.tell().await;
+                        self.shares.absorb(self.service.as_deref(), m);
+                        self.tell().await;
                     }
                     Heard::Closed => break Some(Status::unavailable("the central stopped")),
                 },
                 () = tokio::time::sleep(wait) => {
-                    if let Err(status) = session.file_carried().await {
+                    if let Err(status) = self.file_carried().await {
                         break Some(status);
                     }
-                    session.tell().await;
+                    self.tell().await;
                 }
                 () = &mut deposed => break Some(Status::unavailable("no longer the leader")),
             }
         };
-        session.close(end).await;
+        self.close(end).await;
     }
-}
 
-impl Session {
     fn slot_now(&self) -> i64 {
-        self.rlqs.slot.slot_at(self.rlqs.clock.now_ms())
+        self.settings.slot.slot_at(self.settings.clock.now_ms())
     }
 
     /// Time until 20 ms into the next slot, when the shares are told again.
     fn until_next_slot(&self) -> Duration {
-        let now = self.rlqs.clock.now_ms();
-        let next = self.rlqs.slot.start_ms(self.rlqs.slot.slot_at(now) + 1) + 20;
+        let now = self.settings.clock.now_ms();
+        let next = self
+            .settings
+            .slot
+            .start_ms(self.settings.slot.slot_at(now) + 1)
+            + 20;
         Duration::from_millis(u64::try_from(next - now).unwrap_or(0))
     }
 
@@ -167,7 +172,7 @@ impl Session {
                 .increment(1);
             return None;
         };
-        let max = u64::try_from(self.rlqs.max_amount).unwrap_or(u64::MAX);
+        let max = u64::try_from(self.settings.max_amount).unwrap_or(u64::MAX);
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         if allowed > max || denied > max {
             let why = format!("{allowed} allowed, {denied} denied: above the largest amount {max}");
@@ -176,7 +181,7 @@ impl Session {
         }
         let used = allowed + denied > 0;
         // The slots the report covers.
-        let slot_ms = i64::from(self.rlqs.slot.as_ms()).max(1);
+        let slot_ms = i64::from(self.settings.slot.as_ms()).max(1);
         let elapsed_ms = usage
             .time_elapsed
             .map_or(0, |d| d.seconds.clamp(0, 3_600) * 1_000);
@@ -205,12 +210,17 @@ impl Session {
                 format!("the domain must be 1 to {MAX_NAME_LEN} bytes"),
             ));
         }
-        if !restored(self.rlqs.restored.as_ref(), self.rlqs.leadership.epoch()).await {
+        if !restored(
+            self.settings.restored.as_ref(),
+            self.settings.leadership.epoch(),
+        )
+        .await
+        {
             return Err(Status::unavailable("restoring the checkpoint; try again"));
         }
         let hello = v1::Hello {
             node_id: self.node_id.clone(),
-            slot_ms: self.rlqs.slot.as_ms(),
+            slot_ms: self.settings.slot.as_ms(),
             services: vec![domain.clone()],
             version: "envoy-rlqs".to_owned(),
             accepts: Vec::new(),
@@ -219,7 +229,7 @@ impl Session {
         };
         let linked = self.link.connect(hello, self.addr).await;
         linked.map_err(|_| Status::unavailable("the central stopped"))?;
-        let user_key = self.rlqs.limits.envoy_user_key(&domain);
+        let user_key = self.settings.limits.envoy_user_key(&domain);
         self.buckets = Buckets::new(user_key.as_deref().unwrap_or(USER_KEY));
         self.service = Some(domain);
         Ok(())
@@ -278,11 +288,11 @@ impl Session {
 
     /// Sends the proxy the assignments due now.
     async fn tell(&mut self) {
-        let slot_s = i64::from(self.rlqs.slot.as_ms()).max(1);
+        let slot_s = i64::from(self.settings.slot.as_ms()).max(1);
         let slots = |s: i64| (s * 1_000 / slot_s).max(1);
         let timing = Timing {
             // Sent again before half its life has passed.
-            refresh: slots(self.rlqs.ttl_s / 2),
+            refresh: slots(self.settings.ttl_s / 2),
             idle: slots(IDLE_S),
             fresh: slots(REPORT_EVERY_S + 1),
         };
@@ -291,7 +301,7 @@ impl Session {
             return;
         }
         tracing::debug!(node_id = %self.node_id, ?actions, "RLQS assignments");
-        let ttl_s = u64::try_from(self.rlqs.ttl_s).unwrap_or(u64::MAX);
+        let ttl_s = u64::try_from(self.settings.ttl_s).unwrap_or(u64::MAX);
         let ttl = Some(duration(Duration::from_secs(ttl_s)));
         let bucket_action = actions
             .into_iter()
