@@ -83,34 +83,34 @@
 //! messages and tests read the others; they stay public for the
 //! simulator and the integration tests, not as an API to build on.
 //!
-//! The files: `decision` (the request path), `default_row` (the default
-//! quota of a user without a row), `limits` (`ServiceLimits`, the
-//! central's limits as this node holds them), `user` (a user's counts and
-//! rows), `users` (the map of users), `service_store` ([`ServiceStore`]), `quota`
-//! (installing quotas), `collect` (reports), `take` (amounts a handler
-//! takes before its work), `slot_store` ([`SlotStore`]).
+//! The files, one type each: `decision` ([`Decision`], [`Basis`],
+//! [`Tightest`]: what the request path answers), `limits`
+//! (`ServiceLimits`, the central's limits as this node holds them), `user`
+//! (`UserState`, a user's counts and rows), `users` (the map of users),
+//! `totals` (what a collection took, for the metrics), `service_store`
+//! ([`ServiceStore`]: the request path, the default quota of a user
+//! without a row, installing quotas, collecting reports, amounts a
+//! handler takes before its work; with [`Admission`] and [`UserHandle`],
+//! which it hands out), `slot_store` ([`SlotStore`]).
 
 mod blocked;
 mod budgets;
-mod collect;
 mod decision;
-mod default_row;
 mod fallback;
 mod limits;
-mod quota;
 mod resource;
 mod service_store;
 mod slot_store;
-mod take;
+mod totals;
 mod user;
 mod users;
 
 #[cfg(test)]
 mod tests;
 
-pub use decision::{Admission, Basis, Decision, Tightest};
+pub use decision::{Basis, Decision, Tightest};
 pub use fallback::{Fallback, FallbackParseError};
 pub(crate) use limits::period_name;
 pub use resource::{MAX_RESOURCES, ResourceId};
-pub use service_store::{ServiceStore, UserHandle};
+pub use service_store::{Admission, ServiceStore, UserHandle};
 pub use slot_store::{SlotStore, StoreBuilder};

@@ -8,16 +8,19 @@ use arc_swap::ArcSwap;
 use compact_str::CompactString;
 use metrics::counter;
 use parking_lot::Mutex;
-use throttle_clock::{Clock, SlotLength};
+use throttle_clock::{Clock, CoarseClock, SlotLength};
+use throttle_proto::wire::{ReportEncoder, UsageEncoder};
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::blocked::Blocked;
 use super::budgets::Budgets;
+use super::decision::{Basis, Decision, Tightest};
+use super::fallback::Fallback;
 use super::limits::{Allowance, Bound, ServiceLimits};
-use super::resource::MAX_RESOURCES;
-use super::resource::ResourceId;
-use super::user::Overflow;
-use super::users::Users;
+use super::resource::{MAX_RESOURCES, ResourceId};
+use super::totals::Totals;
+use super::user::{Counters, Overflow, ROWS_PER_USER, RowTag, UserState, whole_units};
+use super::users::{Entry, Guard, Name, UserGuard, UserLock, UserMap, Users, with_users};
 
 /// Slots of quota history a user keeps besides the current and coming ones.
 pub(super) const QUOTA_RING: usize = 16;
@@ -27,6 +30,10 @@ pub(super) const SLOT_BITS: u32 = 40;
 pub(super) const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
 pub(super) const VERSION_MASK: u64 = (1 << (64 - SLOT_BITS)) - 1;
+
+/// The version of a default row: above any table's, so it is current for
+/// every table of its slot until a row of the user's own replaces it.
+const DEFAULT_VERSION: u16 = u16::MAX;
 
 /// Counters and quotas of one service; get it from [`SlotStore::service`](super::SlotStore::service).
 pub struct ServiceStore {
@@ -157,6 +164,16 @@ impl fmt::Debug for ServiceStore {
     }
 }
 
+/// The result of [`ServiceStore::admit`]: the decision and, when asked for,
+/// a handle to add amounts known later.
+#[derive(Debug)]
+pub struct Admission {
+    /// Allowed or refused, and why.
+    pub decision: Decision,
+    /// Set by [`ServiceStore::admit_with_handle`] for a tracked user.
+    pub handle: Option<UserHandle>,
+}
+
 /// A tracked user of one service, to add amounts after the decision.
 ///
 /// It names the user rather than pointing at its entry: entries live in the
@@ -263,5 +280,662 @@ impl ServiceStore {
     #[doc(hidden)]
     pub fn users(&self) -> usize {
         self.users.get().map_or(0, Users::len)
+    }
+}
+
+// The decision on the request path: a user's entry found and locked,
+// its quota row read, the request admitted or refused.
+impl ServiceStore {
+    #[inline]
+    pub(super) fn current_slot(&self) -> i64 {
+        let ms = if self.coarse_clock {
+            CoarseClock::now()
+        } else {
+            self.clock.now_ms()
+        };
+        self.slot.slot_at(ms)
+    }
+
+    /// The version of the quota table for `slot`, if one was received.
+    #[inline]
+    pub(super) fn quota_version(&self, slot: i64) -> Option<u16> {
+        let v = self.ring[slot.rem_euclid(QUOTA_RING as i64) as usize].load(Ordering::Acquire);
+        // `apply` publishes versions up to `u16::MAX` only.
+        (v != 0 && v >> (64 - SLOT_BITS) == slot as u64 & SLOT_MASK)
+            .then_some((v & VERSION_MASK) as u16)
+    }
+
+    /// The newest table of the `n` slots before `slot`: the newest one
+    /// received when it is older than `slot` (one load: without a central
+    /// every request comes here), else a search back.
+    #[inline]
+    fn last_known(&self, slot: i64, n: u32) -> Option<(i64, u16)> {
+        let newest = self.newest.load(Ordering::Acquire);
+        let oldest = slot.saturating_sub(i64::from(n));
+        if newest < oldest {
+            return None;
+        }
+        if newest < slot
+            && let Some(v) = self.quota_version(newest)
+        {
+            return Some((newest, v));
+        }
+        (oldest..slot)
+            .rev()
+            .find_map(|s| self.quota_version(s).map(|v| (s, v)))
+    }
+
+    /// The service's users, in a map made at the first use of the store.
+    #[inline]
+    pub(super) fn user_map(&self) -> &Users {
+        self.users
+            .get_or_init(|| Users::for_resources(self.resources.load().len()))
+    }
+
+    /// `user`'s entry, added if new; `None` when the store is at its key
+    /// cap and the user is new.
+    #[inline]
+    pub(super) fn lookup<'g, const N: usize>(
+        &self,
+        users: &'g UserMap<N>,
+        guard: &'g Guard<'_>,
+        user: &str,
+        slot: i64,
+    ) -> Option<&'g Entry<N>> {
+        match users.get(&Name(user), guard) {
+            Some(entry) => Some(entry),
+            None => self.add_user(users, guard, user, slot),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn add_user<'g, const N: usize>(
+        &self,
+        users: &'g UserMap<N>,
+        guard: &'g Guard<'_>,
+        user: &str,
+        slot: i64,
+    ) -> Option<&'g Entry<N>> {
+        if self.keys.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+            self.at_cap.increment(1);
+            return None;
+        }
+        let mut state = UserState::new(slot);
+        self.give_default_row(&mut state, user, slot);
+        let entry = UserLock::new(state);
+        match users.try_insert(user.into(), entry, guard) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                // Another thread added it first.
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+                Some(e.current)
+            }
+        }
+    }
+
+    /// Decides whether `user` may make a request now, with the legacy system
+    /// rules (see the [module docs](crate::store)); if so, adds `costs`.
+    pub fn admit(
+        self: &Arc<Self>,
+        user: &str,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+    ) -> Admission {
+        if self.has_budgets.load(Ordering::Relaxed) {
+            return self.admit_within_budget(user, costs, fallback, true, false);
+        }
+        self.admit_inner(user, costs, fallback, true, false)
+    }
+
+    /// As [`ServiceStore::admit`], and returns a [`UserHandle`] for amounts
+    /// known later. With `record_rejection` false (shadow mode) a refusal is
+    /// decided but not counted as a rejection, and the costs are charged
+    /// since the request goes through anyway.
+    pub fn admit_with_handle(
+        self: &Arc<Self>,
+        user: &str,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record_rejection: bool,
+    ) -> Admission {
+        if self.has_budgets.load(Ordering::Relaxed) {
+            return self.admit_within_budget(user, costs, fallback, record_rejection, true);
+        }
+        self.admit_inner(user, costs, fallback, record_rejection, true)
+    }
+
+    #[inline]
+    pub(super) fn admit_inner(
+        self: &Arc<Self>,
+        user: &str,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+        want_handle: bool,
+    ) -> Admission {
+        self.admit_by(user, fallback, want_handle, |st, slot| {
+            self.decide(st, slot, costs, fallback, record)
+        })
+    }
+
+    /// As [`ServiceStore::admit_inner`], for a service with budgets (kept
+    /// off the path of the others).
+    #[cold]
+    #[inline(never)]
+    fn admit_within_budget(
+        self: &Arc<Self>,
+        user: &str,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+        want_handle: bool,
+    ) -> Admission {
+        self.admit_by(user, fallback, want_handle, |st, slot| {
+            self.decide_within_budget(st, user, slot, costs, fallback, record)
+        })
+    }
+
+    /// `user`'s admission as `decide` makes it on their entry in the
+    /// current slot; the fallback's at the key cap.
+    #[inline(always)]
+    fn admit_by(
+        self: &Arc<Self>,
+        user: &str,
+        fallback: Fallback,
+        want_handle: bool,
+        decide: impl FnOnce(&mut UserState, i64) -> Decision,
+    ) -> Admission {
+        let slot = self.current_slot();
+        let admission = self.with_entry(user, slot, |st| {
+            let decision = decide(st, slot);
+            let handle = want_handle.then(|| UserHandle {
+                service: self.clone(),
+                user: user.into(),
+            });
+            Admission { decision, handle }
+        });
+        admission.unwrap_or(Admission {
+            decision: Decision::fallback(fallback, Basis::AtCap),
+            handle: None,
+        })
+    }
+
+    /// Runs `f` on `user`'s entry (created if new), locked and rolled on to
+    /// `slot`; `None` when the store is at its key cap and the user is new.
+    pub(super) fn with_entry<T>(
+        &self,
+        user: &str,
+        slot: i64,
+        f: impl FnOnce(&mut UserState) -> T,
+    ) -> Option<T> {
+        // Only the lookup depends on the map's class: the rest is one copy.
+        let users = self.user_map();
+        let guard = with_users!(users, map => map.guard());
+        let mut st = with_users!(users, map => self.locked(map, &guard, user, slot))?;
+        // `UserState::roll`, with the user's default row given in a new
+        // slot.
+        if st.slot < slot {
+            self.roll_with_default(&mut st, slot, user);
+        }
+        Some(f(&mut st))
+    }
+
+    /// `user`'s state (created if new), locked; `None` when the store is at
+    /// its key cap and the user is new.
+    #[inline]
+    pub(super) fn locked<'g, const N: usize>(
+        &self,
+        users: &'g UserMap<N>,
+        guard: &'g Guard<'_>,
+        user: &str,
+        slot: i64,
+    ) -> Option<UserGuard<'g>> {
+        loop {
+            let entry = self.lookup(users, guard, user, slot)?;
+            let state: &UserLock<UserState> = entry;
+            let st = state.lock();
+            if !st.evicted {
+                return Some(st);
+            }
+            // Forgotten by a collect after we found it: drop it from the map
+            // if it is still there, and start over with a fresh one.
+            drop(st);
+            let _ = users.remove_if(user, |_, e| std::ptr::eq(e, entry), guard);
+        }
+    }
+
+    /// As [`ServiceStore::decide`], for a service with budgets: without a
+    /// quota for the slot, a cost `user`'s budget cannot pay is refused;
+    /// whatever is admitted is spent from it.
+    #[inline]
+    fn decide_within_budget(
+        &self,
+        st: &mut UserState,
+        user: &str,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+    ) -> Decision {
+        let budgets = self.budgets.load();
+        let on_quota = self.quota_version(slot).is_some();
+        if !on_quota && let Some((resource, left)) = budgets.short(user, costs) {
+            let used = st.cell(resource.index()).used;
+            if record {
+                let cell = st.cell(resource.index());
+                cell.rejected = cell.rejected.saturating_add(1);
+            } else {
+                // Shadow mode lets it through: it consumes.
+                st.charge(costs);
+                budgets.spend(user, costs);
+            }
+            let quota = left.max(0) as f64;
+            return Decision {
+                allowed: false,
+                basis: Basis::Fallback,
+                tightest: Some(Tightest {
+                    resource,
+                    quota,
+                    used,
+                }),
+            };
+        }
+        let decision = self.decide(st, slot, costs, fallback, record);
+        if decision.allowed || !record {
+            budgets.spend(user, costs);
+        }
+        decision
+    }
+
+    #[inline(always)]
+    pub(super) fn decide(
+        &self,
+        st: &mut UserState,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+    ) -> Decision {
+        let found = match self.quota_version(slot) {
+            Some(v) => Some((slot, v)),
+            None => match fallback {
+                Fallback::Allow | Fallback::Deny => None,
+                Fallback::LastKnownThenAllow(n) | Fallback::LastKnownThenDeny(n) => {
+                    self.last_known(slot, n)
+                }
+            },
+        };
+        let Some((quota_slot, version)) = found else {
+            let d = Decision::fallback(fallback, Basis::Fallback);
+            if d.allowed {
+                st.charge(costs);
+            }
+            return d;
+        };
+        let basis = if quota_slot == slot {
+            Basis::Quota
+        } else {
+            Basis::Fallback
+        };
+        match st.row(quota_slot, version) {
+            Some(row) => {
+                let (allowed, tightest) = st.apply_row(row, costs, record);
+                Decision {
+                    allowed,
+                    basis,
+                    tightest,
+                }
+            }
+            None => {
+                st.charge(costs);
+                Decision {
+                    allowed: true,
+                    basis: Basis::Unlimited,
+                    tightest: None,
+                }
+            }
+        }
+    }
+
+    /// Adds `amount` of `resource` for `user` to the current slot, without a
+    /// decision. At the key cap the amount is not counted.
+    pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
+        let slot = self.current_slot();
+        self.with_entry(user, slot, |st| st.add(resource, amount));
+    }
+}
+
+// Installing quotas: a (service, slot) table into the users' rows, or a
+// ref copying a table already installed.
+impl ServiceStore {
+    /// Installs one (service, slot) table: `users`, each with its
+    /// (resource, quota) pairs, as prost decoded them or read in place.
+    pub(super) fn apply<'a, U, R>(&self, slot: i64, users: U, now_slot: i64)
+    where
+        U: Iterator<Item = (&'a str, R)> + Clone,
+        R: Iterator<Item = (&'a str, f64)>,
+    {
+        let _g = self.register.lock();
+        let Some((idx, published, row_version)) = self.next_version(slot) else {
+            return;
+        };
+        if self.users.get().is_none() {
+            // The map's cell class is fixed when it is made: count this
+            // table's resources first.
+            for (_, resources) in users.clone() {
+                for (resource, _) in resources {
+                    self.resource_locked(resource);
+                }
+            }
+        }
+        let mut quotas = [f32::NAN; MAX_RESOURCES];
+        with_users!(self.user_map(), map => {
+            let guard = map.guard();
+            for (user, resources) in users {
+                if user.is_empty() || user.len() > MAX_NAME_LEN {
+                    continue;
+                }
+                quotas.fill(f32::NAN);
+                let mut len = 0;
+                for (resource, q) in resources {
+                    let Some(id) = self.resource_locked(resource) else {
+                        continue;
+                    };
+                    quotas[id.index()] = whole_units(q);
+                    len = len.max(id.index() + 1);
+                }
+                if let Some(mut st) = self.locked(map, &guard, user, now_slot) {
+                    st.insert_row(slot, row_version, &quotas[..len], now_slot);
+                }
+            }
+        });
+        // Rows first, then the version: readers never see a version whose
+        // rows are missing.
+        self.ring[idx].store(published, Ordering::Release);
+        self.newest.fetch_max(slot, Ordering::Release);
+    }
+
+    /// The next version of `slot`'s table: its index in the ring, the
+    /// value to publish there once its rows are in, and the rows' version.
+    /// `None` (counted and logged) past the rows' 16-bit versions. For a
+    /// caller holding `register`.
+    pub(super) fn next_version(&self, slot: i64) -> Option<(usize, u64, u16)> {
+        let idx = slot.rem_euclid(QUOTA_RING as i64) as usize;
+        let old = self.ring[idx].load(Ordering::Acquire);
+        let tag = (slot as u64 & SLOT_MASK) << (64 - SLOT_BITS);
+        let version = if old >> (64 - SLOT_BITS) == tag >> (64 - SLOT_BITS) {
+            old & VERSION_MASK
+        } else {
+            0
+        } + 1;
+        let Ok(row_version) = u16::try_from(version) else {
+            // Rows keep 16-bit versions; no central sends 65,535 tables for
+            // one slot, and counting on would make older rows read as newer.
+            counter!("throttle_quota_ignored_total").increment(1);
+            tracing::warn!(service = %self.name, slot, "too many quota tables for one slot; ignored");
+            return None;
+        };
+        Some((idx, tag | version, row_version))
+    }
+
+    /// Installs as `slot`'s table the one installed for `from` (a
+    /// [`v1::QuotaRef`]): every user with a row of `from`'s table gets the
+    /// same quotas for `slot`, as if that table had come again for `slot`.
+    /// Returns whether a table for `from` is installed; without one
+    /// nothing is.
+    pub(super) fn copy_table(&self, slot: i64, from: i64, now_slot: i64) -> bool {
+        let _g = self.register.lock();
+        let Some(from_version) = self.quota_version(from) else {
+            return false;
+        };
+        if slot == from {
+            return true;
+        }
+        let Some((idx, published, row_version)) = self.next_version(slot) else {
+            return true;
+        };
+        if let Some(users) = self.users.get() {
+            with_users!(users, map => {
+                let users = map.pin();
+                let mut quotas = [f32::NAN; MAX_RESOURCES];
+                for (_, entry) in users.iter() {
+                    let state: &UserLock<UserState> = entry;
+                    let mut st = state.lock();
+                    let Some(k) = st.row(from, from_version).filter(|_| !st.evicted) else {
+                        continue;
+                    };
+                    let cells = st.cells();
+                    let len = cells.len().min(MAX_RESOURCES);
+                    for (q, cell) in quotas.iter_mut().zip(cells) {
+                        let rows = cell.quota;
+                        *q = rows[k];
+                    }
+                    st.insert_row(slot, row_version, &quotas[..len], now_slot);
+                }
+            });
+        }
+        self.ring[idx].store(published, Ordering::Release);
+        self.newest.fetch_max(slot, Ordering::Release);
+        true
+    }
+}
+
+// Collecting a finished slot into a report, and forgetting idle users.
+impl ServiceStore {
+    /// Drains `slot` (and older) into `report`, as prost writes a
+    /// [`v1::Usage`]: users and their resources in name order, each user
+    /// once.
+    pub(super) fn collect_into(&self, slot: i64, report: &mut ReportEncoder, packed: bool) {
+        // Each user's name, copied out of the map, and counts; sorted by
+        // name through a list of small keys rather than moving the counts.
+        let mut users = String::new();
+        let mut counts: Vec<Counters> = Vec::new();
+        let mut order: Vec<(usize, usize, usize)> = Vec::new();
+        self.drain(slot, |user, c| {
+            order.push((users.len(), user.len(), counts.len()));
+            users.push_str(user);
+            counts.push(*c);
+        });
+        // Loaded after the counts are taken: any resource they count is
+        // registered by then.
+        let names = self.resources.load();
+        let mut by_name: Vec<usize> = (0..names.len()).collect();
+        by_name.sort_by(|&a, &b| names[a].cmp(&names[b]));
+        let name = |&(start, len, _): &(usize, usize, usize)| {
+            users.get(start..start + len).unwrap_or_default()
+        };
+        order.sort_unstable_by(|a, b| name(a).cmp(name(b)));
+        let (mut consumption, mut rejection) = if packed {
+            let sorted = || by_name.iter().map(|&r| &*names[r]);
+            (
+                UsageEncoder::packed(sorted()),
+                UsageEncoder::packed(sorted()),
+            )
+        } else {
+            (UsageEncoder::new(), UsageEncoder::new())
+        };
+        let mut totals = Totals::default();
+        let mut order = order.iter().peekable();
+        while let Some(first) = order.next() {
+            // A user's counts set aside by a roll come apart from the rest.
+            let mut c = counts[first.2];
+            while let Some(more) = order.next_if(|next| name(next) == name(first)) {
+                c.merge(&counts[more.2]);
+            }
+            totals.add(&c, 0..names.len());
+            let user = name(first);
+            let used = by_name.iter().filter(|&&r| c.consumption[r] != 0);
+            if used.clone().next().is_some() {
+                consumption.user(user, used.map(|&r| (&*names[r], c.consumption[r])));
+            }
+            let refused = by_name.iter().filter(|&&r| c.rejection[r] != 0);
+            if refused.clone().next().is_some() {
+                rejection.user(
+                    user,
+                    refused.map(|&r| (&*names[r], i64::from(c.rejection[r]))),
+                );
+            }
+        }
+        report.service(&self.name, &consumption, &rejection);
+        totals.count(&self.name, &names);
+    }
+
+    /// Takes every user's counts of `slot` and before, and the overflow's,
+    /// giving each to `add` (a user may come twice: from its cells and
+    /// from the overflow); forgets users idle since `slot - 1`.
+    pub(super) fn drain(&self, slot: i64, mut add: impl FnMut(&str, &Counters)) {
+        with_users!(self.user_map(), map => {
+            let users = map.pin();
+            let mut evict = Vec::new();
+            for (user, entry) in users.iter() {
+                let state: &UserLock<UserState> = entry;
+                let mut st = state.lock();
+                let mut taken = Counters::default();
+                if st.slot <= slot {
+                    taken = st.take(false);
+                }
+                if !st.has_prev || st.slot - 1 <= slot {
+                    taken.merge(&st.take(true));
+                    st.has_prev = false;
+                }
+                if !taken.is_zero() {
+                    add(user, &taken);
+                }
+                let idle = st.slot < slot - 1
+                    && st.is_idle()
+                    && (0..ROWS_PER_USER)
+                        .all(|k| st.row_version[k] == 0 || st.row_slot[k].near(slot) <= slot);
+                if idle {
+                    st.evicted = true;
+                    // The address names this entry, not a later one: the map
+                    // frees no node while `users` is pinned.
+                    evict.push((user, std::ptr::from_ref(entry)));
+                }
+            }
+            for (user, c) in std::mem::take(&mut *self.overflow.lock()) {
+                add(&user, &c);
+            }
+            for (user, entry) in evict {
+                if users
+                    .remove_if(user.as_str(), |_, e| std::ptr::eq(e, entry))
+                    .ok()
+                    .flatten()
+                    .is_some()
+                {
+                    self.keys.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+}
+
+// An amount taken by a handler before the work it pays for
+// ([`ServiceStore::try_take`]): allowed or refused by the user's quota
+// of that one resource, as a request costing the amount would be; and
+// what is left of it ([`ServiceStore::standing`]).
+impl ServiceStore {
+    /// Takes `amount` of `resource` for `user` now if their quota of that
+    /// resource for the slot has room, as the layer admits a request (the
+    /// quota at least 1 and not yet exceeded); refused, one rejection of
+    /// the resource is counted and nothing is charged. Without a quota
+    /// row for the slot (no table, or none for the user) the amount is
+    /// taken: the layer's fallback decided the request itself. `Err`
+    /// names the resource's quota and use.
+    ///
+    /// # Errors
+    ///
+    /// The quota of `resource` has no room.
+    pub fn try_take(
+        self: &Arc<Self>,
+        user: &str,
+        resource: ResourceId,
+        amount: i64,
+    ) -> Result<(), Tightest> {
+        let slot = self.current_slot();
+        let version = self.quota_version(slot);
+        let taken = self.with_entry(user, slot, |st| {
+            let row = version.and_then(|v| st.row(slot, v));
+            let cell = st.cell(resource.index());
+            let quota = row.map_or(f32::NAN, |k| cell.quota[k]);
+            if !quota.is_nan() && (quota < 1.0 || cell.used as f64 > f64::from(quota)) {
+                cell.rejected = cell.rejected.saturating_add(1);
+                return Err(Tightest {
+                    resource,
+                    quota: f64::from(quota),
+                    used: cell.used,
+                });
+            }
+            cell.used = cell.used.saturating_add(amount);
+            Ok(())
+        });
+        // At the key cap the user is not tracked: nothing to decide by.
+        taken.unwrap_or(Ok(()))
+    }
+
+    /// `user`'s quota of `resource` for the slot and what they used of
+    /// it on this node; `None` without a quota row for the slot (no
+    /// table, none for the user, or no figure for the resource), or at
+    /// the key cap.
+    pub fn standing(self: &Arc<Self>, user: &str, resource: ResourceId) -> Option<Tightest> {
+        let slot = self.current_slot();
+        let version = self.quota_version(slot)?;
+        self.with_entry(user, slot, |st| {
+            let row = st.row(slot, version)?;
+            let cell = st.cell(resource.index());
+            let quota = cell.quota[row];
+            (!quota.is_nan()).then(|| Tightest {
+                resource,
+                quota: f64::from(quota),
+                used: cell.used,
+            })
+        })
+        .flatten()
+    }
+}
+
+// The default quota: a user the central has not sent this node a quota
+// row for yet (one new to the node) is held, until their row comes, to
+// the share of their rule, or of the `*` rule, that the central's
+// [`Limits`](throttle_proto::v1::Limits) gives this node.
+//
+// The share is installed as the user's row for the slot when the user
+// enters it (first seen, or first seen again in a new slot) and the
+// slot's table is there, with the highest version, so it stands for any
+// table of the slot that has no row for the user; the user's own row,
+// when a table brings one, replaces it. The request path is untouched:
+// it reads a row as always.
+impl ServiceStore {
+    /// Rolls `st` on to `slot` ([`UserState::roll_on`]) and gives it its
+    /// default row there.
+    #[inline(never)]
+    pub(super) fn roll_with_default(&self, st: &mut UserState, slot: i64, user: &str) {
+        st.roll_on(slot, user, &self.overflow);
+        self.give_default_row(st, user, slot);
+    }
+
+    /// Installs `user`'s default row for `slot` in `st`, if the service
+    /// has one for them, a table for the slot is installed, and `st` holds
+    /// no row for the slot. Without a table the fallback decides, and the
+    /// last known row it reads must stay: a row for the slot would push it
+    /// out.
+    pub(super) fn give_default_row(&self, st: &mut UserState, user: &str, slot: i64) {
+        if !self.has_default.load(Ordering::Acquire) || self.quota_version(slot).is_none() {
+            return;
+        }
+        let has_row = (0..ROWS_PER_USER)
+            .any(|k| st.row_slot[k] == RowTag::of(slot) && st.row_version[k] != 0);
+        if has_row {
+            return;
+        }
+        let limits = self.limits.load();
+        let Some(row) = limits.default_row(user) else {
+            return;
+        };
+        // Only as many cells as the row limits: more would move the
+        // user's cells out of the map's node.
+        let len = row.iter().rposition(|q| !q.is_nan()).map_or(0, |i| i + 1);
+        st.insert_row(slot, DEFAULT_VERSION, &row[..len], slot);
     }
 }

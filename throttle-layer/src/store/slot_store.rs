@@ -5,13 +5,16 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use metrics::counter;
 use parking_lot::Mutex;
+use prost::Message;
 use throttle_clock::{Clock, CoarseClock, SlotLength};
-use throttle_proto::v1;
+use throttle_proto::wire::{RawQuota, ReportEncoder};
+use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::blocked::Blocked;
-use super::service_store::ServiceStore;
+use super::service_store::{QUOTA_RING, ServiceStore};
 use super::user::Overflow;
 
 pub(super) struct Shared {
@@ -213,5 +216,135 @@ impl StoreBuilder {
                 registered: tokio::sync::watch::Sender::new(0),
             }),
         }
+    }
+}
+
+// Installing quotas: a (service, slot) table into the users' rows, or a
+// ref copying a table already installed.
+impl SlotStore {
+    /// Installs a quota from the central node: each (service, slot) table
+    /// replaces any earlier one for that slot, then each of its
+    /// [`refs`](v1::Quota::refs) installs a copy of a table already
+    /// installed. Slots more than 16 slots in the past or future are
+    /// ignored.
+    pub fn apply_quota(&self, quota: &v1::Quota) {
+        let now = self.current_slot();
+        for (name, sq) in &quota.services {
+            for (&slot, users) in &sq.slots {
+                let users = users.users.iter().map(|(user, rq)| {
+                    let resources = rq.resources.iter().map(|(r, &q)| (r.as_str(), q));
+                    (user.as_str(), resources)
+                });
+                self.apply_table(name, slot, users, now);
+            }
+        }
+        for r in &quota.refs {
+            self.apply_ref(&r.service, r.slot, r.from_slot, now);
+        }
+    }
+
+    /// [`SlotStore::apply_quota`] for a quota read in place, as the
+    /// reporter receives it: the same tables installed, without decoding
+    /// them into maps first.
+    pub fn apply_raw_quota(&self, quota: &RawQuota) {
+        let now = self.current_slot();
+        for (name, slot, users) in quota.tables() {
+            self.apply_table(name, slot, users, now);
+        }
+        for (name, slot, from) in quota.refs() {
+            self.apply_ref(name, slot, from, now);
+        }
+    }
+
+    pub(super) fn apply_table<'a, U, R>(&self, name: &str, slot: i64, users: U, now: i64)
+    where
+        U: Iterator<Item = (&'a str, R)> + Clone,
+        R: Iterator<Item = (&'a str, f64)>,
+    {
+        if self.installable(name, slot, now) {
+            self.service(name).apply(slot, users, now);
+            counter!("throttle_quota_tables_installed_total", "service" => name.to_owned())
+                .increment(1);
+        }
+    }
+
+    /// Installs (`name`, `slot`) as a copy of (`name`, `from`), a
+    /// [`v1::QuotaRef`]. A ref to a table this store does not hold (the
+    /// central node sends one only after the table, on the same stream)
+    /// installs nothing, so the slot goes to the [`Fallback`]: counted and
+    /// logged.
+    pub(super) fn apply_ref(&self, name: &str, slot: i64, from: i64, now: i64) {
+        if !self.installable(name, slot, now) {
+            return;
+        }
+        if self
+            .served(name)
+            .is_some_and(|s| s.copy_table(slot, from, now))
+        {
+            counter!("throttle_quota_tables_installed_total", "service" => name.to_owned())
+                .increment(1);
+        } else {
+            counter!("throttle_quota_refs_missing_total").increment(1);
+            tracing::warn!(service = %name, slot, from, "quota refers to a table this node does not hold; ignored");
+        }
+    }
+
+    /// Whether a table of (`name`, `slot`) may be installed at slot `now`:
+    /// a valid name, a slot within the store's reach (else counted).
+    pub(super) fn installable(&self, name: &str, slot: i64, now: i64) -> bool {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return false;
+        }
+        if slot.abs_diff(now) >= QUOTA_RING as u64 {
+            counter!("throttle_quota_ignored_total").increment(1);
+            tracing::debug!(service = %name, slot, now, "quota for a distant slot ignored");
+            return false;
+        }
+        true
+    }
+}
+
+// Collecting a finished slot into a report, and forgetting idle users.
+impl SlotStore {
+    /// Drains `slot` (and any older slot not yet collected) into the report
+    /// sent at the start of `slot + 1`, and forgets users idle since
+    /// `slot - 1`. Every service appears in both maps, possibly empty.
+    ///
+    /// The report [`SlotStore::collect_encoded`] writes, decoded: the
+    /// reporter sends those bytes, and this reads them back as a message
+    /// for tests, simulations and tools.
+    pub fn collect(&self, slot: i64) -> v1::Report {
+        let bytes = self.collect_encoded(slot, "");
+        v1::Report::decode(bytes).unwrap_or_else(|e| {
+            // The encoders write what prost reads (proptests in `wire` and
+            // here): this would be a bug, not input.
+            counter!("throttle_reports_dropped_total").increment(1);
+            tracing::error!(error = %e, slot, "collected report does not decode; dropped");
+            v1::Report {
+                slot_number: slot + 1,
+                ..v1::Report::default()
+            }
+        })
+    }
+
+    /// The encoded [`v1::Report`] of `node_id` (the bytes prost writes for
+    /// it, with no message built): what the reporter sends. See
+    /// [`SlotStore::collect`].
+    pub fn collect_encoded(&self, slot: i64, node_id: &str) -> Bytes {
+        self.collect_encoded_as(slot, node_id, false)
+    }
+
+    /// [`SlotStore::collect_encoded`], with each service's usage written as
+    /// [`v1::PackedUsage`]s if `packed` (for a central node whose Welcome
+    /// accepts [`PACKED_REPORTS`](throttle_proto::PACKED_REPORTS)).
+    pub fn collect_encoded_as(&self, slot: i64, node_id: &str, packed: bool) -> Bytes {
+        let mut services: Vec<Arc<ServiceStore>> = self.shared.services.lock().clone();
+        // A report's maps are in key order, as prost writes them.
+        services.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut report = ReportEncoder::new();
+        for s in services {
+            s.collect_into(slot, &mut report, packed);
+        }
+        report.finish(node_id, slot + 1)
     }
 }

@@ -4,8 +4,8 @@
 use compact_str::CompactString;
 use parking_lot::Mutex;
 
-use super::resource::MAX_RESOURCES;
-use super::resource::ResourceId;
+use super::decision::Tightest;
+use super::resource::{MAX_RESOURCES, ResourceId};
 
 /// Quota rows kept per user: the current one (or without it the newest
 /// past one, for [`Fallback::LastKnownThenAllow`]) and the next two.
@@ -347,6 +347,64 @@ impl UserState {
         for (k, &(s, src)) in kept.iter().enumerate() {
             self.row_slot[k] = RowTag::of(s);
             self.row_version[k] = src.map_or(version, |j| old_version[j]);
+        }
+    }
+}
+
+// The decision on the request path: a user's entry found and locked,
+// its quota row read, the request admitted or refused.
+impl UserState {
+    #[inline]
+    pub(super) fn row(&self, slot: i64, version: u16) -> Option<usize> {
+        // A row at least as new as the published version is current: rows
+        // are written before their version is published.
+        (0..ROWS_PER_USER).find(|&k| {
+            self.row_slot[k] == RowTag::of(slot)
+                && self.row_version[k] != 0
+                && self.row_version[k] >= version
+        })
+    }
+
+    /// Applies row `row`: counts rejections (if `record`) and refuses, or
+    /// admits and adds `costs`.
+    #[inline(always)]
+    pub(super) fn apply_row(
+        &mut self,
+        row: usize,
+        costs: &[(ResourceId, i64)],
+        record: bool,
+    ) -> (bool, Option<Tightest>) {
+        let mut refused: Option<Tightest> = None;
+        let mut tightest: Option<Tightest> = None;
+        for (i, cell) in self.cells_mut().iter_mut().enumerate() {
+            let quota = f64::from(cell.quota[row]);
+            if quota.is_nan() {
+                continue;
+            }
+            let used = cell.used;
+            let t = Tightest {
+                resource: ResourceId(i as u8),
+                quota,
+                used,
+            };
+            if quota < 1.0 || used as f64 > quota {
+                if record {
+                    cell.rejected = cell.rejected.saturating_add(1);
+                }
+                refused.get_or_insert(t);
+            } else if tightest.is_none_or(|b| quota - (used as f64) < b.quota - (b.used as f64)) {
+                tightest = Some(t);
+            }
+        }
+        // Shadow mode lets a refused request through, so it consumes.
+        let allowed = refused.is_none();
+        if allowed || !record {
+            self.charge(costs);
+        }
+        if allowed {
+            (true, tightest)
+        } else {
+            (false, refused)
         }
     }
 }
