@@ -70,9 +70,9 @@ impl Clock for SystemClock {
 
 /// The system clock as the kernel keeps it at each of its ticks
 /// (`CLOCK_REALTIME_COARSE`, read from the vDSO, without a system call):
-/// about 4 ns a read on this project's machine, where the precise clock
-/// costs 20-40 ns on many virtual machines, as much as the whole throttling
-/// decision. Its resolution is the kernel's tick, 1 to 10 ms (4 ms here);
+/// a few nanoseconds a read, where the precise clock can cost as much as
+/// the whole throttling decision on a virtual machine (`docs/performance.md`).
+/// Its resolution is the kernel's tick, 1 to 10 ms;
 /// slots are whole seconds (or at least many milliseconds), so a value a
 /// tick old is as good. Where there is no such clock (other than Linux and
 /// FreeBSD) it reads the system clock.

@@ -7,9 +7,8 @@
 //! them once, listing its tables, users and quotas as the store installs
 //! them.
 //!
-//! Against prost decoding the same answer: a 3,000-user answer installed
-//! in 447-465 µs against 1.94-1.96 ms (`cargo bench -p throttle-layer
-//! --bench store -- slot/`).
+//! Against prost decoding the same answer: `cargo bench -p throttle-layer
+//! --bench store -- slot/` and `docs/performance.md`.
 
 use prost::encoding::WireType;
 

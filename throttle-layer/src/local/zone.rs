@@ -23,9 +23,10 @@ type Hasher = foldhash::fast::RandomState;
 #[derive(Debug, Clone, Default)]
 pub(crate) enum ZoneClock {
     /// The kernel's coarse monotonic clock ([`CoarseClock::monotonic_ms`]),
-    /// a few ns a read: a decision of a local limit takes about 50 ns, the
-    /// precise clock 20 ns more on a virtual machine. nginx, too, reads a
-    /// time cached once per event loop turn.
+    /// read from the vDSO without a system call: the precise clock costs a
+    /// local limit's decision more than the decision itself on a virtual
+    /// machine (`docs/performance.md`). nginx, too, reads a time cached once
+    /// per event loop turn.
     #[default]
     Coarse,
     /// A clock given to the limit (a test's).

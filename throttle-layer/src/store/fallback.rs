@@ -9,12 +9,12 @@ use std::str::FromStr;
 /// The default, [`Fallback::LastKnownThenAllow`] over 60 slots, keeps a
 /// user at the share the central gave this node last, for as long as the
 /// node keeps reports to send the central when it is back (60 slots),
-/// then fails open as the legacy system did. In the simulator
-/// (`docs/accuracy.md`, "Outages") a central killed and back 5 s later
-/// from its checkpoint, or a standby taking over 2.3 s after the leader
-/// died, keeps every slot of a user at 3x the limit within 2% of it with
-/// this default; [`Fallback::Allow`] admits 3x the limit meanwhile and
-/// the debt then refuses the user for seconds.
+/// then fails open as the legacy system did. In the simulator, a central
+/// killed and back from its checkpoint, or a standby taking over after the
+/// leader died, keeps a user's every slot near the limit with this
+/// default, where [`Fallback::Allow`] admits the user's whole demand
+/// meanwhile and the debt then refuses them for seconds
+/// (`docs/accuracy.md`, "Outages").
 ///
 /// Whatever the fallback, a user the central gave a budget of a longer
 /// period (a minute, an hour or a day nearly spent) is admitted, without

@@ -27,7 +27,7 @@ pub(super) type UserMap<const N: usize> =
 /// A user's name as the maps' query: hashed as its key is (as a `str`), and
 /// compared inline, 8 bytes at a time. Comparing as `str` calls `memcmp`,
 /// which for a name of a few dozen bytes is most of the comparison's cost
-/// (about 5 ns of a decision).
+/// (the `admit` benchmarks in `docs/performance.md`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Name<'a>(pub(super) &'a str);
 
