@@ -124,6 +124,18 @@ impl Bucket {
         self.take(amount as f64, floor);
     }
 
+    /// As [`Bucket::consume_down_to`], for a report on time when no late
+    /// report is awaited: what the capacity turned away so far was no
+    /// one's use (the bucket was full while its user was idle), and is
+    /// dropped. Kept, that refill would pay for the late reports of a
+    /// later gap, whose own refill it is not, and leave the bucket that
+    /// much too high after it.
+    pub fn consume_steady(&mut self, amount: i64, now_ms: i64, floor: f64) {
+        self.refill(now_ms);
+        self.spilled = 0.0;
+        self.take(amount as f64, floor);
+    }
+
     /// As [`Bucket::consume_down_to`], for the report of a slot that has
     /// passed (a gap's, sent again): charged first to the refill the
     /// capacity turned away meanwhile, then to the level, but not into a
@@ -254,6 +266,33 @@ mod tests {
             100.0 * SPILL_SECONDS,
             "kept, at most a minute"
         );
+    }
+
+    /// What a full bucket turned away while its user was idle pays for no
+    /// later gap: a steady charge drops it, and the late reports of a gap
+    /// after that take only the gap's own refill.
+    #[test]
+    fn a_steady_charge_drops_the_refill_an_idle_full_bucket_turned_away() {
+        let mut b = Bucket::new(100.0, 2.0, 0);
+        assert_eq!(b.level(10_000), 200.0);
+        assert_eq!(b.spilled(), 900.0, "idle and full for 9 s");
+        b.consume_steady(200, 10_000, b.floor(2.0));
+        assert_eq!((b.level(10_000), b.spilled()), (0.0, 0.0));
+        // Charged steadily while not full: nothing spills.
+        b.consume_steady(100, 11_000, b.floor(2.0));
+        assert_eq!((b.level(11_000), b.spilled()), (0.0, 0.0));
+        // A gap of 5 s: 500 of refill, 300 of it turned away; the late
+        // reports of 500 leave the bucket where it was before the gap.
+        assert_eq!(b.level(16_000), 200.0);
+        b.consume_late(500, 16_000, b.floor(2.0));
+        assert_eq!((b.level(16_000), b.spilled()), (0.0, 0.0));
+        // Without the steady charge the idle spill would have paid for
+        // the gap, leaving the bucket full.
+        let mut kept = Bucket::new(100.0, 2.0, 0);
+        kept.consume_down_to(200, 10_000, kept.floor(2.0));
+        kept.consume_down_to(100, 11_000, kept.floor(2.0));
+        kept.consume_late(500, 16_000, kept.floor(2.0));
+        assert_eq!(kept.level(16_000), 200.0);
     }
 
     use proptest::prelude::*;

@@ -6,8 +6,14 @@ pub(crate) enum Charge {
     /// Not at all: a restored checkpoint holds its charge, or a central
     /// this ledger has no record of answered it.
     No,
-    /// To the level, no deeper than the floor: the slot just ended.
+    /// To the level, no deeper than the floor: the slot just ended,
+    /// while late reports of other nodes may still come (a hold is under
+    /// way, or a node reports every few slots).
     OnTime,
+    /// As [`Charge::OnTime`], when no late report is awaited: the bucket
+    /// first drops the refill its capacity turned away
+    /// ([`Bucket::consume_steady`](crate::bucket::Bucket::consume_steady)).
+    Steady,
     /// First to the refill the buckets turned away meanwhile
     /// ([`Bucket::consume_late`](crate::bucket::Bucket::consume_late)),
     /// then to the level, never into debt: a slot that has passed, sent

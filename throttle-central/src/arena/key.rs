@@ -227,6 +227,7 @@ impl Key {
         let charge = |b: &mut Bucket| match how {
             Charge::No => {}
             Charge::OnTime => b.consume_down_to(amount, now_ms, max_debt.floor(b)),
+            Charge::Steady => b.consume_steady(amount, now_ms, max_debt.floor(b)),
             Charge::Late => b.consume_late(amount, now_ms, max_debt.floor(b)),
             Charge::Batched => b.consume_batched(amount, now_ms, max_debt.floor(b)),
             Charge::Emptying => b.consume_down_to(amount, now_ms, 0.0),

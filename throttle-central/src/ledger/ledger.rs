@@ -751,7 +751,11 @@ impl Ledger {
         } else if early {
             Charge::Emptying
         } else if slot >= self.config.slot.slot_at(now_ms) - 1 {
-            Charge::OnTime
+            if self.awaits_late_reports() {
+                Charge::OnTime
+            } else {
+                Charge::Steady
+            }
         } else if slot >= self.config.slot.slot_at(now_ms) - 1 - self.lag_of(node) {
             // A node that reports every few slots (a proxy) files its
             // slots that late every time.
@@ -759,6 +763,12 @@ impl Ledger {
         } else {
             Charge::Late
         }
+    }
+
+    /// Whether late reports may still come: a hold is under way, or a node
+    /// reports every few slots (its slots are charged late every time).
+    fn awaits_late_reports(&self) -> bool {
+        self.holding() || self.services.values().any(|s| !s.state.lags.is_empty())
     }
 
     /// The most slots `node`'s reports lag, in any service (0 for a node
