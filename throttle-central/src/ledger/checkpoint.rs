@@ -47,7 +47,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use throttle_proto::v1;
+
 use crate::arena::ids::NodeId;
+use crate::arena::state::ServiceState;
 use crate::limits::Period;
 
 /// Why a checkpoint was not restored.
@@ -104,6 +107,56 @@ impl Restored {
     pub(super) fn forget(&mut self, cutoff: i64) {
         self.filed = self.filed.split_off(&cutoff);
     }
+}
+
+/// The levels of `state`'s buckets below their capacity at `now_ms`, if
+/// any.
+pub(super) fn service_levels(
+    service: &str,
+    state: &ServiceState,
+    now_ms: i64,
+) -> Option<v1::ServiceLevels> {
+    let buckets: Vec<v1::BucketLevel> = state
+        .keys()
+        .flat_map(|(_, key)| key.buckets().map(move |(period, b)| (key, period, b)))
+        .filter_map(|(key, period, b)| {
+            let level = b.level_at(now_ms);
+            (level < b.capacity()).then(|| v1::BucketLevel {
+                user: key.user().to_owned(),
+                resource: key.resource().to_owned(),
+                period_seconds: period.seconds() as u32,
+                level,
+            })
+        })
+        .collect();
+    (!buckets.is_empty()).then(|| v1::ServiceLevels {
+        service: service.to_owned(),
+        buckets,
+    })
+}
+
+/// Whether a ledger that `reported` these slots has filed one at least as
+/// new as the newest `checkpoint` holds: the same central leading again,
+/// whose buckets hold the charges made after its last checkpoint.
+pub(super) fn newer_than(
+    reported: &BTreeMap<i64, BTreeSet<NodeId>>,
+    checkpoint: &v1::Checkpoint,
+) -> bool {
+    let own = reported.keys().next_back();
+    let theirs = checkpoint.filed.iter().map(|f| f.slot).max();
+    own.zip(theirs).is_some_and(|(own, theirs)| *own >= theirs)
+}
+
+/// Per data slot, the names of the nodes whose reports of it were charged.
+pub(super) fn filed_slots<'n>(
+    reported: &BTreeMap<i64, BTreeSet<NodeId>>,
+    name_of: impl Fn(NodeId) -> &'n str,
+) -> Vec<v1::FiledSlot> {
+    let filed = reported.iter().map(|(&slot, nodes)| v1::FiledSlot {
+        slot,
+        nodes: nodes.iter().map(|&n| name_of(n).to_owned()).collect(),
+    });
+    filed.collect()
 }
 
 /// A period by its length in seconds, as checkpoints write it.

@@ -5,12 +5,14 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::catch_up::CatchUp;
-use super::checkpoint::{CheckpointError, Restoration, Restored, period_of};
+use super::checkpoint::{
+    CheckpointError, Restoration, Restored, filed_slots, newer_than, period_of, service_levels,
+};
 use super::config::{LedgerConfig, ReportError};
 use super::dropped::DropReason;
 use super::filing::Filer;
 use super::ingested::Ingested;
-use super::service::Service;
+use super::service::{PolicyFactory, Service};
 use super::source::ReportSource;
 use super::told::ACTIVE_SLOTS;
 use crate::arena::charge::Charge;
@@ -19,11 +21,8 @@ use crate::arena::ids::{Map, NodeId, valid_name};
 use crate::arena::rules::ServiceRules;
 use crate::arena::state::ServiceState;
 use crate::limits::{Hierarchy, Limit};
-use crate::policy::{NodeGrants, Policy, Projected, QuotaHistory};
+use crate::policy::{NodeGrants, Projected, QuotaHistory};
 use throttle_proto::v1;
-
-/// Builds the policy of a service when it first appears.
-pub type PolicyFactory = Box<dyn Fn(&str) -> Box<dyn Policy> + Send>;
 
 /// The central node's state; see the [module docs](crate::ledger).
 pub struct Ledger {
@@ -588,44 +587,14 @@ impl Ledger {
     /// The levels of every bucket below its capacity at `now_ms`, with the
     /// reports already charged to them (see `Ledger::restore`).
     pub fn checkpoint(&self, now_ms: i64) -> v1::Checkpoint {
-        let services = self
-            .services
-            .iter()
-            .map(|(name, svc)| v1::ServiceLevels {
-                service: name.to_string(),
-                buckets: svc
-                    .state
-                    .keys()
-                    .flat_map(|(_, key)| key.buckets().map(move |(period, b)| (key, period, b)))
-                    .filter_map(|(key, period, b)| {
-                        let level = b.level_at(now_ms);
-                        (level < b.capacity()).then(|| v1::BucketLevel {
-                            user: key.user().to_owned(),
-                            resource: key.resource().to_owned(),
-                            period_seconds: period.seconds() as u32,
-                            level,
-                        })
-                    })
-                    .collect(),
-            })
-            .filter(|s| !s.buckets.is_empty())
-            .collect();
-        let filed = self
-            .reported
-            .iter()
-            .map(|(&slot, nodes)| v1::FiledSlot {
-                slot,
-                nodes: nodes
-                    .iter()
-                    .map(|&n| self.node_name(n).to_owned())
-                    .collect(),
-            })
-            .collect();
+        let services = self.services.iter();
         v1::Checkpoint {
             taken_ms: now_ms,
             slot_ms: self.config.slot.as_ms(),
-            services,
-            filed,
+            services: services
+                .filter_map(|(name, svc)| service_levels(name, &svc.state, now_ms))
+                .collect(),
+            filed: filed_slots(&self.reported, |n| self.node_name(n)),
         }
     }
 
@@ -649,7 +618,7 @@ impl Ledger {
                 found: checkpoint.slot_ms,
             });
         }
-        if self.newer_than(checkpoint) {
+        if newer_than(&self.reported, checkpoint) {
             // This ledger wrote it, and has charged since: its own buckets
             // are kept, and it holds as a ledger leading again after a gap.
             tracing::info!("this ledger is newer than the checkpoint; kept");
@@ -692,15 +661,6 @@ impl Ledger {
         self.restored = Some(Restored::new(filed, from_slot));
         self.key_total = self.key_count();
         Ok(out)
-    }
-
-    /// Whether this ledger has filed a slot at least as new as the newest
-    /// `checkpoint` holds: the same central leading again, whose buckets
-    /// hold the charges made after its last checkpoint.
-    fn newer_than(&self, checkpoint: &v1::Checkpoint) -> bool {
-        let own = self.reported.keys().next_back();
-        let theirs = checkpoint.filed.iter().map(|f| f.slot).max();
-        own.zip(theirs).is_some_and(|(own, theirs)| *own >= theirs)
     }
 
     /// Restores one bucket's level; false if it has no such bucket.

@@ -8,6 +8,9 @@ use super::told::Told;
 use crate::arena::state::ServiceState;
 use crate::policy::{Assignment, Granted, Policy, QuotaHistory};
 
+/// Builds the policy of a service when it first appears.
+pub type PolicyFactory = Box<dyn Fn(&str) -> Box<dyn Policy> + Send>;
+
 /// One service of the ledger.
 pub(crate) struct Service {
     pub(crate) state: ServiceState,

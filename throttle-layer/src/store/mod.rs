@@ -95,9 +95,11 @@
 
 mod blocked;
 mod budgets;
+mod collect;
 mod decision;
 mod fallback;
 mod limits;
+mod quota;
 mod resource;
 mod service_store;
 mod slot_store;

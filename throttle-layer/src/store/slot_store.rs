@@ -14,6 +14,8 @@ use throttle_proto::wire::{RawQuota, ReportEncoder};
 use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::blocked::Blocked;
+use super::collect::Drain;
+use super::quota::Install;
 use super::service_store::{QUOTA_RING, ServiceStore};
 use super::user::Overflow;
 
@@ -262,7 +264,7 @@ impl SlotStore {
         R: Iterator<Item = (&'a str, f64)>,
     {
         if self.installable(name, slot, now) {
-            self.service(name).apply(slot, users, now);
+            Install(&self.service(name)).apply(slot, users, now);
             counter!("throttle_quota_tables_installed_total", "service" => name.to_owned())
                 .increment(1);
         }
@@ -279,7 +281,7 @@ impl SlotStore {
         }
         if self
             .served(name)
-            .is_some_and(|s| s.copy_table(slot, from, now))
+            .is_some_and(|s| Install(&s).copy_table(slot, from, now))
         {
             counter!("throttle_quota_tables_installed_total", "service" => name.to_owned())
                 .increment(1);
@@ -343,7 +345,7 @@ impl SlotStore {
         services.sort_by(|a, b| a.name.cmp(&b.name));
         let mut report = ReportEncoder::new();
         for s in services {
-            s.collect_into(slot, &mut report, packed);
+            Drain(&s).collect_into(slot, &mut report, packed);
         }
         report.finish(node_id, slot + 1)
     }

@@ -1,0 +1,130 @@
+//! Installing quotas into one service's users ([`Install`]): a (service,
+//! slot) table into the users' rows, or a ref copying a table already
+//! installed.
+
+use std::sync::atomic::Ordering;
+
+use metrics::counter;
+use throttle_proto::MAX_NAME_LEN;
+
+use super::resource::MAX_RESOURCES;
+use super::service_store::{QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, VERSION_MASK};
+use super::user::{UserState, whole_units};
+use super::users::{UserLock, Users, with_users};
+
+/// Installs quota tables into a service's users.
+#[derive(Clone, Copy)]
+pub(super) struct Install<'a>(pub(super) &'a ServiceStore);
+
+impl Install<'_> {
+    /// Installs one (service, slot) table: `users`, each with its
+    /// (resource, quota) pairs, as prost decoded them or read in place.
+    pub(super) fn apply<'a, U, R>(&self, slot: i64, users: U, now_slot: i64)
+    where
+        U: Iterator<Item = (&'a str, R)> + Clone,
+        R: Iterator<Item = (&'a str, f64)>,
+    {
+        let _g = self.0.register.lock();
+        let Some((idx, published, row_version)) = self.next_version(slot) else {
+            return;
+        };
+        if self.0.users.get().is_none() {
+            // The map's cell class is fixed when it is made: count this
+            // table's resources first.
+            for (_, resources) in users.clone() {
+                for (resource, _) in resources {
+                    self.0.resource_locked(resource);
+                }
+            }
+        }
+        let mut quotas = [f32::NAN; MAX_RESOURCES];
+        with_users!(self.0.user_map(), map => {
+            let guard = map.guard();
+            for (user, resources) in users {
+                if user.is_empty() || user.len() > MAX_NAME_LEN {
+                    continue;
+                }
+                quotas.fill(f32::NAN);
+                let mut len = 0;
+                for (resource, q) in resources {
+                    let Some(id) = self.0.resource_locked(resource) else {
+                        continue;
+                    };
+                    quotas[id.index()] = whole_units(q);
+                    len = len.max(id.index() + 1);
+                }
+                if let Some(mut st) = self.0.locked(map, &guard, user, now_slot) {
+                    st.insert_row(slot, row_version, &quotas[..len], now_slot);
+                }
+            }
+        });
+        // Rows first, then the version: readers never see a version whose
+        // rows are missing.
+        self.0.ring[idx].store(published, Ordering::Release);
+        self.0.newest.fetch_max(slot, Ordering::Release);
+    }
+
+    /// The next version of `slot`'s table: its index in the ring, the
+    /// value to publish there once its rows are in, and the rows' version.
+    /// `None` (counted and logged) past the rows' 16-bit versions. For a
+    /// caller holding `register`.
+    pub(super) fn next_version(&self, slot: i64) -> Option<(usize, u64, u16)> {
+        let idx = slot.rem_euclid(QUOTA_RING as i64) as usize;
+        let old = self.0.ring[idx].load(Ordering::Acquire);
+        let tag = (slot as u64 & SLOT_MASK) << (64 - SLOT_BITS);
+        let version = if old >> (64 - SLOT_BITS) == tag >> (64 - SLOT_BITS) {
+            old & VERSION_MASK
+        } else {
+            0
+        } + 1;
+        let Ok(row_version) = u16::try_from(version) else {
+            // Rows keep 16-bit versions; no central sends 65,535 tables for
+            // one slot, and counting on would make older rows read as newer.
+            counter!("throttle_quota_ignored_total").increment(1);
+            tracing::warn!(service = %self.0.name, slot, "too many quota tables for one slot; ignored");
+            return None;
+        };
+        Some((idx, tag | version, row_version))
+    }
+
+    /// Installs as `slot`'s table the one installed for `from` (a
+    /// [`v1::QuotaRef`]): every user with a row of `from`'s table gets the
+    /// same quotas for `slot`, as if that table had come again for `slot`.
+    /// Returns whether a table for `from` is installed; without one
+    /// nothing is.
+    pub(super) fn copy_table(&self, slot: i64, from: i64, now_slot: i64) -> bool {
+        let _g = self.0.register.lock();
+        let Some(from_version) = self.0.quota_version(from) else {
+            return false;
+        };
+        if slot == from {
+            return true;
+        }
+        let Some((idx, published, row_version)) = self.next_version(slot) else {
+            return true;
+        };
+        if let Some(users) = self.0.users.get() {
+            with_users!(users, map => {
+                let users = map.pin();
+                let mut quotas = [f32::NAN; MAX_RESOURCES];
+                for (_, entry) in users.iter() {
+                    let state: &UserLock<UserState> = entry;
+                    let mut st = state.lock();
+                    let Some(k) = st.row(from, from_version).filter(|_| !st.evicted) else {
+                        continue;
+                    };
+                    let cells = st.cells();
+                    let len = cells.len().min(MAX_RESOURCES);
+                    for (q, cell) in quotas.iter_mut().zip(cells) {
+                        let rows = cell.quota;
+                        *q = rows[k];
+                    }
+                    st.insert_row(slot, row_version, &quotas[..len], now_slot);
+                }
+            });
+        }
+        self.0.ring[idx].store(published, Ordering::Release);
+        self.0.newest.fetch_max(slot, Ordering::Release);
+        true
+    }
+}
