@@ -72,11 +72,12 @@ impl Projected {
 }
 
 /// What a node would have used, from its latest entry of `key`: consumption
-/// plus rejections times the cost of one request.
-fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
+/// plus rejections times the cost of one request; and that cost (1 where
+/// it refused nothing).
+fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> (f64, f64) {
     let c = entry.consumption as f64;
     if entry.rejection == 0 {
-        return c;
+        return (c, 1.0);
     }
     let unit = if key.resource() == "requests" {
         1.0
@@ -95,7 +96,22 @@ fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
             .filter(|n| n.consumption > 0)
             .map_or(1.0, |n| c / n.consumption as f64)
     };
-    (c + entry.rejection as f64 * unit).max(c * HUNGRY_GROWTH)
+    let wanted = (c + entry.rejection as f64 * unit).max(c * HUNGRY_GROWTH);
+    (wanted, unit)
+}
+
+/// What a node that wants `demand` admits on a grant of `grant`, one
+/// request costing `unit`: a node admits while what it counted is within
+/// its quota, so one held by it admits the request that crosses it too
+/// (51 requests on a quota of 50), and nothing on a quota under 1.
+fn admits_on(grant: f64, demand: f64, unit: f64) -> f64 {
+    if demand <= grant {
+        demand
+    } else if grant < 1.0 {
+        0.0
+    } else {
+        demand.min(((grant / unit).floor() + 1.0) * unit)
+    }
 }
 
 /// Each node's newest reported data slot, and its lag
@@ -143,13 +159,14 @@ impl Newest {
         self.lags.iter().copied().max().unwrap_or(0)
     }
 
-    /// What `entry`, of `key`, wants now: its [`demand`], or nothing
+    /// What `entry`, of `key`, wants now, and the cost of one of its
+    /// requests: its [`demand`], or nothing
     /// when its node has reported newer slots without this key (it has
     /// moved on).
     #[inline]
-    pub(super) fn demand(&self, state: &ServiceState, key: &Key, entry: &NodeUsage) -> f64 {
+    pub(super) fn demand(&self, state: &ServiceState, key: &Key, entry: &NodeUsage) -> (f64, f64) {
         if entry.slot < self.get(entry.node).unwrap_or(entry.slot) {
-            0.0
+            (0.0, 1.0)
         } else {
             demand(state, key, entry)
         }
@@ -204,8 +221,9 @@ impl Policy for Projected {
         let mut earlier: Vec<SlotGrants<'_>> =
             (slot - back..slot).map(|y| granted.slot(y)).collect();
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
-        // What each node of `nodes` admitted in its newest slot.
-        let mut used: Vec<f64> = Vec::new();
+        // What each node of `nodes` admitted in its newest slot, and the
+        // cost of one of its requests.
+        let mut used: Vec<(f64, f64)> = Vec::new();
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };
             nodes.clear();
@@ -215,9 +233,9 @@ impl Policy for Projected {
                 .iter()
                 .filter(|e| e.slot + newest.lag(e.node) > recent)
             {
-                let d = newest.demand(state, key, e);
+                let (d, unit) = newest.demand(state, key, e);
                 nodes.push((e.node, d));
-                used.push(if d > 0.0 { e.consumption as f64 } else { 0.0 });
+                used.push((if d > 0.0 { e.consumption as f64 } else { 0.0 }, unit));
             }
             if nodes.is_empty() && (active.is_empty() || !few_keys) {
                 // Nobody used it lately and there are too many such keys
@@ -243,10 +261,15 @@ impl Policy for Projected {
                 // Without a grant, a node that refused nothing fails open
                 // (it admits its demand), and one that refused keeps to
                 // what held it (its last quotas, a hold's): its last use.
-                let ungranted = used.get(i).copied().unwrap_or(d);
+                let (ungranted, unit) = used.get(i).copied().unwrap_or((d, 1.0));
+                // A node of this library counts against its quota; a
+                // proxy that reports every few slots keeps to its token
+                // bucket.
+                let every_slot = newest.lag(node) == 0;
                 for y in first..slot {
                     let grant = earlier[(y - (slot - back)) as usize].get(node, id);
                     outstanding += match grant {
+                        Some(g) if every_slot => admits_on(f64::from(g), d, unit),
                         Some(g) => f64::from(g).min(d),
                         None => ungranted,
                     };
@@ -283,5 +306,25 @@ impl Policy for Projected {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::admits_on;
+
+    #[test]
+    fn a_node_held_by_its_quota_admits_the_request_that_crosses_it() {
+        // 50 wanted, more granted: what it wants.
+        assert_eq!(admits_on(60.0, 50.0, 1.0), 50.0);
+        // Held: every request while its count is within the quota.
+        assert_eq!(admits_on(50.0, 150.0, 1.0), 51.0);
+        assert_eq!(admits_on(49.65, 150.0, 1.0), 50.0);
+        // Under 1, a node refuses everything.
+        assert_eq!(admits_on(0.9, 150.0, 1.0), 0.0);
+        // Bytes at 1,000 a request: the request that crosses 4,500.
+        assert_eq!(admits_on(4_500.0, 9_000.0, 1_000.0), 5_000.0);
+        // Never more than it wants.
+        assert_eq!(admits_on(50.0, 50.5, 1.0), 50.5);
     }
 }

@@ -94,7 +94,7 @@ impl Slot<'_> {
             let start = self.demands.len();
             let mut total = 0.0;
             for e in key.nodes().iter().filter(|e| e.slot > recent) {
-                let d = self.newest.demand(state, key, e);
+                let (d, _) = self.newest.demand(state, key, e);
                 if self.newest.get(e.node) == Some(e.slot) {
                     consumed[group] += e.consumption as f64;
                 }
