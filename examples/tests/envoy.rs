@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use throttle_examples::load::{Load, Tallies, unix_second};
 use throttle_test_servers::{
-    AppProcess, CentralProcess, Envoy, TempDir, free_port, wait_listening,
+    AppProcess, CentralProcess, Envoy, Pki, TempDir, free_port, wait_listening,
 };
 
 const LIMITS: &str = r#"
@@ -41,18 +41,37 @@ fn guide_yaml(n: usize) -> String {
     block.expect("the guide's YAML").to_owned()
 }
 
+/// The guide's YAML blocks: the whole configuration, its cluster of two
+/// centrals, and its cluster over TLS.
+const WHOLE: usize = 0;
+const TWO_CENTRALS: usize = 1;
+const OVER_TLS: usize = 2;
+
 /// The guide's Envoy configuration for `node_id`, listening on `listen`
 /// (admin on `admin`), in front of `app`, its stream to `centrals` (gRPC
-/// and HTTP ports; two: the guide's cluster of two centrals).
+/// and HTTP ports) through the guide's cluster of two centrals when there
+/// are two.
 fn envoy_yaml(node_id: &str, listen: u16, admin: u16, app: u16, centrals: &[(u16, u16)]) -> String {
-    let mut yaml = guide_yaml(0);
-    if let [_, _] = centrals {
+    let cluster = (centrals.len() == 2).then_some(TWO_CENTRALS);
+    envoy_yaml_with(node_id, (listen, admin, app), centrals, cluster)
+}
+
+/// [`envoy_yaml`], with the guide's YAML block `cluster` as the RLQS
+/// cluster (`None`: the whole configuration's own).
+fn envoy_yaml_with(
+    node_id: &str,
+    (listen, admin, app): (u16, u16, u16),
+    centrals: &[(u16, u16)],
+    cluster: Option<usize>,
+) -> String {
+    let mut yaml = guide_yaml(WHOLE);
+    if let Some(cluster) = cluster {
         let at = yaml
             .find("  - name: throttle_central")
             .expect("the RLQS cluster");
         yaml.truncate(at);
         yaml.push_str(
-            &guide_yaml(1)
+            &guide_yaml(cluster)
                 .replace("10.0.0.11", "127.0.0.1")
                 .replace("10.0.0.12", "127.0.0.1"),
         );
@@ -424,5 +443,74 @@ async fn envoys_keep_their_share_until_the_ttl_and_come_back_without_a_burst() {
     assert!(
         AFTER_RESTART_TODAY.contains(&total),
         "alice admitted {total} in the 10 s after the Envoys were back: {after:?}"
+    );
+}
+
+/// alice, offered 150/s through one Envoy whose stream to the central
+/// runs over mutual TLS, through the guide's TLS cluster: held to her
+/// limit (without the stream, `ALLOW_ALL` would let all of it through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_over_mutual_tls_is_held_to_the_limit() {
+    let test = "an_envoy_over_mutual_tls_is_held_to_the_limit";
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(bin) = throttle_test_servers::central_beside(env!("CARGO_BIN_EXE_axum-node"), test)
+    else {
+        return;
+    };
+    let dir = TempDir::new("envoy-tls");
+    let pki = Pki::new(&["envoy-1"]);
+    let write = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).expect("PEM written");
+        path.display().to_string()
+    };
+    let ca = write("ca.pem", &pki.ca);
+    let args = [
+        "--limits".to_owned(),
+        limits_file(&dir),
+        "--tls-cert".to_owned(),
+        write("central.pem", &pki.server.0),
+        "--tls-key".to_owned(),
+        write("central.key", &pki.server.1),
+        "--tls-client-ca".to_owned(),
+        ca.clone(),
+    ];
+    let central = CentralProcess::start(&bin, &args);
+    let app = upstream().await;
+    let (listen, admin) = (free_port(), free_port());
+    let centrals = [(central.grpc, central.http.port())];
+    let yaml = envoy_yaml_with(
+        "envoy-1",
+        (listen, admin, app.port()),
+        &centrals,
+        Some(OVER_TLS),
+    )
+    .replace("/etc/throttle/ca.pem", &ca)
+    .replace(
+        "/etc/throttle/envoy-1.pem",
+        &write("envoy-1.pem", &pki.client.0),
+    )
+    .replace(
+        "/etc/throttle/envoy-1.key",
+        &write("envoy-1.key", &pki.client.1),
+    );
+    let Some(_envoy) = Envoy::start(test, &yaml, SocketAddr::from(([127, 0, 0, 1], admin))) else {
+        return;
+    };
+    let listen = SocketAddr::from(([127, 0, 0, 1], listen));
+    wait_listening(listen);
+    let load = Load::new(vec![listen], "/");
+    load.flow("alice", 0, 150.0);
+    let start = unix_second() + 1;
+    load.run(Duration::from_secs(14)).await;
+    let tallies = load.tallies();
+    let seconds: Vec<u64> = (start + 6..start + 12)
+        .map(|s| counted(&tallies, "alice", s).0)
+        .collect();
+    let total: u64 = seconds.iter().sum();
+    println!("alice over mutual TLS, 6 s from 6 s in: {seconds:?} = {total} of 600");
+    assert!(
+        (540..=660).contains(&total),
+        "alice admitted {total} in 6 s through an Envoy over mutual TLS, limit 600: {seconds:?}"
     );
 }

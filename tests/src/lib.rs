@@ -4,6 +4,7 @@
 //! with its own store and reporter, all on 127.0.0.1 with ephemeral ports.
 
 pub mod buckets;
+pub mod closed_loop;
 pub mod hierarchy;
 pub use throttle_test_servers as servers;
 pub mod sim;

@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use throttle_central::net::{ConnectionLimits, ServerTls};
 use throttle_central::{Central, RunningCentral};
 use throttle_clock::SlotLength;
 use throttle_layer::reporter::{ReporterBuilder, ReporterError, ReporterHandle};
 use throttle_layer::{Reporter, SlotStore};
+use throttle_test_servers::Pki;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -20,32 +20,13 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 const SLOT_MS: u32 = 100;
 
-/// A CA, a server certificate for `localhost` and 127.0.0.1, and a client
-/// certificate, all PEM.
-struct Pki {
-    ca: String,
-    server: (String, String),
-    client: (String, String),
+/// What the central and the nodes set from a [`Pki`].
+trait Sides {
+    fn server_tls(&self, mutual: bool) -> ServerTls;
+    fn client_tls(&self, identity: bool) -> ClientTlsConfig;
 }
 
-impl Pki {
-    fn new() -> Self {
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap().pem();
-        let issuer = Issuer::new(ca_params, ca_key);
-        let leaf = |names: Vec<String>| {
-            let key = KeyPair::generate().unwrap();
-            let cert = CertificateParams::new(names).unwrap();
-            let cert = cert.signed_by(&key, &issuer).unwrap();
-            (cert.pem(), key.serialize_pem())
-        };
-        let server = leaf(vec!["localhost".into(), "127.0.0.1".into()]);
-        let client = leaf(vec!["web-1".into()]);
-        Self { ca, server, client }
-    }
-
+impl Sides for Pki {
     fn server_tls(&self, mutual: bool) -> ServerTls {
         let (cert, key) = &self.server;
         let ca = mutual.then(|| self.ca.clone().into_bytes());
@@ -102,7 +83,7 @@ async fn served(handle: &ReporterHandle, within: Duration) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reporter_over_tls_is_served_and_a_plaintext_one_is_not() {
-    let pki = Pki::new();
+    let pki = Pki::new(&["web-1"]);
     let central = central(Some(pki.server_tls(false)), ConnectionLimits::default()).await;
     let port = central.grpc_addr().port();
     let (tls, plain) = (store(), store());
@@ -129,7 +110,7 @@ async fn a_reporter_over_tls_is_served_and_a_plaintext_one_is_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_serves_a_node_with_a_certificate_only() {
-    let pki = Pki::new();
+    let pki = Pki::new(&["web-1"]);
     let central = central(Some(pki.server_tls(true)), ConnectionLimits::default()).await;
     let url = format!("https://127.0.0.1:{}", central.grpc_addr().port());
     let (with, without) = (store(), store());
@@ -155,7 +136,7 @@ async fn mutual_tls_serves_a_node_with_a_certificate_only() {
 
 #[tokio::test]
 async fn tls_settings_and_addresses_must_agree() {
-    let pki = Pki::new();
+    let pki = Pki::new(&["web-1"]);
     let store = store();
     let https_without_tls = reporter(&store, "https://127.0.0.1:1".into(), "n").spawn();
     assert!(matches!(
@@ -198,7 +179,7 @@ async fn https_healthz(addr: SocketAddr, ca: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_side_speaks_tls_too() {
-    let pki = Pki::new();
+    let pki = Pki::new(&["web-1"]);
     let central = central(Some(pki.server_tls(true)), ConnectionLimits::default()).await;
     let http = central.http_addr().unwrap();
     // No client certificate: the monitor API's guard is its bearer token.

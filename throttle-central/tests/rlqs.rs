@@ -22,6 +22,9 @@ use throttle_central::{Central, CentralBuilder, RunningCentral, Subject};
 use throttle_clock::SlotLength;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use throttle_central::net::ServerTls;
+use throttle_test_servers::Pki;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Request, Streaming};
 
 const SLOT_MS: u32 = 100;
@@ -78,7 +81,22 @@ async fn open(
     Code,
 > {
     let url = format!("http://{}", central.grpc_addr());
-    let mut client = RateLimitQuotaServiceClient::connect(url).await.unwrap();
+    let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
+    open_on(channel, metadata).await
+}
+
+/// [`open`], on `channel`.
+async fn open_on(
+    channel: Channel,
+    metadata: &[(&'static str, &str)],
+) -> Result<
+    (
+        mpsc::Sender<RateLimitQuotaUsageReports>,
+        Streaming<RateLimitQuotaResponse>,
+    ),
+    Code,
+> {
+    let mut client = RateLimitQuotaServiceClient::new(channel);
     let (tx, rx) = mpsc::channel(8);
     let mut request = Request::new(ReceiverStream::new(rx));
     for (key, value) in metadata {
@@ -274,5 +292,49 @@ async fn a_service_may_name_its_user_entry() {
     let actions = next_actions(&mut answers).await;
     let allow = Some(Strategy::BlanketRule(BlanketRule::AllowAll as i32));
     assert_eq!(strategy(&actions[0].1), allow, "{actions:?}");
+    central.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_mutual_tls_a_proxy_is_the_node_its_certificate_names() {
+    let pki = Pki::new(&["envoy-7.edge"]);
+    let (cert, key) = &pki.server;
+    let ca = Some(pki.ca.clone().into_bytes());
+    let tls = ServerTls::from_pem(cert.clone().into_bytes(), key.clone().into_bytes(), ca);
+    let central = spawn(builder().tls(tls.unwrap())).await;
+    let (cert, key) = &pki.client;
+    let client = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&pki.ca))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(cert, key));
+    let url = format!("https://localhost:{}", central.grpc_addr().port());
+    let channel = || async {
+        let endpoint = Channel::from_shared(url.clone()).unwrap();
+        endpoint
+            .tls_config(client.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    };
+    // Without the header, the certificate names the node; with it, the
+    // header does (replicas that share a certificate stay apart).
+    let (by_cert, mut answers) = open_on(channel().await, &[]).await.unwrap();
+    let header = [("x-throttle-node", "envoy-8")];
+    let (by_header, mut answered) = open_on(channel().await, &header).await.unwrap();
+    for (tx, answers) in [(&by_cert, &mut answers), (&by_header, &mut answered)] {
+        let alice = usage(bucket(&[("user", "alice")]), 1, 0, 0);
+        tx.send(reports("front", vec![alice])).await.unwrap();
+        assert_eq!(next_actions(answers).await.len(), 1);
+    }
+    let connections = central
+        .monitor(Subject::Connections, SlotRange::default())
+        .await
+        .unwrap()
+        .to_string();
+    for id in ["envoy-7.edge", "envoy-8"] {
+        let named = format!(r#""node_id":"{id}""#);
+        assert!(connections.contains(&named), "{id}: {connections}");
+    }
     central.shutdown().await;
 }

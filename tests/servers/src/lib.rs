@@ -12,6 +12,7 @@ mod chromium;
 mod envoy;
 mod legacy_client;
 mod legacy_node;
+mod pki;
 mod postgres;
 mod redis_cluster;
 pub use app::AppProcess;
@@ -20,6 +21,7 @@ pub use chromium::Chromium;
 pub use envoy::Envoy;
 pub use legacy_client::{LegacyClient, presigned_query};
 pub use legacy_node::{ANSWER_WAIT, LegacyNode};
+pub use pki::Pki;
 pub use postgres::Postgres;
 pub use redis_cluster::RedisCluster;
 

@@ -20,6 +20,7 @@
 mod assignment;
 mod backfill;
 mod buckets;
+mod certified;
 #[allow(clippy::module_inception)]
 mod rlqs;
 mod session;

@@ -16,6 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::certified;
 use super::session::Session;
 use super::settings::StreamSettings;
 use crate::keys::NodeKeys;
@@ -44,13 +45,21 @@ pub(crate) struct Rlqs {
 static REFUSED: Throttled = Throttled::new();
 
 impl Rlqs {
-    /// The proxy's node id, proven by its bearer token when the central
-    /// has node keys.
+    /// The proxy's node id: its [`NODE_HEADER`], proven by its bearer
+    /// token when the central has node keys; without the header, the
+    /// identity of the client certificate it showed (`certified`), which
+    /// the TLS handshake proved.
     fn authenticated(
         &self,
         metadata: &MetadataMap,
         addr: Option<SocketAddr>,
+        certified: Option<String>,
     ) -> Result<String, Status> {
+        if metadata.get(NODE_HEADER).is_none()
+            && let Some(id) = certified
+        {
+            return Ok(id);
+        }
         let Some(keys) = &self.keys else {
             return Self::node_id(metadata, addr);
         };
@@ -105,7 +114,8 @@ impl RateLimitQuotaService for Rlqs {
         let conn = NodeConnInfo::of(&request);
         conn.inspect(|c| c.stream_opened());
         let addr = conn.and_then(|c| c.addr).or_else(|| request.remote_addr());
-        let node_id = self.authenticated(request.metadata(), addr)?;
+        let certified = certified::identity(&request);
+        let node_id = self.authenticated(request.metadata(), addr, certified)?;
         let (out, rx) = mpsc::channel(QUEUE);
         let inbound = request.into_inner();
         let session = Session::new(self.settings.clone(), node_id, addr, out);
