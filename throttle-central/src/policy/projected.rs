@@ -100,17 +100,17 @@ fn demand(state: &ServiceState, key: &Key, entry: &NodeUsage) -> (f64, f64) {
     (wanted, unit)
 }
 
-/// What a node that wants `demand` admits on a grant of `grant`, one
-/// request costing `unit`: a node admits while what it counted is within
-/// its quota, so one held by it admits the request that crosses it too
-/// (51 requests on a quota of 50), and nothing on a quota under 1.
-fn admits_on(grant: f64, demand: f64, unit: f64) -> f64 {
+/// What a node that wants `demand` is expected to admit on a grant of
+/// `grant`: a node admits while what it counted is within its quota, so
+/// one held by it admits the request that crosses it too (51 requests on
+/// a quota of 50, 50 on 49.6). `over` is by how much it crossed its grant
+/// in its newest reported slot, if it was held then; the same is expected
+/// again.
+fn admits_on(grant: f64, demand: f64, over: Option<f64>) -> f64 {
     if demand <= grant {
         demand
-    } else if grant < 1.0 {
-        0.0
     } else {
-        demand.min(((grant / unit).floor() + 1.0) * unit)
+        demand.min(grant + over.unwrap_or(0.0))
     }
 }
 
@@ -221,9 +221,9 @@ impl Policy for Projected {
         let mut earlier: Vec<SlotGrants<'_>> =
             (slot - back..slot).map(|y| granted.slot(y)).collect();
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
-        // What each node of `nodes` admitted in its newest slot, and the
-        // cost of one of its requests.
-        let mut used: Vec<(f64, f64)> = Vec::new();
+        // What each node of `nodes` admitted in its newest slot, and by how
+        // much that crossed its grant there if its grant held it.
+        let mut used: Vec<(f64, Option<f64>)> = Vec::new();
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };
             nodes.clear();
@@ -235,7 +235,12 @@ impl Policy for Projected {
             {
                 let (d, unit) = newest.demand(state, key, e);
                 nodes.push((e.node, d));
-                used.push((if d > 0.0 { e.consumption as f64 } else { 0.0 }, unit));
+                let consumed = if d > 0.0 { e.consumption as f64 } else { 0.0 };
+                let held = (e.rejection > 0 && e.slot >= slot - back)
+                    .then(|| earlier[(e.slot - (slot - back)) as usize].get(e.node, id))
+                    .flatten();
+                let over = held.map(|g| (consumed - f64::from(g)).clamp(0.0, unit));
+                used.push((consumed, over));
             }
             if nodes.is_empty() && (active.is_empty() || !few_keys) {
                 // Nobody used it lately and there are too many such keys
@@ -261,7 +266,7 @@ impl Policy for Projected {
                 // Without a grant, a node that refused nothing fails open
                 // (it admits its demand), and one that refused keeps to
                 // what held it (its last quotas, a hold's): its last use.
-                let (ungranted, unit) = used.get(i).copied().unwrap_or((d, 1.0));
+                let (ungranted, over) = used.get(i).copied().unwrap_or((d, None));
                 // A node of this library counts against its quota; a
                 // proxy that reports every few slots keeps to its token
                 // bucket.
@@ -269,7 +274,7 @@ impl Policy for Projected {
                 for y in first..slot {
                     let grant = earlier[(y - (slot - back)) as usize].get(node, id);
                     outstanding += match grant {
-                        Some(g) if every_slot => admits_on(f64::from(g), d, unit),
+                        Some(g) if every_slot => admits_on(f64::from(g), d, over),
                         Some(g) => f64::from(g).min(d),
                         None => ungranted,
                     };
@@ -314,17 +319,15 @@ mod tests {
     use super::admits_on;
 
     #[test]
-    fn a_node_held_by_its_quota_admits_the_request_that_crosses_it() {
-        // 50 wanted, more granted: what it wants.
-        assert_eq!(admits_on(60.0, 50.0, 1.0), 50.0);
-        // Held: every request while its count is within the quota.
-        assert_eq!(admits_on(50.0, 150.0, 1.0), 51.0);
-        assert_eq!(admits_on(49.65, 150.0, 1.0), 50.0);
-        // Under 1, a node refuses everything.
-        assert_eq!(admits_on(0.9, 150.0, 1.0), 0.0);
-        // Bytes at 1,000 a request: the request that crosses 4,500.
-        assert_eq!(admits_on(4_500.0, 9_000.0, 1_000.0), 5_000.0);
+    fn a_node_held_by_its_quota_crosses_it_as_it_did_last() {
+        // More granted than wanted: what it wants.
+        assert_eq!(admits_on(60.0, 50.0, Some(0.35)), 50.0);
+        // Held: as far past the grant as it went in its newest slot.
+        assert_eq!(admits_on(49.65, 150.0, Some(0.35)), 50.0);
+        assert_eq!(admits_on(50.0, 150.0, Some(1.0)), 51.0);
+        // Not held then, or no grant known: the grant.
+        assert_eq!(admits_on(50.0, 150.0, None), 50.0);
         // Never more than it wants.
-        assert_eq!(admits_on(50.0, 50.5, 1.0), 50.5);
+        assert_eq!(admits_on(50.0, 50.2, Some(1.0)), 50.2);
     }
 }
