@@ -68,34 +68,26 @@ fn reports(domain: &str, usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageRe
     }
 }
 
-/// Opens a stream with `metadata`; the sender of its reports and its
-/// answers, or the status it was refused with.
-async fn open(
-    central: &RunningCentral,
-    metadata: &[(&'static str, &str)],
-) -> Result<
+/// An open stream's sender of reports and its answers, or the status it
+/// was refused with.
+type Opened = Result<
     (
         mpsc::Sender<RateLimitQuotaUsageReports>,
         Streaming<RateLimitQuotaResponse>,
     ),
     Code,
-> {
+>;
+
+/// Opens a stream with `metadata`; the sender of its reports and its
+/// answers, or the status it was refused with.
+async fn open(central: &RunningCentral, metadata: &[(&'static str, &str)]) -> Opened {
     let url = format!("http://{}", central.grpc_addr());
     let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
     open_on(channel, metadata).await
 }
 
 /// [`open`], on `channel`.
-async fn open_on(
-    channel: Channel,
-    metadata: &[(&'static str, &str)],
-) -> Result<
-    (
-        mpsc::Sender<RateLimitQuotaUsageReports>,
-        Streaming<RateLimitQuotaResponse>,
-    ),
-    Code,
-> {
+async fn open_on(channel: Channel, metadata: &[(&'static str, &str)]) -> Opened {
     let mut client = RateLimitQuotaServiceClient::new(channel);
     let (tx, rx) = mpsc::channel(8);
     let mut request = Request::new(ReceiverStream::new(rx));

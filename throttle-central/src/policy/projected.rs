@@ -160,9 +160,8 @@ impl Newest {
     }
 
     /// What `entry`, of `key`, wants now, and the cost of one of its
-    /// requests: its [`demand`], or nothing
-    /// when its node has reported newer slots without this key (it has
-    /// moved on).
+    /// requests: its [`demand`], or nothing when its node has reported
+    /// newer slots without this key (it has moved on).
     #[inline]
     pub(super) fn demand(&self, state: &ServiceState, key: &Key, entry: &NodeUsage) -> (f64, f64) {
         if entry.slot < self.get(entry.node).unwrap_or(entry.slot) {

@@ -5,7 +5,6 @@ use throttle_proto::MAX_NAME_LEN;
 use tonic::transport::server::TlsConnectInfo;
 use x509_parser::extensions::GeneralName;
 
-use super::rlqs::NODE_HEADER;
 use crate::net::NodeConnInfo;
 
 /// The identity the client certificate of `request`'s connection names:
@@ -45,9 +44,7 @@ fn named(der: &[u8]) -> Option<String> {
     let valid =
         !id.is_empty() && id.len() <= MAX_NAME_LEN && id.bytes().all(|b| b.is_ascii_graphic());
     if !valid {
-        tracing::warn!(
-            "a proxy's client certificate names no usable node id; show {NODE_HEADER} instead"
-        );
+        tracing::warn!("a proxy's client certificate names no usable node id");
     }
     valid.then_some(id)
 }
