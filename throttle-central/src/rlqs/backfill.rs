@@ -9,6 +9,9 @@
 //! slots it happened in. Between two reports the proxy's newest slots are
 //! unreported, and the quota policy counts what it granted the proxy for
 //! them as spent ([`ServiceState::lag`](crate::ledger::ServiceState::lag)).
+//! The slot a report comes in is one of them: what of the report fell in
+//! it waits for the next report, or it would be counted twice, charged
+//! and granted (a second under the limit after each report).
 
 use std::collections::BTreeMap;
 
@@ -29,21 +32,41 @@ pub(super) struct Backfill {
     /// What came while no slot was left to file it in (a second report
     /// within a slot already filed), per user: (admitted, denied).
     carry: BTreeMap<String, (u64, u64)>,
+    /// The part of the newest report that fell in the slot it came in,
+    /// per user: that slot is not over, and the quota policy counts its
+    /// whole grant as unreported, so it is filed with the next report (or
+    /// as the stream ends).
+    ahead: BTreeMap<String, (u64, u64)>,
 }
 
 impl Backfill {
-    /// Splits `usage`, reported in slot `current`, with anything carried,
-    /// over the data slots it covers that are not filed yet: up to the one
-    /// before `current` (or `current` itself when that one is filed), at
-    /// least one; oldest first, users with nothing left out. Nothing when
-    /// even `current` is filed: it is carried to the next report.
-    pub(super) fn split(&mut self, usage: Usage, current: i64) -> Vec<SlotUsage> {
-        for (user, (a, d, _)) in &usage {
-            let c = self.carry.entry(user.clone()).or_default();
-            *c = (c.0.saturating_add(*a), c.1.saturating_add(*d));
-        }
+    /// Splits `usage`, reported in slot `current` a share `into` of the
+    /// way through it, with anything carried, over the data slots it
+    /// covers that are not filed yet: up to the one before `current` (or
+    /// `current` itself when that one is filed), at least one; oldest
+    /// first, users with nothing left out. What of a report covering whole
+    /// slots fell in `current` (`into` of one of them) waits for the next
+    /// report. Nothing when even `current` is filed: it is carried to the
+    /// next report.
+    pub(super) fn split(&mut self, usage: Usage, current: i64, into: f64) -> Vec<SlotUsage> {
         let next = self.last.map_or(i64::MIN, |l| l + 1);
         let end = next.max(current - 1);
+        let earlier = std::mem::take(&mut self.ahead);
+        for (user, (a, d)) in earlier {
+            add(&mut self.carry, user, a, d);
+        }
+        for (user, (a, d, covered)) in &usage {
+            let (na, nd) = if end < current && *covered > 0 {
+                let now = |x: u64| in_current(x, into, *covered);
+                (now(*a), now(*d))
+            } else {
+                (0, 0)
+            };
+            if (na, nd) != (0, 0) {
+                add(&mut self.ahead, user.clone(), na, nd);
+            }
+            add(&mut self.carry, user.clone(), a - na, d - nd);
+        }
         if end > current {
             return Vec::new();
         }
@@ -63,9 +86,17 @@ impl Backfill {
         slots.into_iter().collect()
     }
 
+    /// Everything carried and held for the next report, to file in data
+    /// slot `current` as the stream ends (see [`Backfill::rest`]).
+    pub(super) fn last_rest(&mut self, current: i64) -> Option<SlotUsage> {
+        for (user, (a, d)) in std::mem::take(&mut self.ahead) {
+            add(&mut self.carry, user, a, d);
+        }
+        self.rest(current)
+    }
+
     /// Everything carried, to file in data slot `current` (`None` if
-    /// nothing is carried, or `current` is filed): at each slot's end, and
-    /// as the stream ends.
+    /// nothing is carried, or `current` is filed): at each slot's end.
     pub(super) fn rest(&mut self, current: i64) -> Option<SlotUsage> {
         let filed = self.last.is_some_and(|l| l >= current);
         if self.carry.is_empty() || filed {
@@ -82,6 +113,19 @@ impl Backfill {
     pub(super) fn carried(&self) -> usize {
         self.carry.len()
     }
+}
+
+/// Adds (`a`, `d`) to `user`'s counts in `to`.
+fn add(to: &mut BTreeMap<String, (u64, u64)>, user: String, a: u64, d: u64) {
+    let c = to.entry(user).or_default();
+    *c = (c.0.saturating_add(a), c.1.saturating_add(d));
+}
+
+/// What of `total`, counted over `covered` slots up to now, fell in the
+/// current slot, `into` of the way through it.
+fn in_current(total: u64, into: f64, covered: usize) -> u64 {
+    let share = into.clamp(0.0, 1.0) / covered.max(1) as f64;
+    ((total as f64 * share).round() as u64).min(total)
 }
 
 /// The `k`th of `slots` whole parts of `total`, which add up to it.
@@ -106,10 +150,10 @@ mod tests {
     fn a_report_is_filed_over_the_slots_it_covers() {
         let mut b = Backfill::default();
         // The first request of a bucket: one unit, in the slot before.
-        let first = b.split(usage(&[("alice", 1, 0, 0)]), 100);
+        let first = b.split(usage(&[("alice", 1, 0, 0)]), 100, 0.0);
         assert_eq!(first, [(99, vec![("alice".into(), 1, 0)])]);
         // Five seconds later: slots 100 to 104, 100 each.
-        let next = b.split(usage(&[("alice", 500, 10, 5), ("bob", 3, 0, 5)]), 105);
+        let next = b.split(usage(&[("alice", 500, 10, 5), ("bob", 3, 0, 5)]), 105, 0.0);
         let slots: Vec<i64> = next.iter().map(|s| s.0).collect();
         assert_eq!(slots, [100, 101, 102, 103, 104]);
         assert!(next.iter().all(|(_, u)| u[0] == ("alice".into(), 100, 2)));
@@ -121,22 +165,42 @@ mod tests {
             .sum();
         assert_eq!(bob, 3);
         // A report that covers slots already filed goes to the new ones.
-        let late = b.split(usage(&[("alice", 60, 0, 5)]), 106);
+        let late = b.split(usage(&[("alice", 60, 0, 5)]), 106, 0.0);
         assert_eq!(late, [(105, vec![("alice".into(), 60, 0)])]);
         // Two more within the same slot: the current one, then carried.
-        let now = b.split(usage(&[("alice", 7, 0, 0)]), 106);
+        let now = b.split(usage(&[("alice", 7, 0, 0)]), 106, 0.0);
         assert_eq!(now, [(106, vec![("alice".into(), 7, 0)])]);
-        assert!(b.split(usage(&[("alice", 8, 0, 0)]), 106).is_empty());
+        assert!(b.split(usage(&[("alice", 8, 0, 0)]), 106, 0.0).is_empty());
         assert_eq!(b.carried(), 1);
         assert_eq!(b.rest(106), None, "slot 106 is filed");
         assert_eq!(b.rest(107), Some((107, vec![("alice".into(), 8, 0)])));
+    }
+
+    #[test]
+    fn what_fell_in_the_slot_under_way_waits_for_the_next_report() {
+        let mut b = Backfill::default();
+        b.split(usage(&[("alice", 1, 0, 0)]), 100, 0.3);
+        // 500 over the 5 s up to 0.3 s into slot 105: 30 of them in 105.
+        let next = b.split(usage(&[("alice", 500, 0, 5)]), 105, 0.3);
+        let filed: u64 = next.iter().flat_map(|(_, u)| u).map(|r| r.1).sum();
+        assert_eq!(filed, 470);
+        assert_eq!(next.last().map(|s| s.0), Some(104));
+        // Not at the slot's end: slot 105 is filed with the next report.
+        assert_eq!(b.rest(105), None);
+        let after = b.split(usage(&[("alice", 500, 0, 5)]), 110, 0.3);
+        let slots: Vec<i64> = after.iter().map(|s| s.0).collect();
+        assert_eq!(slots, [105, 106, 107, 108, 109]);
+        let filed: u64 = after.iter().flat_map(|(_, u)| u).map(|r| r.1).sum();
+        assert_eq!(filed, 500);
+        // As the stream ends, what waited is filed too.
+        assert_eq!(b.last_rest(110), Some((110, vec![("alice".into(), 30, 0)])));
     }
 
     proptest! {
         #[test]
         fn every_unit_is_filed_exactly_once_in_slots_that_never_repeat(
             reports in prop::collection::vec(
-                (0u64..1_000_000, 0u64..1_000, 0usize..100, 0usize..3, 0i64..8),
+                (0u64..1_000_000, 0u64..1_000, 0usize..100, 0usize..3, 0i64..8, 0.0f64..1.0),
                 0..30,
             ),
         ) {
@@ -145,11 +209,11 @@ mod tests {
             let users = ["a", "b", "c"];
             let mut current = 1_000;
             let mut newest = i64::MIN;
-            for (allowed, denied, slots, user, wait) in reports {
+            for (allowed, denied, slots, user, wait, into) in reports {
                 current += wait;
                 reported = (reported.0 + allowed, reported.1 + denied);
                 let u = usage(&[(users[user], allowed, denied, slots)]);
-                for (slot, rows) in b.split(u, current) {
+                for (slot, rows) in b.split(u, current, into) {
                     prop_assert!(slot > newest && slot <= current, "{slot} after {newest}, now {current}");
                     newest = slot;
                     for (_, a, d) in rows {
@@ -157,7 +221,7 @@ mod tests {
                     }
                 }
             }
-            if let Some((slot, rows)) = b.rest(current + 1) {
+            if let Some((slot, rows)) = b.last_rest(current + 1) {
                 prop_assert!(slot > newest);
                 for (_, a, d) in rows {
                     filed = (filed.0 + a, filed.1 + d);

@@ -110,6 +110,14 @@ impl Session {
         self.settings.slot.slot_at(self.settings.clock.now_ms())
     }
 
+    /// How far into the current slot now is, from 0 to 1.
+    fn share_of_slot_passed(&self) -> f64 {
+        let now = self.settings.clock.now_ms();
+        let slot = self.settings.slot;
+        let start = slot.start_ms(slot.slot_at(now));
+        (now - start) as f64 / f64::from(slot.as_ms().max(1))
+    }
+
     /// Time until 20 ms into the next slot, when the shares are told again.
     fn until_next_slot(&self) -> Duration {
         let now = self.settings.clock.now_ms();
@@ -150,7 +158,8 @@ impl Session {
                 );
             }
         }
-        for (data_slot, due) in self.backfill.split(users, slot) {
+        let into = self.share_of_slot_passed();
+        for (data_slot, due) in self.backfill.split(users, slot, into) {
             self.file(data_slot + 1, due).await?;
         }
         if self.buckets.len() > before {
@@ -332,7 +341,7 @@ impl Session {
     /// Files what is left and leaves the ledger; ends the stream with
     /// `status`, if any.
     async fn close(mut self, status: Option<Status>) {
-        if let Some((data_slot, rest)) = self.backfill.rest(self.slot_now()) {
+        if let Some((data_slot, rest)) = self.backfill.last_rest(self.slot_now()) {
             let _ = self.file(data_slot + 1, rest).await;
         }
         self.link.disconnect().await;
