@@ -220,9 +220,9 @@ impl Policy for Projected {
         let mut earlier: Vec<SlotGrants<'_>> =
             (slot - back..slot).map(|y| granted.slot(y)).collect();
         let mut nodes: Vec<(NodeId, f64)> = Vec::new();
-        // What each node of `nodes` admitted in its newest slot, and by how
-        // much that crossed its grant there if its grant held it.
-        let mut used: Vec<(f64, Option<f64>)> = Vec::new();
+        // What each node of `nodes` admitted in its newest slot, and that
+        // slot with the cost of a request if its grant held it there.
+        let mut used: Vec<(f64, Option<(i64, f64)>)> = Vec::new();
         for (id, key) in state.keys() {
             let Some(bucket) = key.bucket() else { continue };
             nodes.clear();
@@ -235,11 +235,8 @@ impl Policy for Projected {
                 let (d, unit) = newest.demand(state, key, e);
                 nodes.push((e.node, d));
                 let consumed = if d > 0.0 { e.consumption as f64 } else { 0.0 };
-                let held = (e.rejection > 0 && e.slot >= slot - back)
-                    .then(|| earlier[(e.slot - (slot - back)) as usize].get(e.node, id))
-                    .flatten();
-                let over = held.map(|g| (consumed - f64::from(g)).clamp(0.0, unit));
-                used.push((consumed, over));
+                let held = (e.rejection > 0 && e.slot >= slot - back).then_some((e.slot, unit));
+                used.push((consumed, held));
             }
             if nodes.is_empty() && (active.is_empty() || !few_keys) {
                 // Nobody used it lately and there are too many such keys
@@ -265,11 +262,19 @@ impl Policy for Projected {
                 // Without a grant, a node that refused nothing fails open
                 // (it admits its demand), and one that refused keeps to
                 // what held it (its last quotas, a hold's): its last use.
-                let (ungranted, over) = used.get(i).copied().unwrap_or((d, None));
+                let (ungranted, held) = used.get(i).copied().unwrap_or((d, None));
                 // A node of this library counts against its quota; a
                 // proxy that reports every few slots keeps to its token
                 // bucket.
                 let every_slot = newest.lag(node) == 0;
+                // How far past its grant it went where it was held: read
+                // only for a node with unreported slots.
+                let over = held
+                    .filter(|_| every_slot && first < slot)
+                    .and_then(|(at, unit)| {
+                        let g = earlier[(at - (slot - back)) as usize].get(node, id)?;
+                        Some((ungranted - f64::from(g)).clamp(0.0, unit))
+                    });
                 for y in first..slot {
                     let grant = earlier[(y - (slot - back)) as usize].get(node, id);
                     outstanding += match grant {

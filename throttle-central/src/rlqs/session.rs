@@ -112,10 +112,9 @@ impl Session {
 
     /// How far into the current slot now is, from 0 to 1.
     fn share_of_slot_passed(&self) -> f64 {
-        let now = self.settings.clock.now_ms();
         let slot = self.settings.slot;
-        let start = slot.start_ms(slot.slot_at(now));
-        (now - start) as f64 / f64::from(slot.as_ms().max(1))
+        let into = slot.offset_in_slot(self.settings.clock.now_ms());
+        into.as_secs_f64() / slot.as_duration().as_secs_f64()
     }
 
     /// Time until 20 ms into the next slot, when the shares are told again.
