@@ -174,8 +174,9 @@ async fn a_proxys_usage_is_filed_exactly_and_its_buckets_get_their_share() {
         allowed.iter().all(|(_, a)| strategy(a) == allow),
         "{allowed:?}"
     );
-    // 499 more of alice over no time (filed at once, not paced), and an
-    // absurd count that is not filed.
+    // 499 more of alice over no time, and an absurd count that is not
+    // filed. A report covering no whole second tells no rate: it waits for
+    // the next report, or the stream's end.
     let absurd = usage(alice.clone(), u64::MAX / 2, 0, 0);
     tx.send(reports(
         "front",
@@ -183,16 +184,9 @@ async fn a_proxys_usage_is_filed_exactly_and_its_buckets_get_their_share() {
     ))
     .await
     .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while filed(&central).await < 500 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        filed(&central).await,
-        500,
-        "the subscription's 1 and the 499"
-    );
-    // Another domain on the same stream is refused.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(filed(&central).await, 0, "nothing filed yet");
+    // Another domain on the same stream is refused, and the stream ends.
     tx.send(reports("other", vec![usage(alice, 1, 0, 0)]))
         .await
         .unwrap();
@@ -206,6 +200,15 @@ async fn a_proxys_usage_is_filed_exactly_and_its_buckets_get_their_share() {
         }
     });
     assert_eq!(ended.await.unwrap(), Some(Code::InvalidArgument));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while filed(&central).await < 500 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        filed(&central).await,
+        500,
+        "the subscription's 1 and the 499, as the stream ended"
+    );
     central.shutdown().await;
 }
 

@@ -46,17 +46,27 @@ impl Backfill {
     /// `current` itself when that one is filed), at least one; oldest
     /// first, users with nothing left out. What of a report covering whole
     /// slots fell in `current` (`into` of one of them) waits for the next
-    /// report. Nothing when even `current` is filed: it is carried to the
-    /// next report.
+    /// report, and so does all of a report covering no whole slot (a
+    /// bucket's first request): filed at once it would read as the proxy
+    /// wanting one request a slot, and the quota policy would give the
+    /// user's other nodes no more than an idle node's part. Nothing when
+    /// even `current` is filed: it is carried to the next report.
     pub(super) fn split(&mut self, usage: Usage, current: i64, into: f64) -> Vec<SlotUsage> {
         let next = self.last.map_or(i64::MIN, |l| l + 1);
         let end = next.max(current - 1);
-        let earlier = std::mem::take(&mut self.ahead);
-        for (user, (a, d)) in earlier {
-            add(&mut self.carry, user, a, d);
+        // What waited joins a report of whole slots, as Envoy's periodic
+        // ones are; another bucket's first request leaves it waiting.
+        if usage.values().any(|u| u.2 > 0) {
+            for (user, (a, d)) in std::mem::take(&mut self.ahead) {
+                add(&mut self.carry, user, a, d);
+            }
         }
         for (user, (a, d, covered)) in &usage {
-            let (na, nd) = if end < current && *covered > 0 {
+            let (na, nd) = if *covered == 0 {
+                // A bucket's first request (or a report of less than a
+                // second): no rate to read from it yet.
+                (*a, *d)
+            } else if end < current {
                 let now = |x: u64| in_current(x, into, *covered);
                 (now(*a), now(*d))
             } else {
@@ -82,7 +92,9 @@ impl Backfill {
                 }
             }
         }
-        self.last = Some(end);
+        if !slots.is_empty() {
+            self.last = Some(end);
+        }
         slots.into_iter().collect()
     }
 
@@ -149,11 +161,13 @@ mod tests {
     #[test]
     fn a_report_is_filed_over_the_slots_it_covers() {
         let mut b = Backfill::default();
-        // The first request of a bucket: one unit, in the slot before.
-        let first = b.split(usage(&[("alice", 1, 0, 0)]), 100, 0.0);
-        assert_eq!(first, [(99, vec![("alice".into(), 1, 0)])]);
-        // Five seconds later: slots 100 to 104, 100 each.
-        let next = b.split(usage(&[("alice", 500, 10, 5), ("bob", 3, 0, 5)]), 105, 0.0);
+        // The first request of a bucket tells no rate: it waits, and so
+        // does another bucket's.
+        assert!(b.split(usage(&[("alice", 1, 0, 0)]), 100, 0.0).is_empty());
+        assert!(b.split(usage(&[("bob", 1, 0, 0)]), 100, 0.0).is_empty());
+        assert_eq!(b.rest(100), None, "not filed at the slot's end either");
+        // Five seconds later: slots 100 to 104, 100 each (and the first).
+        let next = b.split(usage(&[("alice", 499, 10, 5), ("bob", 2, 0, 5)]), 105, 0.0);
         let slots: Vec<i64> = next.iter().map(|s| s.0).collect();
         assert_eq!(slots, [100, 101, 102, 103, 104]);
         assert!(next.iter().all(|(_, u)| u[0] == ("alice".into(), 100, 2)));
@@ -168,9 +182,9 @@ mod tests {
         let late = b.split(usage(&[("alice", 60, 0, 5)]), 106, 0.0);
         assert_eq!(late, [(105, vec![("alice".into(), 60, 0)])]);
         // Two more within the same slot: the current one, then carried.
-        let now = b.split(usage(&[("alice", 7, 0, 0)]), 106, 0.0);
+        let now = b.split(usage(&[("alice", 7, 0, 1)]), 106, 0.0);
         assert_eq!(now, [(106, vec![("alice".into(), 7, 0)])]);
-        assert!(b.split(usage(&[("alice", 8, 0, 0)]), 106, 0.0).is_empty());
+        assert!(b.split(usage(&[("alice", 8, 0, 1)]), 106, 0.0).is_empty());
         assert_eq!(b.carried(), 1);
         assert_eq!(b.rest(106), None, "slot 106 is filed");
         assert_eq!(b.rest(107), Some((107, vec![("alice".into(), 8, 0)])));
@@ -180,8 +194,9 @@ mod tests {
     fn what_fell_in_the_slot_under_way_waits_for_the_next_report() {
         let mut b = Backfill::default();
         b.split(usage(&[("alice", 1, 0, 0)]), 100, 0.3);
-        // 500 over the 5 s up to 0.3 s into slot 105: 30 of them in 105.
-        let next = b.split(usage(&[("alice", 500, 0, 5)]), 105, 0.3);
+        // 499 over the 5 s up to 0.3 s into slot 105: 30 of them in 105,
+        // and the first request with the rest.
+        let next = b.split(usage(&[("alice", 499, 0, 5)]), 105, 0.3);
         let filed: u64 = next.iter().flat_map(|(_, u)| u).map(|r| r.1).sum();
         assert_eq!(filed, 470);
         assert_eq!(next.last().map(|s| s.0), Some(104));
