@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use throttle_central::ledger::SlotRange;
+use throttle_central::SlotRange;
 use throttle_central::limits::LimitSource;
 use throttle_central::{Central, CentralBuilder, RunningCentral, Subject};
 use throttle_clock::{Clock, SlotLength, SystemClock};

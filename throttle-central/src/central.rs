@@ -31,8 +31,9 @@ use crate::keys::NodeKeys;
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
 use crate::legacy::Endpoint;
-use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource};
+use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource, UnknownPolicy};
 use crate::net::{self, ConnectionLimits, ServerTls};
+use crate::policy::{self, Projected};
 use crate::rlqs::{self, Rlqs, StreamSettings};
 use crate::server::{
     Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, follow_etcd, reloader,
@@ -80,7 +81,7 @@ pub struct Central;
 impl Central {
     /// A builder with the defaults: 1 s slots, 60 slots of history, no
     /// limits, always leader, the system clock, the
-    /// [`Projected`](crate::policy::Projected) policy.
+    /// `projected` policy.
     pub fn builder() -> CentralBuilder {
         CentralBuilder {
             ledger: LedgerConfig::default(),
@@ -200,7 +201,22 @@ impl CentralBuilder {
         self
     }
 
-    /// The policy of each service, by name.
+    /// The quota policy of every service the limits file sets none for
+    /// (`[service.NAME] policy`), by its name there: `projected` (the
+    /// default), `classic` or `static-split`.
+    pub fn default_policy(mut self, name: &str) -> Result<Self, UnknownPolicy> {
+        if policy::by_name(name).is_none() {
+            return Err(UnknownPolicy(name.to_owned()));
+        }
+        let name = name.to_owned();
+        self.policies = Some(Box::new(move |_| {
+            policy::by_name(&name).unwrap_or_else(|| Box::new(Projected::new()))
+        }));
+        Ok(self)
+    }
+
+    /// The policy of each service, by name (feature `internals`).
+    #[cfg(feature = "internals")]
     pub fn policies(mut self, factory: PolicyFactory) -> Self {
         self.policies = Some(factory);
         self

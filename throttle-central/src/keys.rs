@@ -309,7 +309,7 @@ impl NodeKeys {
     }
 
     /// Reads the file again once it reads the same twice in a row (see
-    /// [`Watched::poll`]); returns whether the keys changed.
+    /// `Watched::poll`); returns whether the keys changed.
     ///
     /// # Errors
     ///

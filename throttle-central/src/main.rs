@@ -11,10 +11,8 @@ use clap::Parser;
 use clap::builder::TypedValueParser;
 use throttle_central::election::{ElectionConfig, Running};
 use throttle_central::keys::NodeKeys;
-use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::{EtcdLimits, FileLimits};
 use throttle_central::net::{ConnectionLimits, ServerTls};
-use throttle_central::policy::{Projected, by_name};
 use throttle_central::state::{EtcdState, FileState, StateStore};
 use throttle_central::usage::{Retention, UsageConfig};
 use throttle_central::{Central, CentralBuilder};
@@ -93,11 +91,11 @@ struct Args {
     node_keys: Option<PathBuf>,
     /// Largest amount a node may report for one (user, resource) in one
     /// slot; an entry above it is dropped and the rest of the report filed.
-    #[arg(long, env = "THROTTLE_CENTRAL_MAX_AMOUNT", default_value_t = throttle_central::ledger::MAX_AMOUNT, value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, env = "THROTTLE_CENTRAL_MAX_AMOUNT", default_value_t = throttle_central::MAX_AMOUNT, value_parser = clap::value_parser!(i64).range(1..))]
     max_amount: i64,
     /// Most (user, resource) keys the ledger holds over every service; a
     /// new one past it is dropped from its report and counted.
-    #[arg(long, env = "THROTTLE_CENTRAL_MAX_KEYS", default_value_t = throttle_central::ledger::MAX_KEYS, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    #[arg(long, env = "THROTTLE_CENTRAL_MAX_KEYS", default_value_t = throttle_central::MAX_KEYS, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     max_keys: usize,
     /// Most services the central tracks; a node's service past it gets no
     /// quotas (the node fails open there).
@@ -184,9 +182,6 @@ async fn main() -> anyhow::Result<()> {
         .install_recorder()
         .context("installing the Prometheus recorder")?;
     let slot = SlotLength::from_ms(args.slot_ms).context("invalid --slot-ms")?;
-    let name = args.policy.clone();
-    let policy: PolicyFactory =
-        Box::new(move |_| by_name(&name).unwrap_or_else(|| Box::new(Projected::new())));
     tracing::info!(policy = %args.policy, "quota policy");
     let mut builder = Central::builder()
         .slot(slot)
@@ -195,7 +190,7 @@ async fn main() -> anyhow::Result<()> {
         .max_keys(args.max_keys)
         .max_services(args.max_services)
         .max_users_per_report(args.max_users_per_report)
-        .policies(policy)
+        .default_policy(&args.policy)?
         .metrics(metrics);
     if let Some(path) = &args.http_token_file {
         let token = std::fs::read_to_string(path)

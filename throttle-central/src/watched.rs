@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 
 /// What a watched file holds, and how it is read.
-pub trait FileFormat: Sized + Send + Sync + fmt::Debug + 'static {
+pub(crate) trait FileFormat: Sized + Send + Sync + fmt::Debug + 'static {
     /// Why a file was refused.
     type Error: fmt::Display + fmt::Debug;
 
@@ -30,7 +30,7 @@ pub trait FileFormat: Sized + Send + Sync + fmt::Debug + 'static {
 /// etcd key), a number that changes with it, and why the last read
 /// failed: what a reader of the limits or node keys asks.
 #[derive(Debug)]
-pub struct Published<T> {
+pub(crate) struct Published<T> {
     current: ArcSwap<T>,
     /// Bumped after each new version.
     version: AtomicU64,
@@ -39,7 +39,7 @@ pub struct Published<T> {
 
 impl<T> Published<T> {
     /// `value` in force, as version 0.
-    pub fn new(value: T) -> Self {
+    pub(crate) fn new(value: T) -> Self {
         Self {
             current: ArcSwap::from_pointee(value),
             version: AtomicU64::new(0),
@@ -48,7 +48,7 @@ impl<T> Published<T> {
     }
 
     /// Puts `value` in force, and forgets the last error.
-    pub fn publish(&self, value: T) {
+    pub(crate) fn publish(&self, value: T) {
         self.current.store(Arc::new(value));
         // After the store: whoever sees the new version sees the value.
         self.version.fetch_add(1, Ordering::Release);
@@ -56,37 +56,37 @@ impl<T> Published<T> {
     }
 
     /// Records why the last read failed; the version in force stays.
-    pub fn fail(&self, error: String) {
+    pub(crate) fn fail(&self, error: String) {
         self.error.store(Arc::new(Some(error)));
     }
 
     /// Forgets the last error: the version in force was read again as it
     /// is (a file put back unchanged).
-    pub fn recover(&self) {
+    pub(crate) fn recover(&self) {
         if self.error.load().is_some() {
             self.error.store(Arc::new(None));
         }
     }
 
     /// The version in force.
-    pub fn current(&self) -> Arc<T> {
+    pub(crate) fn current(&self) -> Arc<T> {
         self.current.load_full()
     }
 
     /// A number that changes whenever the version in force does.
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
     }
 
     /// Why the last read failed, if it did.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         (**self.error.load()).clone()
     }
 }
 
 /// A file of `T`, read again by [`Watched::reload`] or [`Watched::poll`].
 #[derive(Debug)]
-pub struct Watched<T> {
+pub(crate) struct Watched<T> {
     path: PathBuf,
     published: Published<T>,
     /// The text last applied, good or broken.
@@ -103,7 +103,7 @@ impl<T: FileFormat> Watched<T> {
     /// # Errors
     ///
     /// The error of the first load: nothing should start on a broken file.
-    pub fn open(path: impl Into<PathBuf>, empty: T) -> Result<Self, T::Error> {
+    pub(crate) fn open(path: impl Into<PathBuf>, empty: T) -> Result<Self, T::Error> {
         let this = Self {
             path: path.into(),
             published: Published::new(empty),
@@ -116,7 +116,7 @@ impl<T: FileFormat> Watched<T> {
     }
 
     /// The file this reads.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -127,7 +127,7 @@ impl<T: FileFormat> Watched<T> {
     ///
     /// The error of a broken file, once per edit; the previous version
     /// stays.
-    pub fn reload(&self) -> Result<bool, T::Error> {
+    pub(crate) fn reload(&self) -> Result<bool, T::Error> {
         let text = self.read()?;
         self.apply(text)
     }
@@ -141,7 +141,7 @@ impl<T: FileFormat> Watched<T> {
     /// # Errors
     ///
     /// As [`Watched::reload`].
-    pub fn poll(&self) -> Result<bool, T::Error> {
+    pub(crate) fn poll(&self) -> Result<bool, T::Error> {
         let text = self.read()?;
         if self.text.lock().as_deref() == Some(text.as_str()) {
             if self.good.load(Ordering::Relaxed) {
@@ -192,17 +192,17 @@ impl<T: FileFormat> Watched<T> {
     }
 
     /// The version in force.
-    pub fn current(&self) -> Arc<T> {
+    pub(crate) fn current(&self) -> Arc<T> {
         self.published.current()
     }
 
     /// A number that changes whenever the content does.
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.published.version()
     }
 
     /// Why the last read failed, if it did.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         self.published.last_error()
     }
 }
@@ -213,7 +213,7 @@ impl<T: FileFormat> Watched<T> {
 /// # Errors
 ///
 /// `(line, message)` for text that is not TOML of that shape.
-pub fn parse_toml<D: serde::de::DeserializeOwned>(text: &str) -> Result<D, (usize, String)> {
+pub(crate) fn parse_toml<D: serde::de::DeserializeOwned>(text: &str) -> Result<D, (usize, String)> {
     toml::from_str(text).map_err(|e| {
         let line = e.span().map_or(1, |s| line_of(text, s.start));
         (line, e.message().to_string())
@@ -221,7 +221,7 @@ pub fn parse_toml<D: serde::de::DeserializeOwned>(text: &str) -> Result<D, (usiz
 }
 
 /// The 1-based line of byte `offset` of `text`.
-pub fn line_of(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()[..offset.min(text.len())]
         .iter()
         .filter(|&&b| b == b'\n')

@@ -430,10 +430,16 @@ async fn a_node_that_accepts_packed_quotas_gets_the_same_content_packed() {
     pushes_classic_shares(&[PACKED_QUOTAS]).await;
 }
 
+#[test]
+fn a_default_policy_is_named_as_in_the_limits_file() {
+    assert!(Central::builder().default_policy("static-split").is_ok());
+    let unknown = Central::builder().default_policy("fastest").err();
+    assert_eq!(unknown.map(|e| e.0), Some("fastest".to_owned()));
+}
+
 async fn pushes_classic_shares(b_accepts: &[&str]) {
-    let classic: throttle_central::ledger::PolicyFactory =
-        Box::new(|_| Box::new(throttle_central::policy::Classic::new()));
-    let central = start(Central::builder().policies(classic).limits(limits(
+    let classic = Central::builder().default_policy("classic").unwrap();
+    let central = start(classic.limits(limits(
         "[[limit]]\nservice = \"front\"\nuser = \"alice\"\nper_second = { requests = 1000 }\n",
     )))
     .await;

@@ -1,6 +1,6 @@
 //! The legacy nodes' endpoint: a WebSocket handshake at `/throttle` (or
 //! `/`), refused at once by a central that does not lead, checked against
-//! the node keys, then served by a [`Session`].
+//! the node keys, then served by a [`LegacySession`].
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,8 +21,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::answer::MAX_FRAME_BYTES;
+use super::legacy_session::LegacySession;
 use super::presigned::Presigned;
-use super::session::Session;
 use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::log::{Throttled, peer};
@@ -111,7 +111,7 @@ async fn upgrade(
         counter!("throttle_central_http_connections_at_cap_total").increment(1);
         return (StatusCode::SERVICE_UNAVAILABLE, "too many connections\n").into_response();
     };
-    let session = Session {
+    let session = LegacySession {
         commands: endpoint.commands,
         leadership: endpoint.leadership,
         signed: endpoint.keys.zip(access_key),

@@ -132,8 +132,13 @@ pub struct Limit {
 pub const EVERY_USER: &str = "*";
 
 /// The quota policies a service may name (`[service.NAME] policy`);
-/// [`crate::policy::by_name`] makes each.
+/// the central makes each (`policy::by_name`).
 pub const POLICY_NAMES: [&str; 4] = ["projected", "classic", "static-split", "hierarchical"];
+
+/// A policy name that is none of [`POLICY_NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown quota policy {0:?}: expected one of {POLICY_NAMES:?}")]
+pub struct UnknownPolicy(pub String);
 
 impl Limit {
     /// The bucket this rule sets for `resource` over `period`, if any.
@@ -233,7 +238,7 @@ pub trait LimitSource: Send + Sync + fmt::Debug + 'static {
     }
 
     /// The quota policy `service` should use, if the source says
-    /// ([`crate::policy::by_name`]); `None`: the central's default.
+    /// (`policy::by_name`); `None`: the central's default.
     fn policy(&self, service: &str) -> Option<String> {
         let _ = service;
         None

@@ -1,6 +1,7 @@
 //! The TOML form of limits (see the [module docs](super)).
 
 use std::collections::BTreeMap;
+use std::str::FromStr;
 
 use serde::Deserialize;
 use throttle_proto::MAX_NAME_LEN;
@@ -64,19 +65,11 @@ struct Entry {
     max_debt_seconds: Option<toml::Value>,
 }
 
-impl LimitSet {
-    /// Parses the TOML form (see the [module docs](super)).
-    ///
-    /// # Errors
-    ///
-    /// [`LimitsError::Syntax`] or [`LimitsError::Entry`], naming the line:
-    /// bad TOML, unknown keys, an empty or overlong name, a negative, NaN,
-    /// non-numeric or absurd amount or burst, an unknown unit, a rule with
-    /// no amounts or with both or neither of `user` and `users`. A user
-    /// named by several rules of a service has them all: per resource and
-    /// period, a rule naming the user alone outranks a list, and between
-    /// rules of one rank the lower rate wins.
-    pub fn from_toml(text: &str) -> Result<Self, LimitsError> {
+impl FromStr for LimitSet {
+    type Err = LimitsError;
+
+    /// The TOML form: [`LimitSet::from_toml`].
+    fn from_str(text: &str) -> Result<Self, LimitsError> {
         let file: File =
             parse_toml(text).map_err(|(line, message)| LimitsError::Syntax { line, message })?;
         let mut set = Self::new();

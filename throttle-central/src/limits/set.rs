@@ -26,6 +26,21 @@ pub struct LimitSet {
 }
 
 impl LimitSet {
+    /// Parses the TOML form (see the [module docs](super)).
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Syntax`] or [`LimitsError::Entry`], naming the line:
+    /// bad TOML, unknown keys, an empty or overlong name, a negative, NaN,
+    /// non-numeric or absurd amount or burst, an unknown unit, a rule with
+    /// no amounts or with both or neither of `user` and `users`. A user
+    /// named by several rules of a service has them all: per resource and
+    /// period, a rule naming the user alone outranks a list, and between
+    /// rules of one rank the lower rate wins.
+    pub fn from_toml(text: &str) -> Result<Self, LimitsError> {
+        text.parse()
+    }
+
     /// An empty set: nobody is limited.
     pub fn new() -> Self {
         Self::default()
@@ -59,13 +74,13 @@ impl LimitSet {
     }
 
     /// Gives `service` the quota policy `name` (see
-    /// [`crate::policy::by_name`]).
+    /// `policy::by_name`).
     pub fn set_policy(&mut self, service: impl Into<String>, name: impl Into<String>) {
         self.policies.insert(service.into(), name.into());
     }
 
     /// Gives `service` a capacity shared by applications, and the
-    /// [`Hierarchical`](crate::policy::Hierarchical) policy that shares it.
+    /// `hierarchical` policy that shares it.
     pub fn set_hierarchy(&mut self, service: impl Into<String>, hierarchy: Hierarchy) {
         let service = service.into();
         self.set_policy(service.clone(), HIERARCHICAL);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 
-use super::assignment::Assignment;
+use super::bucket_rule::BucketRule;
 use super::shares::Shares;
 
 /// Most buckets one stream may hold: more are not tracked (their usage is
@@ -20,7 +20,7 @@ struct Bucket {
     id: BucketId,
     user: Option<String>,
     /// What it was last told, and in which slot.
-    sent: Option<(Assignment, i64)>,
+    sent: Option<(BucketRule, i64)>,
     /// The last slot a report showed it used.
     active: i64,
     /// The slot it was first reported in.
@@ -42,7 +42,7 @@ pub(super) struct Timing {
 /// What to tell the proxy about one bucket.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Action {
-    Assign(BucketId, Assignment),
+    Assign(BucketId, BucketRule),
     Abandon(BucketId),
 }
 
@@ -96,7 +96,7 @@ impl Buckets {
     }
 
     /// What to tell the proxy in `slot`: a bucket never told, or whose
-    /// assignment changed ([`Assignment::differs`]) or is due again, gets
+    /// assignment changed ([`BucketRule::differs`]) or is due again, gets
     /// its assignment; a bucket idle too long is abandoned and forgotten.
     pub(super) fn due(&mut self, shares: &Shares, slot: i64, timing: Timing) -> Vec<Action> {
         let mut actions = Vec::new();
@@ -163,7 +163,7 @@ mod tests {
         assert!(
             first
                 .iter()
-                .all(|a| matches!(a, Action::Assign(_, Assignment::Allow)))
+                .all(|a| matches!(a, Action::Assign(_, BucketRule::Allow)))
         );
         assert!(buckets.due(&shares, 1, TIMING).is_empty());
         shares.take_blocks(v1::Blocks {
@@ -173,7 +173,7 @@ mod tests {
         let changed = buckets.due(&shares, 2, TIMING);
         assert_eq!(
             changed,
-            [Action::Assign(id(&[("user", "alice")]), Assignment::Deny)]
+            [Action::Assign(id(&[("user", "alice")]), BucketRule::Deny)]
         );
         assert_eq!(
             buckets.due(&shares, 7, TIMING).len(),

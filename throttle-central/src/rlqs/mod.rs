@@ -11,19 +11,19 @@
 //! - `rlqs`: the gRPC service, which names the proxy and spawns its
 //!   session;
 //! - `settings`: what every stream reads;
-//! - `session`: one stream: each report filed at once over the slots it
+//! - `rlqs_session`: one stream: each report filed at once over the slots it
 //!   covers (`backfill`), assignments sent as the shares change
-//!   (`buckets`, `shares`, `assignment`).
+//!   (`buckets`, `shares`, `bucket_rule`).
 //!
 //! `docs/guides/envoy.md` gives the Envoy configuration.
 
-mod assignment;
 mod backfill;
+mod bucket_rule;
 mod buckets;
 mod certified;
 #[allow(clippy::module_inception)]
 mod rlqs;
-mod session;
+mod rlqs_session;
 mod settings;
 mod shares;
 

@@ -17,7 +17,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::certified;
-use super::session::Session;
+use super::rlqs_session::RlqsSession;
 use super::settings::StreamSettings;
 use crate::keys::NodeKeys;
 use crate::log::{Throttled, peer};
@@ -32,7 +32,7 @@ const QUEUE: usize = 16;
 /// Streams opened without a node id, to tell them apart.
 static ANONYMOUS: AtomicU64 = AtomicU64::new(0);
 
-/// The RLQS gRPC service: spawns a [`Session`] per proxy stream.
+/// The RLQS gRPC service: spawns a [`RlqsSession`] per proxy stream.
 #[derive(Clone)]
 pub(crate) struct Rlqs {
     /// What every stream reads.
@@ -118,7 +118,7 @@ impl RateLimitQuotaService for Rlqs {
         let node_id = self.authenticated(request.metadata(), addr, certified)?;
         let (out, rx) = mpsc::channel(QUEUE);
         let inbound = request.into_inner();
-        let session = Session::new(self.settings.clone(), node_id, addr, out);
+        let session = RlqsSession::new(self.settings.clone(), node_id, addr, out);
         tokio::spawn(session.run(inbound));
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use throttle_proto::v1::{self, central_message};
 
-use super::assignment::Assignment;
+use super::bucket_rule::BucketRule;
 
 /// The one resource an Envoy bucket counts.
 pub(super) const REQUESTS: &str = "requests";
@@ -97,9 +97,9 @@ impl Shares {
     /// grant of the latest table up to the next slot (unless the bucket is
     /// `fresh`), else the share of their own rule or of the `*` rule, else
     /// everything allowed.
-    pub(super) fn assignment(&self, user: Option<&str>, slot: i64, fresh: bool) -> Assignment {
+    pub(super) fn assignment(&self, user: Option<&str>, slot: i64, fresh: bool) -> BucketRule {
         if user.is_some_and(|u| self.blocked.contains(u)) {
-            return Assignment::Deny;
+            return BucketRule::Deny;
         }
         let latest = self
             .tables
@@ -108,13 +108,13 @@ impl Shares {
             .filter(|(at, _)| slot - **at <= 1);
         let granted = user.filter(|_| !fresh).and_then(|u| latest?.1.get(u));
         if let Some(q) = granted {
-            return Assignment::of(q * self.per_second);
+            return BucketRule::of(q * self.per_second);
         }
         let share = match user.and_then(|u| self.own.get(u)) {
             Some(own) => *own,
             None => self.default,
         };
-        share.map_or(Assignment::Allow, |q| Assignment::of(q * self.per_second))
+        share.map_or(BucketRule::Allow, |q| BucketRule::of(q * self.per_second))
     }
 }
 
@@ -149,7 +149,7 @@ mod tests {
         let mut shares = Shares::default();
         assert_eq!(
             shares.assignment(Some("alice"), 10, false),
-            Assignment::Allow
+            BucketRule::Allow
         );
         shares.take_limits(v1::Limits {
             service: "front".into(),
@@ -169,41 +169,41 @@ mod tests {
         });
         assert_eq!(
             shares.assignment(Some("alice"), 10, false),
-            Assignment::Tokens(33)
+            BucketRule::Tokens(33)
         );
         assert_eq!(
             shares.assignment(Some("carol"), 10, false),
-            Assignment::Tokens(16)
+            BucketRule::Tokens(16)
         );
-        assert_eq!(shares.assignment(None, 10, false), Assignment::Tokens(16));
+        assert_eq!(shares.assignment(None, 10, false), BucketRule::Tokens(16));
         assert_eq!(
             shares.assignment(Some("bytes-only"), 10, false),
-            Assignment::Allow
+            BucketRule::Allow
         );
         shares.take_quota("front", quota(11, "alice", 0.4));
         assert_eq!(
             shares.assignment(Some("alice"), 10, false),
-            Assignment::Tokens(1)
+            BucketRule::Tokens(1)
         );
         shares.take_quota("front", quota(12, "alice", 0.0));
         assert_eq!(
             shares.assignment(Some("alice"), 11, false),
-            Assignment::Deny
+            BucketRule::Deny
         );
         // A fresh bucket: the share of the rule.
         assert_eq!(
             shares.assignment(Some("alice"), 11, true),
-            Assignment::Tokens(33)
+            BucketRule::Tokens(33)
         );
         // A table too old is not used.
         assert_eq!(
             shares.assignment(Some("alice"), 20, false),
-            Assignment::Tokens(33)
+            BucketRule::Tokens(33)
         );
         shares.take_quota("other", quota(12, "alice", 5.0));
         assert_eq!(
             shares.assignment(Some("alice"), 11, false),
-            Assignment::Deny
+            BucketRule::Deny
         );
         shares.take_blocks(v1::Blocks {
             service: "front".into(),
@@ -211,7 +211,7 @@ mod tests {
         });
         assert_eq!(
             shares.assignment(Some("carol"), 11, false),
-            Assignment::Deny
+            BucketRule::Deny
         );
     }
 }

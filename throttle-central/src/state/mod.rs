@@ -1,4 +1,4 @@
-//! Where the leader keeps its checkpoint ([`Ledger::checkpoint`]), so
+//! Where the leader keeps its checkpoint (`Ledger::checkpoint`), so
 //! that a new leader, or the same central restarted, does not hand every
 //! throttled user a fresh burst.
 //!
@@ -10,8 +10,6 @@
 //! the last one before it accepts a node stream, and nodes send again the
 //! reports they kept (see `Report.answered`), which bring back the sums
 //! and whatever was charged after the checkpoint.
-//!
-//! [`Ledger::checkpoint`]: crate::ledger::Ledger::checkpoint
 
 mod etcd;
 mod file;

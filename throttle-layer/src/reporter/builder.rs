@@ -1,12 +1,15 @@
-//! [`Reporter`]: its builder, its handle and its status.
+//! [`Reporter`] and its builder.
 
 use std::time::Duration;
 
 use throttle_proto::auth::Credentials;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tonic::transport::ClientTlsConfig;
 
+use super::dial;
+use super::error::ReporterError;
+use super::handle::ReporterHandle;
+use super::run::Run;
+use super::settings::Settings;
 use crate::store::SlotStore;
 
 /// Entry point: [`Reporter::builder`].
@@ -16,108 +19,7 @@ pub struct Reporter;
 /// Configures the reporter task.
 #[derive(Debug)]
 pub struct ReporterBuilder {
-    pub(super) store: SlotStore,
-    pub(super) node_id: String,
-    pub(super) endpoints: Vec<String>,
-    pub(super) report_delay: Duration,
-    pub(super) report_spread: Duration,
-    pub(super) max_buffered: usize,
-    pub(super) connect_timeout: Duration,
-    pub(super) backoff_min: Duration,
-    pub(super) backoff_max: Duration,
-    pub(super) max_message_bytes: usize,
-    pub(super) credentials: Option<Credentials>,
-    pub(super) tls: Option<ClientTlsConfig>,
-}
-
-/// Why the reporter could not start.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReporterError {
-    /// No central endpoint was given.
-    #[error("no central endpoint: call .central(\"http://host:7075\")")]
-    NoEndpoint,
-    /// An endpoint is not a valid URI.
-    #[error("invalid central endpoint {0:?}")]
-    InvalidEndpoint(String),
-    /// A central's address has no scheme (`127.0.0.1:7075`): tonic would
-    /// accept it and fail at every connect.
-    #[error("central endpoint {0:?} has no scheme: write http://{0} (https:// with TLS)")]
-    NoScheme(String),
-    /// TLS is set but a central's address is not `https://`.
-    #[error("central endpoint {0:?} must be https:// when TLS is set")]
-    TlsNeedsHttps(String),
-    /// A central's address is `https://` but no TLS is set
-    /// ([`ReporterBuilder::tls`]).
-    #[error("central endpoint {0:?} is https://: set the CA with .tls(..)")]
-    HttpsNeedsTls(String),
-    /// tonic refused the TLS settings.
-    #[error("TLS settings: {0}")]
-    Tls(String),
-    /// The node id is empty or longer than 256 bytes.
-    #[error("node id must be 1 to 256 bytes")]
-    InvalidNodeId,
-    /// The report delay and spread reach mid-slot, when the central node
-    /// assigns the quotas: a report sent then may miss the assign.
-    #[error(
-        "report delay {delay:?} + spread {spread:?} must end before mid-slot ({half_slot:?}), when the central node assigns"
-    )]
-    ReportsPastMidSlot {
-        /// [`ReporterBuilder::report_delay`].
-        delay: Duration,
-        /// [`ReporterBuilder::report_spread`].
-        spread: Duration,
-        /// Half the store's slot length.
-        half_slot: Duration,
-    },
-}
-
-/// What the reporter is doing, for health checks and tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReporterStatus {
-    /// A stream to a central node is open.
-    pub connected: bool,
-    /// The endpoint in use or being tried.
-    pub endpoint: String,
-    /// Reports not yet answered by a central node.
-    pub buffered: usize,
-    /// Reports sent (including re-sent ones).
-    pub reports_sent: u64,
-    /// Quota messages received.
-    pub quotas_received: u64,
-    /// Times a stream was opened.
-    pub connections: u64,
-}
-
-/// The running reporter; dropping it stops the task.
-#[derive(Debug)]
-#[must_use = "dropping the handle stops the reporter: keep it as long as the app serves"]
-pub struct ReporterHandle {
-    pub(super) task: JoinHandle<()>,
-    pub(super) status: watch::Receiver<ReporterStatus>,
-}
-
-impl ReporterHandle {
-    /// The current status.
-    pub fn status(&self) -> ReporterStatus {
-        self.status.borrow().clone()
-    }
-
-    /// Waits until `f` holds for the status.
-    pub async fn wait_for(&self, f: impl FnMut(&ReporterStatus) -> bool) {
-        let mut rx = self.status.clone();
-        let _ = rx.wait_for(f).await;
-    }
-
-    /// Stops the task (what is buffered is lost).
-    pub fn shutdown(self) {
-        self.task.abort();
-    }
-}
-
-impl Drop for ReporterHandle {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    settings: Settings,
 }
 
 impl Reporter {
@@ -130,7 +32,7 @@ impl Reporter {
     /// one opened; until its quotas arrive it fails open, or as its fallback
     /// says. Building the layers first avoids that moment.
     pub fn builder(store: &SlotStore, node_id: &str) -> ReporterBuilder {
-        ReporterBuilder {
+        let settings = Settings {
             store: store.clone(),
             node_id: node_id.to_owned(),
             endpoints: Vec::new(),
@@ -143,21 +45,51 @@ impl Reporter {
             max_message_bytes: 64 << 20,
             credentials: None,
             tls: None,
-        }
+        };
+        ReporterBuilder { settings }
     }
 }
 
 impl ReporterBuilder {
+    /// Starts the task. Must be called within a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`ReporterError`] for a missing or invalid endpoint or node id.
+    pub fn spawn(self) -> Result<ReporterHandle, ReporterError> {
+        let cfg = &self.settings;
+        if cfg.endpoints.is_empty() {
+            return Err(ReporterError::NoEndpoint);
+        }
+        if cfg.node_id.is_empty() || cfg.node_id.len() > throttle_proto::MAX_NAME_LEN {
+            return Err(ReporterError::InvalidNodeId);
+        }
+        for e in &cfg.endpoints {
+            dial::endpoint(e, cfg.connect_timeout, cfg.tls.as_ref())?;
+        }
+        let half_slot = cfg.store.slot_length().as_duration() / 2;
+        if cfg.report_delay.saturating_add(cfg.report_spread) >= half_slot {
+            return Err(ReporterError::ReportsPastMidSlot {
+                delay: cfg.report_delay,
+                spread: cfg.report_spread,
+                half_slot,
+            });
+        }
+        let report_after = self.report_at();
+        tracing::debug!(node = %cfg.node_id, after_boundary = ?report_after, "reports scheduled");
+        Ok(Run::spawn(self.settings, report_after))
+    }
+
     /// Adds a central endpoint, e.g. `http://127.0.0.1:7075`; the first one
     /// is tried first.
     pub fn central(mut self, endpoint: impl Into<String>) -> Self {
-        self.endpoints.push(endpoint.into());
+        self.settings.endpoints.push(endpoint.into());
         self
     }
 
     /// How long after a slot boundary the report is sent (default 50 ms).
     pub fn report_delay(mut self, delay: Duration) -> Self {
-        self.report_delay = delay;
+        self.settings.report_delay = delay;
         self
     }
 
@@ -180,14 +112,18 @@ impl ReporterBuilder {
     /// followed up to a slot later (3 slots against 2 in the simulator's
     /// scenario 11, `docs/accuracy.md`).
     pub fn report_spread(mut self, spread: Duration) -> Self {
-        self.report_spread = spread;
+        self.settings.report_spread = spread;
         self
     }
 
     /// When after each slot boundary this node sends its report
     /// ([`report_point`] of its id, delay and spread).
     pub fn report_at(&self) -> Duration {
-        report_point(&self.node_id, self.report_delay, self.report_spread)
+        report_point(
+            &self.settings.node_id,
+            self.settings.report_delay,
+            self.settings.report_spread,
+        )
     }
 
     /// Most reports kept (default 60), answered or not; older ones are
@@ -196,13 +132,13 @@ impl ReporterBuilder {
     /// the kept history from them: a node of large reports spends this
     /// many reports' bytes of memory on them.
     pub fn max_buffered(mut self, max: usize) -> Self {
-        self.max_buffered = max.max(1);
+        self.settings.max_buffered = max.max(1);
         self
     }
 
     /// Connect timeout per attempt (default 1 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.settings.connect_timeout = timeout;
         self
     }
 
@@ -211,7 +147,7 @@ impl ReporterBuilder {
     /// 35,000 users of four resources). An answer over it fails the
     /// stream, which reconnects.
     pub fn max_message_bytes(mut self, max: usize) -> Self {
-        self.max_message_bytes = max;
+        self.settings.max_message_bytes = max;
         self
     }
 
@@ -222,7 +158,7 @@ impl ReporterBuilder {
         access_key: impl Into<String>,
         secret_key: impl Into<String>,
     ) -> Self {
-        self.credentials = Some(Credentials::new(access_key, secret_key));
+        self.settings.credentials = Some(Credentials::new(access_key, secret_key));
         self
     }
 
@@ -231,7 +167,7 @@ impl ReporterBuilder {
     /// requires client certificates, this node's identity, e.g.
     /// `ClientTlsConfig::new().ca_certificate(ca).identity(identity)`.
     pub fn tls(mut self, tls: ClientTlsConfig) -> Self {
-        self.tls = Some(tls);
+        self.settings.tls = Some(tls);
         self
     }
 
@@ -241,8 +177,8 @@ impl ReporterBuilder {
     /// nothing). A standby's redirect is followed after the least backoff,
     /// and does not lengthen the next one.
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
-        self.backoff_min = min;
-        self.backoff_max = max.max(min);
+        self.settings.backoff_min = min;
+        self.settings.backoff_max = max.max(min);
         self
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
-use super::builder::ReporterError;
+use super::error::ReporterError;
 
 /// How often an idle connection is pinged, and how long an answer may
 /// take before the connection is dropped.

@@ -32,12 +32,18 @@
 
 mod builder;
 mod dial;
+mod error;
+mod handle;
 mod repeats;
 mod run;
+mod settings;
+mod status;
 mod stream;
 
 #[cfg(test)]
 mod tests;
 
-pub use builder::report_point;
-pub use builder::{Reporter, ReporterBuilder, ReporterError, ReporterHandle, ReporterStatus};
+pub use builder::{Reporter, ReporterBuilder, report_point};
+pub use error::ReporterError;
+pub use handle::ReporterHandle;
+pub use status::ReporterStatus;

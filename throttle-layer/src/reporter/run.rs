@@ -12,9 +12,11 @@ use throttle_proto::wire::{Answer, Inbound, RawQuota};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::builder::*;
 use super::dial;
+use super::handle::ReporterHandle;
 use super::repeats::Repeats;
+use super::settings::Settings;
+use super::status::ReporterStatus;
 use super::stream::*;
 
 /// A report kept until its answer, and after it for the kept history:
@@ -52,7 +54,7 @@ impl Pending {
 }
 
 pub(super) struct Run {
-    pub(super) cfg: ReporterBuilder,
+    pub(super) cfg: Settings,
     pub(super) current: usize,
     pub(super) pending: VecDeque<Pending>,
     pub(super) last_collected: i64,
@@ -108,41 +110,20 @@ pub(super) enum Ended {
     Announce,
 }
 
-impl ReporterBuilder {
-    /// Starts the task. Must be called within a Tokio runtime.
-    ///
-    /// # Errors
-    ///
-    /// [`ReporterError`] for a missing or invalid endpoint or node id.
-    pub fn spawn(self) -> Result<ReporterHandle, ReporterError> {
-        if self.endpoints.is_empty() {
-            return Err(ReporterError::NoEndpoint);
-        }
-        if self.node_id.is_empty() || self.node_id.len() > throttle_proto::MAX_NAME_LEN {
-            return Err(ReporterError::InvalidNodeId);
-        }
-        for e in &self.endpoints {
-            dial::endpoint(e, self.connect_timeout, self.tls.as_ref())?;
-        }
-        let half_slot = self.store.slot_length().as_duration() / 2;
-        if self.report_delay.saturating_add(self.report_spread) >= half_slot {
-            return Err(ReporterError::ReportsPastMidSlot {
-                delay: self.report_delay,
-                spread: self.report_spread,
-                half_slot,
-            });
-        }
-        let report_after = self.report_at();
-        tracing::debug!(node = %self.node_id, after_boundary = ?report_after, "reports scheduled");
+impl Run {
+    /// Starts the task of a reporter built with `cfg`, reporting
+    /// `report_after` each slot boundary. Must be called within a Tokio
+    /// runtime.
+    pub(super) fn spawn(cfg: Settings, report_after: Duration) -> ReporterHandle {
         let (status_tx, status) = watch::channel(ReporterStatus {
-            endpoint: self.endpoints[0].clone(),
+            endpoint: cfg.endpoints.first().cloned().unwrap_or_default(),
             ..ReporterStatus::default()
         });
-        let last_collected = self.store.current_slot() - 1;
-        let run = Run {
+        let last_collected = cfg.store.current_slot() - 1;
+        let mut run = Run {
             next_tick: Instant::now(),
             report_after,
-            cfg: self,
+            cfg,
             current: 0,
             pending: VecDeque::new(),
             last_collected,
@@ -154,12 +135,8 @@ impl ReporterBuilder {
             incarnation: 0,
             lost: Vec::new(),
         };
-        let mut run = run;
         run.schedule();
-        Ok(ReporterHandle {
-            task: tokio::spawn(run.run()),
-            status,
-        })
+        ReporterHandle::new(tokio::spawn(run.run()), status)
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
-use super::builder::ReporterError;
+use super::error::ReporterError;
 
 pub(super) enum Opened {
     /// A stream, and what its Welcome said.

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::builder::*;
+use super::error::ReporterError;
 
 #[test]
 fn a_node_reports_at_a_fixed_point_of_the_spread() {

@@ -1,7 +1,7 @@
 //! What the hierarchical policy keeps of one group (an application, or
 //! the users in none) for one resource, and what the group asks of a slot.
 
-use super::allowance::Allowance;
+use super::burst_allowance::BurstAllowance;
 use super::overshoot::Overshoot;
 use super::split::{Ask, Share};
 use crate::limits::{App, NO_APP_PRIORITY};
@@ -9,7 +9,7 @@ use crate::limits::{App, NO_APP_PRIORITY};
 /// One group's state for one resource.
 #[derive(Debug, Clone)]
 pub(super) struct Group {
-    allowance: Allowance,
+    allowance: BurstAllowance,
     pub(super) overshoot: Overshoot,
     /// Burst seconds left as the slot asked for started (infinite for
     /// the users in no application).
@@ -20,7 +20,7 @@ impl Group {
     /// A group that has not burst yet.
     pub(super) fn new(app: Option<&App>) -> Self {
         Self {
-            allowance: Allowance::full(app.map_or(0.0, |a| a.burst_seconds)),
+            allowance: BurstAllowance::full(app.map_or(0.0, |a| a.burst_seconds)),
             overshoot: Overshoot::default(),
             left: f64::INFINITY,
         }

@@ -4,7 +4,7 @@
 //!
 //! - `split`: [`split`], one resource's capacity between applications;
 //!   `fill`: proportional shares with caps;
-//! - `allowance`: [`Allowance`], how long an application may burst;
+//! - `burst_allowance`: [`BurstAllowance`], how long an application may burst;
 //! - `overshoot`: [`Overshoot`], what a group took past its grants,
 //!   paid back from the next ones;
 //! - `group`: what the policy keeps of an application, and what it asks
@@ -12,7 +12,7 @@
 //! - `hierarchical`: [`Hierarchical`], the policy;
 //! - `status`: [`AppsStatus`], what `/v1/monitor/apps` shows.
 
-mod allowance;
+mod burst_allowance;
 mod fill;
 mod group;
 mod hierarchical;
@@ -22,7 +22,7 @@ mod status;
 #[cfg(test)]
 mod tests;
 
-pub use allowance::Allowance;
+pub use burst_allowance::BurstAllowance;
 pub use hierarchical::Hierarchical;
 pub use overshoot::Overshoot;
 pub use split::{Ask, Scratch, Share, split};

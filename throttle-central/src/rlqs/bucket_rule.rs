@@ -8,7 +8,7 @@ use envoy_types::pb::google::protobuf::{self, UInt32Value};
 
 /// One bucket's assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Assignment {
+pub(super) enum BucketRule {
     /// No limit applies (ALLOW_ALL).
     Allow,
     /// Nothing is admitted: a share of 0, an exhausted or blocked user
@@ -20,7 +20,7 @@ pub(super) enum Assignment {
     Tokens(u32),
 }
 
-impl Assignment {
+impl BucketRule {
     /// The assignment for a share of `q` requests a second: at least one
     /// token while the share is above 0.
     pub(super) fn of(q: f64) -> Self {
@@ -71,16 +71,16 @@ mod tests {
 
     #[test]
     fn shares_become_token_buckets() {
-        assert_eq!(Assignment::of(0.0), Assignment::Deny);
-        assert_eq!(Assignment::of(-1.0), Assignment::Deny);
-        assert_eq!(Assignment::of(0.2), Assignment::Tokens(1));
-        assert_eq!(Assignment::of(33.9), Assignment::Tokens(33));
-        assert!(!Assignment::Tokens(100).differs(Assignment::Tokens(109)));
-        assert!(Assignment::Tokens(100).differs(Assignment::Tokens(111)));
-        assert!(!Assignment::Tokens(3).differs(Assignment::Tokens(4)));
-        assert!(Assignment::Tokens(3).differs(Assignment::Tokens(5)));
-        assert!(Assignment::Allow.differs(Assignment::Deny));
-        let Some(Strategy::TokenBucket(b)) = Assignment::Tokens(7).strategy().strategy else {
+        assert_eq!(BucketRule::of(0.0), BucketRule::Deny);
+        assert_eq!(BucketRule::of(-1.0), BucketRule::Deny);
+        assert_eq!(BucketRule::of(0.2), BucketRule::Tokens(1));
+        assert_eq!(BucketRule::of(33.9), BucketRule::Tokens(33));
+        assert!(!BucketRule::Tokens(100).differs(BucketRule::Tokens(109)));
+        assert!(BucketRule::Tokens(100).differs(BucketRule::Tokens(111)));
+        assert!(!BucketRule::Tokens(3).differs(BucketRule::Tokens(4)));
+        assert!(BucketRule::Tokens(3).differs(BucketRule::Tokens(5)));
+        assert!(BucketRule::Allow.differs(BucketRule::Deny));
+        let Some(Strategy::TokenBucket(b)) = BucketRule::Tokens(7).strategy().strategy else {
             panic!("a token bucket");
         };
         assert_eq!(

@@ -20,8 +20,8 @@ use throttle_proto::MAX_NAME_LEN;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use super::assignment::duration;
 use super::backfill::{Backfill, MAX_SLOTS};
+use super::bucket_rule::duration;
 use super::buckets::{Action, Buckets, Timing};
 use super::settings::{StreamSettings, USER_KEY};
 use super::shares::{REQUESTS, Shares};
@@ -38,7 +38,7 @@ const IDLE_S: i64 = 12 * REPORT_EVERY_S;
 static REFUSED: Throttled = Throttled::new();
 
 /// One proxy's stream: what it holds while it runs.
-pub(super) struct Session {
+pub(super) struct RlqsSession {
     settings: StreamSettings,
     node_id: String,
     addr: Option<SocketAddr>,
@@ -51,7 +51,7 @@ pub(super) struct Session {
     out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
 }
 
-impl Session {
+impl RlqsSession {
     /// A session of proxy `node_id`, whose messages go to `out`.
     pub(super) fn new(
         settings: StreamSettings,

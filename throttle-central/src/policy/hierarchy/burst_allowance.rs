@@ -9,7 +9,7 @@
 /// before it); the allowance then counts the slot once, from the level
 /// it had when the slot was first assigned.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Allowance {
+pub struct BurstAllowance {
     /// The level at the start of `slot`.
     before: f64,
     /// The level after `slot`.
@@ -18,7 +18,7 @@ pub struct Allowance {
     slot: i64,
 }
 
-impl Allowance {
+impl BurstAllowance {
     /// A full allowance of `seconds`.
     pub fn full(seconds: f64) -> Self {
         Self {
@@ -54,11 +54,11 @@ impl Allowance {
 
 #[cfg(test)]
 mod tests {
-    use super::Allowance;
+    use super::BurstAllowance;
 
     #[test]
     fn spent_above_earned_below_and_counted_once_per_slot() {
-        let mut a = Allowance::full(3.0);
+        let mut a = BurstAllowance::full(3.0);
         for slot in 0..5 {
             assert!(a.at(slot, 3.0) >= 0.0);
             a.count(slot, 1.0, true, false, 3.0);

@@ -41,7 +41,7 @@ enum End {
 }
 
 /// A legacy node's connection, once its handshake was accepted.
-pub(super) struct Session {
+pub(super) struct LegacySession {
     pub(super) commands: mpsc::Sender<Command>,
     pub(super) leadership: Arc<dyn Leadership>,
     /// The keys, and the access key its URL was signed with, when keys
@@ -66,7 +66,7 @@ struct Running {
     registered: Option<Registered>,
 }
 
-impl Session {
+impl LegacySession {
     /// Serves the connection until it ends; a frame the node may not send
     /// ends it, counted and logged.
     pub(super) async fn run(self, mut socket: WebSocket) {
