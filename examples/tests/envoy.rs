@@ -204,8 +204,16 @@ async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
         .sum();
     println!("dave, on envoy-1 only, admitted {dave} in 30 s of a limit of 1200");
     assert!(
-        ONE_ENVOY_TODAY.contains(&dave),
+        ONE_ENVOY.contains(&dave),
         "dave admitted {dave} in 30 s on one Envoy, limit 1200"
+    );
+    // Over the whole run, never more than the refill and the burst.
+    let seconds = start - 1..start + 43;
+    let dave_run: u64 = seconds.map(|s| on_node(&tallies, "dave", 0, s)).sum();
+    println!("dave, over the 44 s of the run: {dave_run}, at most 40 x 44 + 400");
+    assert!(
+        dave_run <= 40 * 44 + 400,
+        "dave admitted {dave_run} in 44 s"
     );
     assert!(
         BESIDE_A_NODE_TODAY.contains(&alice),
@@ -255,13 +263,15 @@ const ENVOYS_ALONE_TODAY: std::ops::RangeInclusive<u64> = 2700..=3600;
 
 /// What alice, offered 300/s over two Envoys and an `axum-node`, is
 /// admitted over 30 s today, of 3,000: the target is 95%..105%, and
-/// 93.3%..97.2% was measured in six runs.
+/// 92.5%..95.1% was measured in five runs.
 const BESIDE_A_NODE_TODAY: std::ops::RangeInclusive<u64> = 2640..=3150;
 
 /// What a user limited to 40/s and offered 60/s on one Envoy only is
-/// admitted over 30 s today, of 1,200: at least the 95% the target asks,
-/// but 114%..116% in five runs, over it; the cause is not yet found.
-const ONE_ENVOY_TODAY: std::ops::RangeInclusive<u64> = 1140..=1560;
+/// admitted over 30 s, of 1,200: at least the 95% the target asks, and
+/// up to the limit plus the burst its bucket starts with (10 s of rate,
+/// 400), which the window spends because the Envoy's first seconds held
+/// it to its share of the rule, 13/s.
+const ONE_ENVOY: std::ops::RangeInclusive<u64> = 1140..=1600;
 
 /// Whether both Envoys have a stream open on `central`.
 fn both_envoys_on(central: &CentralProcess) -> bool {
