@@ -31,7 +31,9 @@ use crate::keys::NodeKeys;
 use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
 use crate::legacy::Endpoint;
-use crate::limits::{Editable, EtcdLimits, FileLimits, LimitSet, LimitSource, UnknownPolicy};
+use crate::limits::{
+    DEFAULT_POLICY_NAMES, Editable, EtcdLimits, FileLimits, LimitSet, LimitSource, UnknownPolicy,
+};
 use crate::net::{self, ConnectionLimits, ServerTls};
 use crate::policy::{self, Projected};
 use crate::rlqs::{self, Rlqs, StreamSettings};
@@ -202,10 +204,10 @@ impl CentralBuilder {
     }
 
     /// The quota policy of every service the limits file sets none for
-    /// (`[service.NAME] policy`), by its name there: `projected` (the
-    /// default), `classic` or `static-split`.
+    /// (`[service.NAME] policy`), by its name there: one of
+    /// [`DEFAULT_POLICY_NAMES`], `projected` by default.
     pub fn default_policy(mut self, name: &str) -> Result<Self, UnknownPolicy> {
-        if policy::by_name(name).is_none() {
+        if !DEFAULT_POLICY_NAMES.contains(&name) {
             return Err(UnknownPolicy(name.to_owned()));
         }
         let name = name.to_owned();

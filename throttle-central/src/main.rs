@@ -11,7 +11,7 @@ use clap::Parser;
 use clap::builder::TypedValueParser;
 use throttle_central::election::{ElectionConfig, Running};
 use throttle_central::keys::NodeKeys;
-use throttle_central::limits::{EtcdLimits, FileLimits};
+use throttle_central::limits::{DEFAULT_POLICY_NAMES, EtcdLimits, FileLimits, UnknownPolicy};
 use throttle_central::net::{ConnectionLimits, ServerTls};
 use throttle_central::state::{EtcdState, FileState, StateStore};
 use throttle_central::usage::{Retention, UsageConfig};
@@ -370,13 +370,9 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 
 /// A `--policy` name: one that can apply to every service.
 fn policy_name(name: &str) -> Result<String, String> {
-    match name {
-        "projected" | "classic" | "static-split" => Ok(name.to_owned()),
-        "hierarchical" => Err(
-            "hierarchical is chosen per service by its `capacity` in the limits file \
-             ([service.NAME] capacity = {...}), not by --policy"
-                .to_owned(),
-        ),
-        _ => Err("expected projected, classic or static-split".to_owned()),
+    if DEFAULT_POLICY_NAMES.contains(&name) {
+        Ok(name.to_owned())
+    } else {
+        Err(UnknownPolicy(name.to_owned()).to_string())
     }
 }

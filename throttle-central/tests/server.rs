@@ -433,6 +433,8 @@ async fn a_node_that_accepts_packed_quotas_gets_the_same_content_packed() {
 #[test]
 fn a_default_policy_is_named_as_in_the_limits_file() {
     assert!(Central::builder().default_policy("static-split").is_ok());
+    let per_service = Central::builder().default_policy("hierarchical").err();
+    assert_eq!(per_service.map(|e| e.0), Some("hierarchical".to_owned()));
     let unknown = Central::builder().default_policy("fastest").err();
     assert_eq!(unknown.map(|e| e.0), Some("fastest".to_owned()));
 }

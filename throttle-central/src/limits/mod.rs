@@ -135,9 +135,16 @@ pub const EVERY_USER: &str = "*";
 /// the central makes each (`policy::by_name`).
 pub const POLICY_NAMES: [&str; 4] = ["projected", "classic", "static-split", "hierarchical"];
 
-/// A policy name that is none of [`POLICY_NAMES`].
+/// The policies of [`POLICY_NAMES`] that may apply to every service the
+/// limits name none for: all but `hierarchical`, which a service's
+/// `capacity` chooses.
+pub const DEFAULT_POLICY_NAMES: [&str; 3] = ["projected", "classic", "static-split"];
+
+/// A default policy name that is none of [`DEFAULT_POLICY_NAMES`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown quota policy {0:?}: expected one of {POLICY_NAMES:?}")]
+#[error(
+    "{0:?} cannot be the default quota policy: expected one of {DEFAULT_POLICY_NAMES:?} (hierarchical is chosen per service by its `capacity` in the limits file)"
+)]
 pub struct UnknownPolicy(pub String);
 
 impl Limit {

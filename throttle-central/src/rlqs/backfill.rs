@@ -62,11 +62,7 @@ impl Backfill {
             }
         }
         for (user, (a, d, covered)) in &usage {
-            let (na, nd) = if *covered == 0 {
-                // A bucket's first request (or a report of less than a
-                // second): no rate to read from it yet.
-                (*a, *d)
-            } else if end < current {
+            let (na, nd) = if *covered == 0 || end < current {
                 let now = |x: u64| in_current(x, into, *covered);
                 (now(*a), now(*d))
             } else {
@@ -134,9 +130,13 @@ fn add(to: &mut BTreeMap<String, (u64, u64)>, user: String, a: u64, d: u64) {
 }
 
 /// What of `total`, counted over `covered` slots up to now, fell in the
-/// current slot, `into` of the way through it.
+/// current slot, `into` of the way through it: all of it when it covers
+/// no whole slot (a bucket's first request tells no rate yet).
 fn in_current(total: u64, into: f64, covered: usize) -> u64 {
-    let share = into.clamp(0.0, 1.0) / covered.max(1) as f64;
+    if covered == 0 {
+        return total;
+    }
+    let share = into.clamp(0.0, 1.0) / covered as f64;
     ((total as f64 * share).round() as u64).min(total)
 }
 
