@@ -9,11 +9,16 @@ use super::status::ReporterStatus;
 #[derive(Debug)]
 #[must_use = "dropping the handle stops the reporter: keep it as long as the app serves"]
 pub struct ReporterHandle {
-    pub(super) task: JoinHandle<()>,
-    pub(super) status: watch::Receiver<ReporterStatus>,
+    task: JoinHandle<()>,
+    status: watch::Receiver<ReporterStatus>,
 }
 
 impl ReporterHandle {
+    /// Takes charge of the reporter's `task`, whose status is `status`.
+    pub(super) fn new(task: JoinHandle<()>, status: watch::Receiver<ReporterStatus>) -> Self {
+        Self { task, status }
+    }
+
     /// The current status.
     pub fn status(&self) -> ReporterStatus {
         self.status.borrow().clone()
@@ -34,12 +39,5 @@ impl ReporterHandle {
 impl Drop for ReporterHandle {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-impl ReporterHandle {
-    /// Takes charge of the reporter's `task`, whose status is `status`.
-    pub(super) fn new(task: JoinHandle<()>, status: watch::Receiver<ReporterStatus>) -> Self {
-        Self { task, status }
     }
 }
