@@ -17,11 +17,14 @@
 //! - `rules`: a service's limit rules, which limit keys as they appear;
 //! - `cuts`: [`Cuts`], where the key arena was cut, for readers of
 //!   older grants;
+//! - `first_shares`: what proxies' new buckets were told
+//!   before their first report;
 //! - `state`: [`ServiceState`], a service's keys and all of the above.
 
 pub(crate) mod charge;
 pub(crate) mod cuts;
 pub(crate) mod filing_at;
+pub(crate) mod first_shares;
 pub(crate) mod ids;
 pub(crate) mod key;
 pub(crate) mod periods;

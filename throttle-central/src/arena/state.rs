@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 use throttle_clock::SlotLength;
 
 use super::cuts::Cuts;
+use super::first_shares::FirstShares;
 use super::ids::{KeyId, Map, Name, NodeId};
 use super::key::Key;
 use super::recent::NodeUsers;
@@ -51,6 +52,8 @@ pub struct ServiceState {
     /// how many slots its newest reported one may lag behind the current
     /// slot between two of its reports.
     pub lags: Map<NodeId, i64>,
+    /// What proxies' new buckets were told before their first reports.
+    pub(crate) first_shares: FirstShares,
     /// The slot length.
     pub slot: SlotLength,
     /// Resource names, interned: every key of a resource shares one `Arc`.
@@ -371,6 +374,8 @@ impl ServiceState {
         let reporting = &self.last_report;
         self.recent.retain(|n, _| reporting.contains_key(n));
         self.lags.retain(|n, _| reporting.contains_key(n));
+        // Counted until the proxy reports its slots: at most a minute on.
+        self.first_shares.forget_before(current - 64);
         // A sum a node filed is never of a later slot than that node's
         // entry in the key, so a key freed below (no entry at or after the
         // cutoff) has no sum in a column kept: when its id is reused, no

@@ -17,11 +17,12 @@ use super::source::ReportSource;
 use super::told::ACTIVE_SLOTS;
 use crate::arena::charge::Charge;
 use crate::arena::filing_at::Filing;
+use crate::arena::first_shares::FirstShares;
 use crate::arena::ids::{Map, NodeId, valid_name};
 use crate::arena::rules::ServiceRules;
 use crate::arena::state::ServiceState;
 use crate::limits::{Hierarchy, Limit};
-use crate::policy::{NodeGrants, Projected, QuotaHistory};
+use crate::policy::{NodeGrants, Projected};
 use throttle_proto::v1;
 
 /// The central node's state; see the [module docs](crate::ledger).
@@ -108,22 +109,8 @@ impl Ledger {
     pub(super) fn service_mut(&mut self, name: &str) -> &mut Service {
         if !self.services.contains_key(name) {
             let policy = (self.policy_factory)(name);
-            self.services.insert(
-                name.into(),
-                Service {
-                    state: ServiceState {
-                        slot: self.config.slot,
-                        ..ServiceState::default()
-                    },
-                    policy,
-                    book: BTreeMap::new(),
-                    kept: QuotaHistory::default(),
-                    spare: None,
-                    named_policy: false,
-                    told: Default::default(),
-                    bound: Default::default(),
-                },
-            );
+            let service = Service::new(self.config.slot, policy);
+            self.services.insert(name.into(), service);
         }
         self.services.get_mut(name).expect("inserted above")
     }
@@ -390,6 +377,11 @@ impl Ledger {
     pub fn service_state(&self, service: &str) -> Option<&ServiceState> {
         self.services.get(service).map(|s| &s.state)
     }
+
+    /// What proxies' new buckets of `service` were told, if it is known.
+    pub(crate) fn first_shares_mut(&mut self, service: &str) -> Option<&mut FirstShares> {
+        self.services.get_mut(service).map(|s| &mut s.state.first_shares)
+    }
 }
 
 // Filing (see `filing`).
@@ -632,12 +624,9 @@ impl Ledger {
                 continue;
             }
             for level in &service.buckets {
-                let restored =
-                    self.restore_level(&service.service, level, checkpoint.taken_ms, now_ms);
-                if restored {
-                    out.buckets += 1;
-                } else {
-                    out.skipped += 1;
+                match self.restore_level(&service.service, level, checkpoint.taken_ms, now_ms) {
+                    true => out.buckets += 1,
+                    false => out.skipped += 1,
                 }
             }
         }

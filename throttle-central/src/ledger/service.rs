@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use throttle_clock::SlotLength;
+
 use super::bound::Bound;
 use super::told::Told;
 use crate::arena::state::ServiceState;
@@ -34,6 +36,23 @@ pub(crate) struct Service {
 }
 
 impl Service {
+    /// A service new to the ledger, with slots of `slot`, run by `policy`.
+    pub(crate) fn new(slot: SlotLength, policy: Box<dyn Policy>) -> Self {
+        Self {
+            state: ServiceState {
+                slot,
+                ..ServiceState::default()
+            },
+            policy,
+            book: BTreeMap::new(),
+            kept: QuotaHistory::default(),
+            spare: None,
+            named_policy: false,
+            told: Told::default(),
+            bound: Bound::default(),
+        }
+    }
+
     /// Runs the policy for `slot` and keeps the result, replacing any
     /// earlier assignment of that slot.
     pub(crate) fn assign(&mut self, slot: i64, now_ms: i64) {

@@ -55,7 +55,13 @@ const MAX_IDLE_KEYS: usize = 10_000;
 ///    keys), so a burst after a quiet period is throttled from its first
 ///    request instead of failing open, and a user who lives on one node is
 ///    not refused under its limit.
-/// 4. Runs at mid-slot for the *next* slot and re-assigns the *current*
+/// 4. Counts a proxy (a node that reports every few slots, such as Envoy)
+///    as its token bucket admits: it is granted whole requests a second,
+///    kept while the new grant is within a tenth of it, which is what its
+///    stream tells it; and a bucket new to it, told its share of the
+///    user's rule before its first report (its *first share*), is counted
+///    at that share until the proxy reports those slots.
+/// 5. Runs at mid-slot for the *next* slot and re-assigns the *current*
 ///    slot as soon as every active node has reported the previous one
 ///    (pushed at once over the streams), so a shift of load between nodes is
 ///    followed within the slot after it. A report's answer carries the
@@ -111,6 +117,23 @@ fn admits_on(grant: f64, demand: f64, over: Option<f64>) -> f64 {
         demand
     } else {
         demand.min(grant + over.unwrap_or(0.0))
+    }
+}
+
+/// A proxy's grant of `grant` requests a slot, as the whole number of
+/// requests a second its token bucket is told; `before`, its grant of the
+/// slot before, where the new one is within a tenth (and one request a
+/// second) of it: its stream would not tell it so small a change, and
+/// what the policy counts of the proxy is then what the proxy keeps to.
+fn steady(grant: f64, before: Option<f64>, slot_secs: f64) -> f64 {
+    let per_second = grant / slot_secs;
+    if per_second.is_nan() || per_second <= 0.0 {
+        return 0.0;
+    }
+    let whole = per_second.round().max(1.0);
+    match before.map(|b| b / slot_secs) {
+        Some(b) if b > 0.0 && (whole - b).abs() <= (b / 10.0).max(1.0) => b * slot_secs,
+        _ => whole * slot_secs,
     }
 }
 
@@ -253,11 +276,26 @@ impl Policy for Projected {
                     }
                 }
             }
+            // Proxies whose new bucket of the user holds its first share.
+            let first_shares = (!state.first_shares.is_empty() && key.resource() == "requests")
+                .then_some(&state.first_shares);
+            for (n, _) in first_shares.into_iter().flat_map(|f| f.nodes_of(key.user())) {
+                if !nodes.iter().any(|(m, _)| *m == n) {
+                    nodes.push((n, 0.0));
+                }
+            }
             let level = bucket.level_at(now_ms);
             let rate = bucket.rate();
             let mut outstanding = 0.0;
             for (i, &(node, d)) in nodes.iter().enumerate() {
-                let last = newest.get(node).unwrap_or(slot - 2);
+                let first_share = |y: i64| {
+                    first_shares.and_then(|f| f.in_slot(key.user(), node, y, 1.0 / slot_secs))
+                };
+                let last = newest.get(node).unwrap_or_else(|| {
+                    let since = first_shares
+                        .and_then(|f| f.nodes_of(key.user()).find(|(n, _)| *n == node));
+                    since.map_or(slot - 2, |(_, s)| s - 1)
+                });
                 let first = (last + 1).max(slot - GRANTS - newest.lag(node));
                 // Without a grant, a node that refused nothing fails open
                 // (it admits its demand), and one that refused keeps to
@@ -277,10 +315,12 @@ impl Policy for Projected {
                     });
                 for y in first..slot {
                     let grant = earlier[(y - (slot - back)) as usize].get(node, id);
-                    outstanding += match grant {
-                        Some(g) if every_slot => admits_on(f64::from(g), d, over),
-                        Some(g) => f64::from(g).min(d),
-                        None => ungranted,
+                    let grant = grant.map(f64::from);
+                    outstanding += match (first_share(y), grant) {
+                        (Some(told), _) => told,
+                        (None, Some(g)) if every_slot => admits_on(g, d, over),
+                        (None, Some(g)) => g.min(d),
+                        (None, None) => ungranted,
                     };
                 }
             }
@@ -311,6 +351,12 @@ impl Policy for Projected {
                     // arrives everywhere at once borrows from the bucket.
                     (budget / nodes.len() as f64).max(budget.min(rate * slot_secs))
                 };
+                let grant = if newest.lag(node) > 0 {
+                    let before = earlier.last_mut().and_then(|s| s.get(node, id));
+                    steady(grant, before.map(f64::from), slot_secs)
+                } else {
+                    grant
+                };
                 out.push(node, Grant::new(id, grant));
             }
         }
@@ -320,7 +366,27 @@ impl Policy for Projected {
 
 #[cfg(test)]
 mod tests {
-    use super::admits_on;
+    use super::{admits_on, steady};
+
+    #[test]
+    fn a_proxy_is_granted_whole_requests_a_second_that_move_by_more_than_a_tenth() {
+        // Whole requests a second, at least one while above 0.
+        assert_eq!(steady(33.6, None, 1.0), 34.0);
+        assert_eq!(steady(0.2, None, 1.0), 1.0);
+        assert_eq!(steady(0.0, Some(5.0), 1.0), 0.0);
+        assert_eq!(steady(f64::NAN, None, 1.0), 0.0);
+        // Per slot of 100 ms: 3.36 a slot is 34 a second.
+        assert!((steady(3.36, None, 0.1) - 3.4).abs() < 1e-9);
+        // Within a tenth, or one request a second, of the grant before: kept.
+        assert_eq!(steady(43.0, Some(40.0), 1.0), 40.0);
+        assert_eq!(steady(36.4, Some(40.0), 1.0), 40.0);
+        assert_eq!(steady(3.0, Some(2.0), 1.0), 2.0);
+        // Further: the new one.
+        assert_eq!(steady(45.0, Some(40.0), 1.0), 45.0);
+        assert_eq!(steady(4.0, Some(2.0), 1.0), 4.0);
+        // A denied proxy is told its first token.
+        assert_eq!(steady(1.0, Some(0.0), 1.0), 1.0);
+    }
 
     #[test]
     fn a_node_held_by_its_quota_crosses_it_as_it_did_last() {

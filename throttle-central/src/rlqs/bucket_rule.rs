@@ -21,13 +21,13 @@ pub(super) enum BucketRule {
 }
 
 impl BucketRule {
-    /// The assignment for a share of `q` requests a second: at least one
-    /// token while the share is above 0.
+    /// The assignment for a share of `q` requests a second, to the nearest
+    /// token: at least one while the share is above 0.
     pub(super) fn of(q: f64) -> Self {
         if q.is_nan() || q <= 0.0 {
             return Self::Deny;
         }
-        let tokens = q.floor().clamp(1.0, f64::from(u32::MAX));
+        let tokens = q.round().clamp(1.0, f64::from(u32::MAX));
         Self::Tokens(tokens as u32)
     }
 
@@ -74,7 +74,8 @@ mod tests {
         assert_eq!(BucketRule::of(0.0), BucketRule::Deny);
         assert_eq!(BucketRule::of(-1.0), BucketRule::Deny);
         assert_eq!(BucketRule::of(0.2), BucketRule::Tokens(1));
-        assert_eq!(BucketRule::of(33.9), BucketRule::Tokens(33));
+        assert_eq!(BucketRule::of(33.4), BucketRule::Tokens(33));
+        assert_eq!(BucketRule::of(33.9), BucketRule::Tokens(34));
         assert!(!BucketRule::Tokens(100).differs(BucketRule::Tokens(109)));
         assert!(BucketRule::Tokens(100).differs(BucketRule::Tokens(111)));
         assert!(!BucketRule::Tokens(3).differs(BucketRule::Tokens(4)));

@@ -1,7 +1,8 @@
 //! The buckets one proxy reports, the user each stands for, and what
 //! each was last told.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeInclusive;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 
@@ -47,6 +48,10 @@ pub(super) enum Action {
 }
 
 /// One proxy's buckets.
+/// Per user, the slots of their buckets' first share and its tokens a
+/// second.
+pub(super) type FirstTold = BTreeMap<String, (RangeInclusive<i64>, u32)>;
+
 #[derive(Debug)]
 pub(super) struct Buckets {
     known: HashMap<Key, Bucket>,
@@ -123,6 +128,26 @@ impl Buckets {
     }
 
     /// Buckets held.
+    /// Per user, the tokens a second told to its buckets still on the
+    /// share of their rule in `slot` ([`Timing::fresh`] slots from their
+    /// first), and the slots of that share.
+    pub(super) fn first_shares(&self, slot: i64, fresh: i64) -> FirstTold {
+        let mut out = FirstTold::new();
+        for b in self.known.values().filter(|b| slot - b.first <= fresh) {
+            let (Some(user), Some((BucketRule::Tokens(n), _))) = (&b.user, b.sent) else {
+                continue;
+            };
+            let (first, last) = (b.first, b.first + fresh);
+            out.entry(user.clone())
+                .and_modify(|(slots, tokens)| {
+                    *slots = first.min(*slots.start())..=last.max(*slots.end());
+                    *tokens = tokens.saturating_add(n);
+                })
+                .or_insert((first..=last, n));
+        }
+        out
+    }
+
     pub(super) fn len(&self) -> usize {
         self.known.len()
     }

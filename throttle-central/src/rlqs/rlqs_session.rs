@@ -22,7 +22,7 @@ use tonic::{Status, Streaming};
 
 use super::backfill::{Backfill, MAX_SLOTS};
 use super::bucket_rule::duration;
-use super::buckets::{Action, Buckets, Timing};
+use super::buckets::{Action, Buckets, FirstTold, Timing};
 use super::settings::{StreamSettings, USER_KEY};
 use super::shares::{REQUESTS, Shares};
 use crate::log::{Throttled, peer};
@@ -48,6 +48,8 @@ pub(super) struct RlqsSession {
     backfill: Backfill,
     buckets: Buckets,
     shares: Shares,
+    /// The first shares the ledger was told, per user.
+    first_told: FirstTold,
     out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
 }
 
@@ -69,6 +71,7 @@ impl RlqsSession {
             service: None,
             backfill: Backfill::default(),
             shares: Shares::new(slot_ms),
+            first_told: FirstTold::new(),
             out,
         }
     }
@@ -309,6 +312,7 @@ impl RlqsSession {
             return;
         }
         tracing::debug!(node_id = %self.node_id, ?actions, "RLQS assignments");
+        self.tell_first_shares(timing.fresh).await;
         let ttl_s = u64::try_from(self.settings.ttl_s).unwrap_or(u64::MAX);
         let ttl = Some(duration(Duration::from_secs(ttl_s)));
         let bucket_action = actions
@@ -335,6 +339,25 @@ impl RlqsSession {
             .out
             .send(Ok(RateLimitQuotaResponse { bucket_action }))
             .await;
+    }
+
+    /// Tells the ledger the first shares its buckets were told that it
+    /// does not know yet, for the quota policy to count until the proxy
+    /// reports their slots.
+    async fn tell_first_shares(&mut self, fresh: i64) {
+        let Some(service) = &self.service else { return };
+        let told = self.buckets.first_shares(self.slot_now(), fresh);
+        let slot_s = f64::from(self.settings.slot.as_ms()) / 1_000.0;
+        for (user, (slots, tokens)) in &told {
+            if self.first_told.get(user) != Some(&(slots.clone(), *tokens)) {
+                let per_slot = f64::from(*tokens) * slot_s;
+                let _ = self
+                    .link
+                    .first_share(service, user, slots.clone(), per_slot)
+                    .await;
+            }
+        }
+        self.first_told = told;
     }
 
     /// Files what is left and leaves the ledger; ends the stream with

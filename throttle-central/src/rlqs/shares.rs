@@ -93,9 +93,10 @@ impl Shares {
         self.blocked = blocks.users.into_iter().collect();
     }
 
-    /// What `user`'s bucket should hold from `slot` on, a second's worth: blocked, their
-    /// grant of the latest table up to the next slot (unless the bucket is
-    /// `fresh`), else the share of their own rule or of the `*` rule, else
+    /// What `user`'s bucket should hold in `slot`, a second's worth:
+    /// blocked, their grant of that slot's table or the one before (unless
+    /// the bucket is `fresh`; never the next slot's, which the quota policy
+    /// counts from that slot on), else the share of their own rule or of the `*` rule, else
     /// everything allowed.
     pub(super) fn assignment(&self, user: Option<&str>, slot: i64, fresh: bool) -> BucketRule {
         if user.is_some_and(|u| self.blocked.contains(u)) {
@@ -103,7 +104,7 @@ impl Shares {
         }
         let latest = self
             .tables
-            .range(..=slot + 1)
+            .range(..=slot)
             .next_back()
             .filter(|(at, _)| slot - **at <= 1);
         let granted = user.filter(|_| !fresh).and_then(|u| latest?.1.get(u));
@@ -173,26 +174,31 @@ mod tests {
         );
         assert_eq!(
             shares.assignment(Some("carol"), 10, false),
-            BucketRule::Tokens(16)
+            BucketRule::Tokens(17)
         );
-        assert_eq!(shares.assignment(None, 10, false), BucketRule::Tokens(16));
+        assert_eq!(shares.assignment(None, 10, false), BucketRule::Tokens(17));
         assert_eq!(
             shares.assignment(Some("bytes-only"), 10, false),
             BucketRule::Allow
         );
         shares.take_quota("front", quota(11, "alice", 0.4));
         assert_eq!(
-            shares.assignment(Some("alice"), 10, false),
+            shares.assignment(Some("alice"), 11, false),
             BucketRule::Tokens(1)
         );
         shares.take_quota("front", quota(12, "alice", 0.0));
+        // The next slot's grant waits for that slot.
         assert_eq!(
             shares.assignment(Some("alice"), 11, false),
+            BucketRule::Tokens(1)
+        );
+        assert_eq!(
+            shares.assignment(Some("alice"), 12, false),
             BucketRule::Deny
         );
         // A fresh bucket: the share of the rule.
         assert_eq!(
-            shares.assignment(Some("alice"), 11, true),
+            shares.assignment(Some("alice"), 12, true),
             BucketRule::Tokens(33)
         );
         // A table too old is not used.
@@ -200,9 +206,9 @@ mod tests {
             shares.assignment(Some("alice"), 20, false),
             BucketRule::Tokens(33)
         );
-        shares.take_quota("other", quota(12, "alice", 5.0));
+        shares.take_quota("other", quota(13, "alice", 5.0));
         assert_eq!(
-            shares.assignment(Some("alice"), 11, false),
+            shares.assignment(Some("alice"), 13, false),
             BucketRule::Deny
         );
         shares.take_blocks(v1::Blocks {

@@ -272,6 +272,21 @@ impl Actor {
                 let _ = reply.send((result, report));
             }
             Command::Tick => self.tick(),
+            Command::FirstShare {
+                conn,
+                service,
+                user,
+                slots,
+                per_slot,
+            } => {
+                let node = self.conns.get(&conn).map(|c| c.node);
+                let ledger = self.assigner.ledger_mut();
+                if let Some(node) = node
+                    && let Some(first) = ledger.first_shares_mut(&service)
+                {
+                    first.tell(node, &user, slots, per_slot);
+                }
+            }
             Command::Reassign { service } => self.reassign(&service),
             Command::Monitor {
                 subject,

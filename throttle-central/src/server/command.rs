@@ -1,6 +1,7 @@
 //! The commands the ledger's task takes, and how the monitor asks one.
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use throttle_proto::v1;
@@ -71,6 +72,16 @@ pub(crate) enum Command {
         answered: bool,
     },
     Tick,
+    /// A proxy's bucket new to it was told its first share of `user`:
+    /// `per_slot` requests a slot over `slots`, which the quota policy
+    /// counts until the proxy reports them.
+    FirstShare {
+        conn: u64,
+        service: String,
+        user: String,
+        slots: RangeInclusive<i64>,
+        per_slot: f64,
+    },
     Reassign {
         service: String,
     },

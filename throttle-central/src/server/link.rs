@@ -4,6 +4,7 @@
 //! queues for it read back.
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use throttle_proto::v1::{self, central_message};
@@ -106,6 +107,29 @@ impl Link {
             Ok((Err(status), _)) => Err(NotFiled::Refused(status)),
             Err(_) => Err(NotFiled::Stopped),
         }
+    }
+
+    /// Tells the ledger that the registered proxy's bucket of `user` in
+    /// `service` was told its first share, `per_slot` requests a slot over
+    /// `slots`. Nothing before a registration.
+    pub(crate) async fn first_share(
+        &self,
+        service: &str,
+        user: &str,
+        slots: RangeInclusive<i64>,
+        per_slot: f64,
+    ) -> Result<(), NotFiled> {
+        let Some(conn) = self.conn else {
+            return Ok(());
+        };
+        let command = Command::FirstShare {
+            conn,
+            service: service.to_owned(),
+            user: user.to_owned(),
+            slots,
+            per_slot,
+        };
+        self.commands.send(command).await.map_err(|_| NotFiled::Stopped)
     }
 
     /// The next message for the node, waiting for one.
