@@ -223,7 +223,7 @@ async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
         "dave admitted {dave_run} in 44 s"
     );
     assert!(
-        BESIDE_A_NODE_TODAY.contains(&alice),
+        BESIDE_A_NODE.contains(&alice),
         "alice admitted {alice} in 30 s, limit 3000"
     );
     for (s, row) in &tallies {
@@ -261,6 +261,66 @@ async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
     );
 }
 
+/// How long after alice's load moved from one Envoy to the other every
+/// 5 s holds 90%..110% of her limit today: the target is 15 s, 17 s to
+/// 20 s was measured in four runs. The Envoy she moves to admits its first share of her rule
+/// (50/s) until its first report, and her bucket keeps what that leaves
+/// of the refill, which her next seconds spend at up to 200/s.
+const FOLLOWED_TODAY: i64 = 22;
+
+/// alice, offered 200/s on one Envoy, then moved whole to the other: from
+/// `FOLLOWED_TODAY` after the move on, every 5 s holds 90%..110% of her
+/// limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_moved_from_one_envoy_to_the_other_is_followed_within_15_s() {
+    let test = "a_load_moved_from_one_envoy_to_the_other_is_followed_within_15_s";
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(bin) = throttle_test_servers::central_beside(env!("CARGO_BIN_EXE_axum-node"), test)
+    else {
+        return;
+    };
+    let dir = TempDir::new("envoy-shift");
+    let central = CentralProcess::start(&bin, &["--limits".to_owned(), limits_file(&dir)]);
+    let app = upstream().await;
+    let Some(envoys) = envoys(test, app, &[(central.grpc, central.http.port())]) else {
+        return;
+    };
+    let load = Load::new(envoys.iter().map(|e| e.1).collect(), "/");
+    let first = load.flow("alice", 0, 200.0);
+    let second = load.flow("alice", 1, 0.0);
+    let running = load.clone();
+    let run = tokio::spawn(async move { running.run(Duration::from_secs(56)).await });
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let moved = unix_second();
+    first.set_rate(0.0);
+    second.set_rate(200.0);
+    run.await.expect("the load ran");
+    drop(central);
+    let tallies = load.tallies();
+    let on = |n: usize, s: i64| on_node(&tallies, "alice", n, s);
+    for s in moved - 5..moved + 35 {
+        let mark = if s == moved { " (moved)" } else { "" };
+        println!("second {s}{mark}: alice {} + {}", on(0, s), on(1, s));
+    }
+    let window = |from: i64| -> u64 { (from..from + 5).map(|s| on(0, s) + on(1, s)).sum() };
+    let followed = (moved..moved + 31).find(|&from| {
+        (from..=moved + 31)
+            .step_by(5)
+            .all(|w| (450..=550).contains(&window(w)))
+    });
+    println!("every 5 s within 90%..110% from {followed:?}, moved at {moved}");
+    let from = moved + FOLLOWED_TODAY;
+    let windows: Vec<u64> = (from..=moved + 31).step_by(5).map(window).collect();
+    assert!(
+        windows.iter().all(|w| (450..=550).contains(w)),
+        "the 5 s windows from {FOLLOWED_TODAY} s after the move, of 500: {windows:?}"
+    );
+    assert!(
+        (moved + 15..moved + 35).map(|s| on(1, s)).sum::<u64>() >= 1_800,
+        "the Envoy she moved to serves her"
+    );
+}
+
 /// What the 30 s around a leader's kill hold today with Envoys alone, of
 /// a limit of 3,000: the target is 90%..110%; the first Envoy on the new
 /// leader is granted the whole limit while the other keeps its last share
@@ -268,10 +328,9 @@ async fn two_envoys_and_an_axum_node_hold_alice_to_one_limit() {
 /// runs.
 const ENVOYS_ALONE_TODAY: std::ops::RangeInclusive<u64> = 2700..=3600;
 
-/// What alice, offered 300/s over two Envoys and an `axum-node`, is
-/// admitted over 30 s today, of 3,000: the target is 95%..105%, and
-/// 92.5%..95.1% was measured in five runs.
-const BESIDE_A_NODE_TODAY: std::ops::RangeInclusive<u64> = 2640..=3150;
+/// What alice, offered 300/s over two Envoys and an `axum-node`, is to be
+/// admitted over 30 s, of 3,000: 95%..105% (99.1%..100.0% in six runs).
+const BESIDE_A_NODE: std::ops::RangeInclusive<u64> = 2850..=3150;
 
 /// What a user limited to 40/s and offered 60/s on one Envoy only is
 /// admitted over 30 s, of 1,200: at least the 95% the target asks, and
@@ -380,7 +439,7 @@ async fn envoys_follow_a_new_leader_through_the_health_checked_cluster() {
 /// to the refill the central's bucket kept over the outage, as the kept
 /// reports of a node would be; Envoy keeps no reports of the outage, so
 /// that refill is not spent and the user gets up to about 4 s at 2x:
-/// 977..1,431 in five runs.
+/// 977..1,500 in six runs.
 const AFTER_RESTART_TODAY: std::ops::RangeInclusive<u64> = 900..=1600;
 
 /// The guide's two Envoys on a lone central with `--state FILE`, alice
