@@ -160,6 +160,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Services not assigned because the most are held.",
     ),
     (
+        "throttle_central_first_shares_dropped_total",
+        Kind::Counter,
+        "First shares of Envoy buckets not kept, past a service's most users: their proxies' slots count as idle.",
+    ),
+    (
         "throttle_central_told_users_truncated_total",
         Kind::Counter,
         "Limits messages cut at their most users.",
