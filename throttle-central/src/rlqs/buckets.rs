@@ -47,11 +47,11 @@ pub(super) enum Action {
     Abandon(BucketId),
 }
 
-/// One proxy's buckets.
 /// Per user, the slots of their buckets' first share and its tokens a
 /// second.
 pub(super) type FirstTold = BTreeMap<String, (RangeInclusive<i64>, u32)>;
 
+/// One proxy's buckets.
 #[derive(Debug)]
 pub(super) struct Buckets {
     known: HashMap<Key, Bucket>,
@@ -127,7 +127,6 @@ impl Buckets {
         actions
     }
 
-    /// Buckets held.
     /// Per user, the tokens a second told to its buckets still on the
     /// share of their rule in `slot` ([`Timing::fresh`] slots from their
     /// first), and the slots of that share.
@@ -148,6 +147,7 @@ impl Buckets {
         out
     }
 
+    /// Buckets held.
     pub(super) fn len(&self) -> usize {
         self.known.len()
     }
@@ -210,6 +210,33 @@ mod tests {
         let idle = buckets.due(&shares, 61, TIMING);
         assert!(idle.contains(&Action::Abandon(id(&[("path", "/")]))));
         assert_eq!(buckets.len(), 1);
+    }
+
+    #[test]
+    fn a_users_new_buckets_hold_their_first_share_for_the_fresh_slots() {
+        let mut buckets = Buckets::new("user");
+        let mut shares = Shares::default();
+        shares.take_limits(v1::Limits {
+            service: "front".into(),
+            default_quota: [("requests".to_owned(), 20.0)].into(),
+            ..Default::default()
+        });
+        let timing = Timing { fresh: 6, ..TIMING };
+        let alice = |path: &str| id(&[("user", "alice"), ("path", path)]);
+        let _ = buckets.seen(&alice("/a"), true, 10);
+        let _ = buckets.seen(&id(&[("path", "/")]), true, 10);
+        assert!(buckets.first_shares(10, 6).is_empty(), "nothing told yet");
+        buckets.due(&shares, 10, timing);
+        let _ = buckets.seen(&alice("/b"), true, 12);
+        buckets.due(&shares, 12, timing);
+        // Two buckets of alice: their shares summed, over both their
+        // slots; a bucket with no user is nobody's.
+        let told = buckets.first_shares(12, 6);
+        assert_eq!(told.len(), 1);
+        assert_eq!(told["alice"], (10..=18, 40));
+        // The first bucket's share has ended.
+        assert_eq!(buckets.first_shares(17, 6)["alice"], (12..=18, 20));
+        assert!(buckets.first_shares(19, 6).is_empty());
     }
 
     #[test]

@@ -262,3 +262,41 @@ fn a_node_that_reports_every_few_slots_stays_active_and_is_not_awaited() {
     let users = &quota.services["front"].slots[&slot].users;
     assert!(users.contains_key("alice"), "p is still active: {quota:?}");
 }
+
+#[test]
+fn a_proxys_first_share_is_counted_until_it_reports() {
+    // Alice's grant on node n for slot 105, with or without proxy p's new
+    // bucket holding a first share of 30 a slot from slot 102 on.
+    let grant_to_n = |first_share: bool| {
+        let mut l = Ledger::new(LedgerConfig::default());
+        l.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
+        let (n, p) = (l.node_id("n"), l.node_id("p"));
+        l.connect(n, ["front"], T);
+        l.connect(p, ["front"], T);
+        l.reports_every(p, ["front"], 5_000);
+        l.ingest(&report("p", 100, "{}", "{}"), T).unwrap();
+        if first_share {
+            let shares = l.first_shares_mut("front").unwrap();
+            shares.tell(p, "alice", 102..=108, 30.0);
+        }
+        let alice = r#"{"alice": {"requests": 20}}"#;
+        for slot in 100..=105 {
+            l.ingest(&report("n", slot, alice, "{}"), slot * 1_000 + 50)
+                .unwrap();
+        }
+        let slot = l.assign(105_500)["front"];
+        let quota = quota_for(&l, n, [("front", slot)]);
+        let users = &quota.services["front"].slots[&slot].users;
+        users["alice"].resources["requests"]
+    };
+    let (without, with) = (grant_to_n(false), grant_to_n(true));
+    // p may have admitted 30 a slot in 102..=105, and its bucket's 30 at
+    // once, none of it reported yet: the budget is 150 less, of which n,
+    // the one busy node of two, loses all but what idle p would have had
+    // of it (a tenth of the slack, shared as if by every node).
+    assert!(without >= 200.0, "{without}");
+    assert!(
+        (without - with - 150.0 * 0.95).abs() < 0.01,
+        "without {without}, with {with}"
+    );
+}
