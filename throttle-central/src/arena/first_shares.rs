@@ -12,11 +12,38 @@ pub(crate) const MAX_FIRST_SHARE_USERS: usize = 100_000;
 
 /// One proxy's first share of a user.
 #[derive(Debug, Clone, PartialEq)]
-struct FirstShare {
+pub(crate) struct FirstShare {
     node: NodeId,
     slots: RangeInclusive<i64>,
     /// Requests a slot.
     per_slot: f64,
+}
+
+impl FirstShare {
+    /// The proxy told it.
+    pub(crate) fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// Its first slot.
+    pub(crate) fn first(&self) -> i64 {
+        *self.slots.start()
+    }
+
+    /// What its proxy may have admitted in `slot` on it, if that slot is
+    /// one of it: the share, and on its first slot the bucket it starts
+    /// with (a second's worth, `per_second` slots) too.
+    pub(crate) fn in_slot(&self, slot: i64, per_second: f64) -> Option<f64> {
+        if !self.slots.contains(&slot) {
+            return None;
+        }
+        let start = if slot == self.first() {
+            self.per_slot * per_second
+        } else {
+            0.0
+        };
+        Some(self.per_slot + start)
+    }
 }
 
 /// The *first shares* of a service: a proxy's bucket new to it is told its
@@ -52,38 +79,13 @@ impl FirstShares {
         });
     }
 
-    /// What `node` may have admitted of `user` in `slot` on its first
-    /// share, if that slot is one of it: the share, and on its first slot
-    /// the bucket it starts with (a second's worth, `per_second` slots)
-    /// too.
-    pub(crate) fn in_slot(
-        &self,
-        user: &str,
-        node: NodeId,
-        slot: i64,
-        per_second: f64,
-    ) -> Option<f64> {
-        let share = self.users.get(user)?.iter().find(|s| s.node == node)?;
-        if !share.slots.contains(&slot) {
-            return None;
+    /// The first shares of `user`, one per proxy: looked up once per key
+    /// of an assign, most often none.
+    pub(crate) fn of(&self, user: &str) -> &[FirstShare] {
+        if self.users.is_empty() {
+            return &[];
         }
-        let start = if slot == *share.slots.start() {
-            share.per_slot * per_second
-        } else {
-            0.0
-        };
-        Some(share.per_slot + start)
-    }
-
-    /// The proxies with a first share of `user`, and the first slot of each.
-    pub(crate) fn nodes_of(&self, user: &str) -> impl Iterator<Item = (NodeId, i64)> + '_ {
-        let shares = self.users.get(user).map(Vec::as_slice).unwrap_or_default();
-        shares.iter().map(|s| (s.node, *s.slots.start()))
-    }
-
-    /// Whether no proxy has a first share now.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.users.is_empty()
+        self.users.get(user).map(Vec::as_slice).unwrap_or_default()
     }
 
     /// Forgets the first shares that ended before `slot`.
@@ -104,23 +106,34 @@ mod tests {
         let mut first = FirstShares::default();
         let (a, b) = (NodeId::from_index(0), NodeId::from_index(1));
         first.tell(a, "alice", 10..=15, 33.0);
-        assert_eq!(first.in_slot("alice", a, 9, 1.0), None);
-        assert_eq!(first.in_slot("alice", a, 10, 1.0), Some(66.0));
-        assert_eq!(first.in_slot("alice", a, 15, 1.0), Some(33.0));
-        assert_eq!(first.in_slot("alice", a, 16, 1.0), None);
-        assert_eq!(first.in_slot("alice", b, 12, 1.0), None);
-        assert_eq!(first.in_slot("bob", a, 12, 1.0), None);
+        let in_slot = |f: &FirstShares, user: &str, node: NodeId, slot: i64, per_second: f64| {
+            let share = f.of(user).iter().find(|s| s.node() == node)?;
+            share.in_slot(slot, per_second)
+        };
+        let nodes = |f: &FirstShares| -> Vec<(NodeId, i64)> {
+            f.of("alice")
+                .iter()
+                .map(|s| (s.node(), s.first()))
+                .collect()
+        };
+        assert_eq!(in_slot(&first, "alice", a, 9, 1.0), None);
+        assert_eq!(in_slot(&first, "alice", a, 10, 1.0), Some(66.0));
+        assert_eq!(in_slot(&first, "alice", a, 15, 1.0), Some(33.0));
+        assert_eq!(in_slot(&first, "alice", a, 16, 1.0), None);
+        assert_eq!(in_slot(&first, "alice", b, 12, 1.0), None);
+        assert_eq!(in_slot(&first, "bob", a, 12, 1.0), None);
         // Slots of 100 ms: a bucket of a second holds ten slots' shares.
         first.tell(b, "alice", 10..=70, 3.3);
-        assert!((first.in_slot("alice", b, 10, 10.0).unwrap_or(0.0) - 36.3).abs() < 1e-9);
+        let at_start = in_slot(&first, "alice", b, 10, 10.0).unwrap_or(0.0);
+        assert!((at_start - 36.3).abs() < 1e-9);
         // Told again: replaced.
         first.tell(a, "alice", 12..=17, 20.0);
-        assert_eq!(first.in_slot("alice", a, 11, 1.0), None);
-        assert_eq!(first.in_slot("alice", a, 13, 1.0), Some(20.0));
-        assert_eq!(first.nodes_of("alice").count(), 2);
+        assert_eq!(in_slot(&first, "alice", a, 11, 1.0), None);
+        assert_eq!(in_slot(&first, "alice", a, 13, 1.0), Some(20.0));
+        assert_eq!(nodes(&first).len(), 2);
         first.forget_before(18);
-        assert_eq!(first.nodes_of("alice").collect::<Vec<_>>(), vec![(b, 10)]);
+        assert_eq!(nodes(&first), vec![(b, 10)]);
         first.forget_before(71);
-        assert!(first.is_empty());
+        assert!(first.of("alice").is_empty());
     }
 }

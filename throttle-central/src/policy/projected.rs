@@ -4,6 +4,7 @@
 use super::assignment::{Assignment, Grant};
 use super::granted::{Granted, SlotGrants};
 use super::policy::Policy;
+use crate::arena::first_shares::FirstShare;
 use crate::arena::{Key, NodeId, NodeUsage, ServiceState};
 
 /// Data slots a node's latest report stays relevant.
@@ -120,11 +121,17 @@ fn admits_on(grant: f64, demand: f64, over: Option<f64>) -> f64 {
     }
 }
 
+/// Whether a proxy's token bucket of `before` requests a second is told
+/// `after` instead: a move of more than a tenth, and of more than one
+/// request a second. Smaller moves are neither granted nor told.
+pub(crate) fn moved(before: f64, after: f64) -> bool {
+    (after - before).abs() > (before / 10.0).max(1.0)
+}
+
 /// A proxy's grant of `grant` requests a slot, as the whole number of
 /// requests a second its token bucket is told; `before`, its grant of the
-/// slot before, where the new one is within a tenth (and one request a
-/// second) of it: its stream would not tell it so small a change, and
-/// what the policy counts of the proxy is then what the proxy keeps to.
+/// slot before, where the new one has not [`moved`] from it: what the
+/// policy counts of the proxy is then what the proxy keeps to.
 fn steady(grant: f64, before: Option<f64>, slot_secs: f64) -> f64 {
     let per_second = grant / slot_secs;
     if per_second.is_nan() || per_second <= 0.0 {
@@ -132,7 +139,7 @@ fn steady(grant: f64, before: Option<f64>, slot_secs: f64) -> f64 {
     }
     let whole = per_second.round().max(1.0);
     match before.map(|b| b / slot_secs) {
-        Some(b) if b > 0.0 && (whole - b).abs() <= (b / 10.0).max(1.0) => b * slot_secs,
+        Some(b) if b > 0.0 && !moved(b, whole) => b * slot_secs,
         _ => whole * slot_secs,
     }
 }
@@ -277,9 +284,11 @@ impl Policy for Projected {
                 }
             }
             // Proxies whose new bucket of the user holds its first share.
-            let first_shares = (!state.first_shares.is_empty() && key.resource() == "requests")
-                .then_some(&state.first_shares);
-            for (n, _) in first_shares.into_iter().flat_map(|f| f.nodes_of(key.user())) {
+            let first_shares = match key.resource() {
+                "requests" => state.first_shares.of(key.user()),
+                _ => &[],
+            };
+            for n in first_shares.iter().map(FirstShare::node) {
                 if !nodes.iter().any(|(m, _)| *m == n) {
                     nodes.push((n, 0.0));
                 }
@@ -288,14 +297,10 @@ impl Policy for Projected {
             let rate = bucket.rate();
             let mut outstanding = 0.0;
             for (i, &(node, d)) in nodes.iter().enumerate() {
-                let first_share = |y: i64| {
-                    first_shares.and_then(|f| f.in_slot(key.user(), node, y, 1.0 / slot_secs))
-                };
-                let last = newest.get(node).unwrap_or_else(|| {
-                    let since = first_shares
-                        .and_then(|f| f.nodes_of(key.user()).find(|(n, _)| *n == node));
-                    since.map_or(slot - 2, |(_, s)| s - 1)
-                });
+                let first_share = first_shares.iter().find(|s| s.node() == node);
+                let last = newest
+                    .get(node)
+                    .unwrap_or_else(|| first_share.map_or(slot - 2, |s| s.first() - 1));
                 let first = (last + 1).max(slot - GRANTS - newest.lag(node));
                 // Without a grant, a node that refused nothing fails open
                 // (it admits its demand), and one that refused keeps to
@@ -316,7 +321,8 @@ impl Policy for Projected {
                 for y in first..slot {
                     let grant = earlier[(y - (slot - back)) as usize].get(node, id);
                     let grant = grant.map(f64::from);
-                    outstanding += match (first_share(y), grant) {
+                    let told = first_share.and_then(|s| s.in_slot(y, 1.0 / slot_secs));
+                    outstanding += match (told, grant) {
                         (Some(told), _) => told,
                         (None, Some(g)) if every_slot => admits_on(g, d, over),
                         (None, Some(g)) => g.min(d),

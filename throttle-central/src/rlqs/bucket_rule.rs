@@ -6,6 +6,8 @@ use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strat
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::google::protobuf::{self, UInt32Value};
 
+use crate::policy::moved;
+
 /// One bucket's assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum BucketRule {
@@ -32,10 +34,10 @@ impl BucketRule {
     }
 
     /// Whether a bucket holding `self` should be told `next`: another kind,
-    /// or a number of tokens more than a tenth (and at least one) away.
+    /// or a number of tokens the quota policy counts as [`moved`].
     pub(super) fn differs(self, next: Self) -> bool {
         match (self, next) {
-            (Self::Tokens(a), Self::Tokens(b)) => a.abs_diff(b) > (a / 10).max(1),
+            (Self::Tokens(a), Self::Tokens(b)) => moved(f64::from(a), f64::from(b)),
             (a, b) => a != b,
         }
     }
