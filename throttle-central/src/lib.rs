@@ -63,7 +63,6 @@ mod legacy;
 pub mod limits;
 mod log;
 pub mod net;
-mod rlqs;
 pub mod state;
 pub mod telemetry;
 pub mod usage;
@@ -74,6 +73,7 @@ internal! {
     bucket;
     ledger;
     policy;
+    rlqs;
     server;
 }
 

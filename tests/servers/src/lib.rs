@@ -104,6 +104,25 @@ pub fn wait_listening(addr: SocketAddr) {
     }
 }
 
+/// Waits up to 10 s until `addr` accepts connections (true), or until
+/// `child` exits first, as a server does when its port was taken (false,
+/// and `child` is reaped).
+pub fn listening_unless_exited(addr: SocketAddr, child: &mut Option<Child>) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+        let exited = child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().is_ok_and(|s| s.is_some()));
+        if exited {
+            kill(child);
+            return false;
+        }
+        assert!(Instant::now() < deadline, "{addr} never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
 /// Polls `f` every 20 ms until it holds, up to `within` (then panics,
 /// naming `what`); how long it took.
 pub fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {

@@ -2,10 +2,11 @@
 //! `redis-server` and `redis-cli` on `PATH`.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{TempDir, available, free_port, kill, until, wait_listening};
+use super::{TempDir, available, free_port, kill, listening_unless_exited, until};
 
 /// Primaries, each with one replica.
 const PRIMARIES: usize = 3;
@@ -34,44 +35,8 @@ impl RedisCluster {
         }
         let dir = TempDir::new("redis-cluster");
         let nodes = (0..PRIMARIES * 2)
-            .map(|i| {
-                let (port, bus) = (free_port(), free_port());
-                let node_dir = dir.path().join(i.to_string());
-                std::fs::create_dir_all(&node_dir).expect("node directory");
-                let child = Command::new("redis-server")
-                    .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                    .args([
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-port",
-                        &bus.to_string(),
-                    ])
-                    .args([
-                        "--cluster-node-timeout",
-                        "500",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                    ])
-                    // A replica takes over however long ago it last heard
-                    // from its primary (the default refuses past about
-                    // 15 s, which a quiet test cluster reaches).
-                    .args(["--cluster-replica-validity-factor", "0"])
-                    .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                    .arg("--dir")
-                    .arg(&node_dir)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("redis-server starts");
-                ClusterNode {
-                    child: Some(child),
-                    port,
-                }
-            })
+            .map(|i| ClusterNode::start(&dir.path().join(i.to_string())))
             .collect::<Vec<_>>();
-        for n in &nodes {
-            wait_listening(SocketAddr::from(([127, 0, 0, 1], n.port)));
-        }
         let cluster = Self { nodes, _dir: dir };
         let addrs: Vec<String> = cluster
             .nodes
@@ -184,6 +149,23 @@ impl RedisCluster {
 }
 
 impl ClusterNode {
+    /// Starts one with its data in `dir` and waits until it listens. A
+    /// port the kernel called free can be taken before the server binds it
+    /// (by a test running beside this one), so a server that exits first
+    /// is started again on other ports, up to five times.
+    fn start(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("node directory");
+        for _ in 0..5 {
+            let (port, bus) = (free_port(), free_port());
+            let mut child = Some(spawn_node(dir, port, bus));
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            if listening_unless_exited(addr, &mut child) {
+                return Self { child, port };
+            }
+        }
+        panic!("no redis-server of the cluster listened in five tries")
+    }
+
     /// What `redis-cli` prints for `args` sent to this node ("" if it
     /// cannot run).
     fn cli(&self, args: &[&str]) -> String {
@@ -202,4 +184,29 @@ impl Drop for RedisCluster {
             kill(&mut n.child);
         }
     }
+}
+
+/// A `redis-server` in cluster mode on `port` and bus port `bus`.
+fn spawn_node(dir: &Path, port: u16, bus: u16) -> Child {
+    Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args([
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus.to_string(),
+        ])
+        .args(["--cluster-node-timeout", "500"])
+        .args(["--cluster-config-file", "nodes.conf"])
+        // A replica takes over however long ago it last heard from its
+        // primary (the default refuses past about 15 s, which a quiet test
+        // cluster reaches).
+        .args(["--cluster-replica-validity-factor", "0"])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts")
 }

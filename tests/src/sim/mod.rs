@@ -13,11 +13,14 @@
 //! [`Assigner`]: throttle_central::assigner::Assigner
 //! [`ManualClock`]: throttle_clock::ManualClock
 
+mod envoy_proxy;
 mod measure;
 mod network;
 mod newcomers;
 mod outage;
 mod scenarios;
+mod sim_proxy;
+mod tally;
 mod world;
 
 use throttle_central::ledger::PolicyFactory;
@@ -62,6 +65,11 @@ pub struct Scenario {
     pub seconds: i64,
     /// Number of node slots (some may be down at times, see `alive`).
     pub nodes: usize,
+    /// How many of the nodes, the last ones, are Envoy proxies: each a
+    /// token bucket per user that reports every 5 s (see `envoy_proxy`).
+    /// They are always up; a central that goes away is left to the
+    /// scenarios without proxies.
+    pub proxies: usize,
     /// The users; the first is the one measured against its limit.
     pub users: Vec<User>,
     /// Bucket capacity in seconds of rate.

@@ -23,6 +23,7 @@ pub(crate) fn base(name: &'static str, seed: u64, users: Vec<User>, nodes: usize
         seed,
         seconds: 60,
         nodes,
+        proxies: 0,
         users,
         burst_seconds: 10.0,
         resource: ("requests", 1),
@@ -154,7 +155,43 @@ pub fn scenarios() -> Vec<Scenario> {
         "13 10 heavy + 100,000 light users under *",
         100_000,
     ));
+    out.extend(beside_proxies());
     out
+}
+
+/// A node of the library and two Envoy proxies, which report every 5 s:
+/// the measured user at 3x over the three, one under its limit on each
+/// (never to be refused); then the measured user's load moving whole
+/// from one proxy to the other.
+fn beside_proxies() -> Vec<Scenario> {
+    let under = || spread("light", 500.0, 300.0, vec![1.0 / 3.0; 3]);
+    let mut mixed = base(
+        "24 a node and two Envoy proxies, 3x",
+        24,
+        vec![
+            spread("heavy", LIMIT, 3.0 * LIMIT, vec![1.0 / 3.0; 3]),
+            under(),
+        ],
+        3,
+    );
+    mixed.proxies = 2;
+    let moving = User {
+        name: "heavy".into(),
+        limit: LIMIT,
+        demand: Box::new(|t, n| match (n, t < 30_000) {
+            (1, true) | (2, false) => 2.0 * LIMIT,
+            _ => 0.0,
+        }),
+    };
+    let mut moves = base(
+        "25 load moves from one Envoy proxy to the other",
+        25,
+        vec![moving, under()],
+        3,
+    );
+    moves.proxies = 2;
+    moves.shifts = vec![30_000];
+    vec![mixed, moves]
 }
 
 /// The central away from 30.4 s on while one user offers 3x its limit

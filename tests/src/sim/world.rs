@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use throttle_central::assigner::{Accepts, Assigner};
+use throttle_central::assigner::{Accepts, Assigner, Push};
 use throttle_central::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory};
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
 use throttle_clock::{ManualClock, SlotLength};
@@ -14,6 +14,8 @@ use throttle_proto::v1;
 
 use super::network::{Event, Network, Rng};
 use super::outage::{Comeback, Kept, OutageOutcome};
+use super::sim_proxy::SimProxy;
+use super::tally::Tally;
 use super::{Scenario, Trace, measure};
 
 const SERVICE: &str = "front";
@@ -43,23 +45,6 @@ struct SimNode {
     told: Option<Arc<v1::Limits>>,
 }
 
-/// The requests offered and admitted, as the run goes.
-struct Tally {
-    /// Fractional arrivals carried between steps, per (user, node).
-    owed: Vec<Vec<f64>>,
-    rates: Vec<Vec<f64>>,
-    /// The (user, node) pairs with demand, as of the last read of the rates.
-    active: Vec<(usize, usize)>,
-    /// Whether each user offers less than their limit: only their refusals
-    /// count against the policy.
-    under: Vec<bool>,
-    /// Per user, per slot (the measured user's is the first).
-    admitted: Vec<Vec<i64>>,
-    offered: Vec<i64>,
-    others_refused: u64,
-    deepest: f64,
-}
-
 pub(super) struct World<'a> {
     scenario: &'a Scenario,
     clock: Arc<ManualClock>,
@@ -72,7 +57,10 @@ pub(super) struct World<'a> {
     down: bool,
     /// The last checkpoint the central wrote.
     checkpoint: Option<v1::Checkpoint>,
+    /// The nodes of the library: the scenario's first ones.
     nodes: Vec<SimNode>,
+    /// Envoy proxies: the scenario's last [`Scenario::proxies`] nodes.
+    proxies: Vec<SimProxy>,
     /// When after each boundary each node reports, on the simulator's steps.
     report_at: Vec<i64>,
     rng: Rng,
@@ -145,8 +133,12 @@ impl<'a> World<'a> {
         let clock = Arc::new(ManualClock::new(T0));
         let policy = Arc::new(Mutex::new(policy));
         let central = new_central(scenario, &policy, T0);
-        let nodes: Vec<SimNode> = (0..scenario.nodes)
+        let library = scenario.nodes - scenario.proxies;
+        let nodes: Vec<SimNode> = (0..library)
             .map(|_| new_node(&clock, scenario.resource.0))
+            .collect();
+        let proxies = (library..scenario.nodes)
+            .map(|i| SimProxy::new(format!("envoy-{i}"), SLOT))
             .collect();
         let report_at = (0..scenario.nodes)
             .map(|i| {
@@ -159,17 +151,11 @@ impl<'a> World<'a> {
                 ms - ms % STEP_MS
             })
             .collect();
-        let (users, slots) = (scenario.users.len(), scenario.seconds as usize);
-        let tally = Tally {
-            owed: vec![vec![0.0; scenario.nodes]; users],
-            rates: vec![vec![0.0; scenario.nodes]; users],
-            active: Vec::new(),
-            under: vec![true; users],
-            admitted: vec![vec![0; slots + 1]; users],
-            offered: vec![0; slots + 1],
-            others_refused: 0,
-            deepest: f64::INFINITY,
-        };
+        let tally = Tally::new(
+            scenario.users.len(),
+            scenario.nodes,
+            scenario.seconds as usize,
+        );
         Self {
             scenario,
             clock,
@@ -179,6 +165,7 @@ impl<'a> World<'a> {
             down: false,
             checkpoint: None,
             nodes,
+            proxies,
             report_at,
             rng: Rng(scenario.seed),
             back_at: (scenario.outage)
@@ -206,6 +193,7 @@ impl<'a> World<'a> {
         self.nodes_come_and_go(t, now);
         self.deliver(now);
         self.report(now, in_slot);
+        self.proxies_step(now, in_slot);
         // The assigner at mid-slot.
         if in_slot == 500 && !self.down {
             for (to, q) in self.central.tick(now) {
@@ -381,6 +369,9 @@ impl<'a> World<'a> {
         let Some(told) = self.central.ledger_mut().told(SERVICE, now) else {
             return;
         };
+        for p in &mut self.proxies {
+            p.limits(&told);
+        }
         for n in &mut self.nodes {
             if n.id.is_none() || n.told.as_ref().is_some_and(|t| Arc::ptr_eq(t, &told)) {
                 continue;
@@ -390,9 +381,31 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Sends `quota` to the node with id `to`.
+    /// What the proxies and their streams do at `now` (see
+    /// [`SimProxy::step`]); nothing while no central answers.
+    fn proxies_step(&mut self, now: i64, in_slot: i64) {
+        if self.down {
+            return;
+        }
+        let mut pushes = Vec::new();
+        for p in &mut self.proxies {
+            pushes.extend(p.step(&mut self.central, now, in_slot));
+        }
+        self.push_all(now, pushes);
+    }
+
+    fn push_all(&mut self, now: i64, pushes: Vec<Push>) {
+        for (to, q) in pushes {
+            self.push(to, now, q);
+        }
+    }
+
+    /// Sends `quota` to the node with id `to`; a proxy's stream takes it
+    /// at once.
     fn push(&mut self, to: NodeId, now: i64, quota: v1::Quota) {
-        if let Some(j) = self.nodes.iter().position(|n| n.id == Some(to)) {
+        if let Some(p) = self.proxies.iter_mut().find(|p| p.id() == Some(to)) {
+            p.quota(&mut self.central, quota, now);
+        } else if let Some(j) = self.nodes.iter().position(|n| n.id == Some(to)) {
             let delay = self.scenario.delay_ms;
             self.net
                 .send(&mut self.rng, delay, now, Event::Quota(j, quota));
@@ -445,15 +458,31 @@ impl<'a> World<'a> {
         }
         let index = (t / 1000) as usize;
         let cost = scenario.resource.1;
-        for &(u, i) in &tally.active {
-            let (user, n) = (&scenario.users[u], &self.nodes[i]);
-            if !n.up {
+        let mut pushes = Vec::new();
+        let active = std::mem::take(&mut tally.active);
+        for &(u, i) in &active {
+            let user = &scenario.users[u];
+            if self.nodes.get(i).is_some_and(|n| !n.up) {
                 continue;
             }
             let owed = &mut tally.owed[u][i];
             *owed += tally.rates[u][i] * STEP_MS as f64 / 1000.0 * (0.5 + self.rng.unit());
+            let mut whole = 0;
             while *owed >= 1.0 {
                 *owed -= 1.0;
+                whole += 1;
+            }
+            let Some(n) = self.nodes.get(i) else {
+                // A proxy's requests.
+                let p = &mut self.proxies[i - self.nodes.len()];
+                for _ in 0..whole {
+                    let (ok, more) = p.admit(&mut self.central, &user.name, T0 + t);
+                    pushes.extend(more);
+                    tally.count(u, index, cost, ok);
+                }
+                continue;
+            };
+            for _ in 0..whole {
                 // One request; a resource other than `requests` is
                 // charged after the response, like traffic_down.
                 let a = n.service.admit_with_handle(
@@ -463,14 +492,7 @@ impl<'a> World<'a> {
                     true,
                 );
                 let ok = a.decision.is_allowed();
-                if ok {
-                    tally.admitted[u][index] += cost;
-                }
-                if u == 0 {
-                    tally.offered[index] += cost;
-                } else if !ok && tally.under[u] {
-                    tally.others_refused += 1;
-                }
+                tally.count(u, index, cost, ok);
                 if ok
                     && n.resource != n.requests
                     && let Some(h) = a.handle
@@ -479,6 +501,8 @@ impl<'a> World<'a> {
                 }
             }
         }
+        tally.active = active;
+        self.push_all(T0 + t, pushes);
     }
 
     fn finish(self) -> Trace {

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use super::catch_up::CatchUp;
@@ -17,7 +18,6 @@ use super::source::ReportSource;
 use super::told::ACTIVE_SLOTS;
 use crate::arena::charge::Charge;
 use crate::arena::filing_at::Filing;
-use crate::arena::first_shares::FirstShares;
 use crate::arena::ids::{Map, NodeId, valid_name};
 use crate::arena::rules::ServiceRules;
 use crate::arena::state::ServiceState;
@@ -378,9 +378,20 @@ impl Ledger {
         self.services.get(service).map(|s| &s.state)
     }
 
-    /// What proxies' new buckets of `service` were told, if it is known.
-    pub(crate) fn first_shares_mut(&mut self, service: &str) -> Option<&mut FirstShares> {
-        self.services.get_mut(service).map(|s| &mut s.state.first_shares)
+    /// Proxy `node` told `user`'s new buckets of `service` (if known)
+    /// `per_slot` requests a slot over `slots`: the projected policy counts
+    /// them at that until the proxy reports those slots.
+    pub fn tell_first_share(
+        &mut self,
+        service: &str,
+        node: NodeId,
+        user: &str,
+        slots: RangeInclusive<i64>,
+        per_slot: f64,
+    ) {
+        if let Some(s) = self.services.get_mut(service) {
+            s.state.first_shares.tell(node, user, slots, per_slot);
+        }
     }
 }
 

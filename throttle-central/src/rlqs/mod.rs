@@ -11,9 +11,10 @@
 //! - `rlqs`: the gRPC service, which names the proxy and spawns its
 //!   session;
 //! - `settings`: what every stream reads;
-//! - `rlqs_session`: one stream: each report filed at once over the slots it
-//!   covers (`backfill`), assignments sent as the shares change
-//!   (`buckets`, `shares`, `bucket_rule`).
+//! - `rlqs_session`: one stream's IO, running its `rlqs_stream`: each
+//!   report filed at once over the slots it covers (`backfill`),
+//!   assignments sent as the shares change (`buckets`, `shares`,
+//!   `bucket_rule`).
 //!
 //! `docs/guides/envoy.md` gives the Envoy configuration.
 
@@ -24,12 +25,14 @@ mod certified;
 #[allow(clippy::module_inception)]
 mod rlqs;
 mod rlqs_session;
+mod rlqs_stream;
 mod settings;
 mod shares;
 
 use std::time::Duration;
 
 pub(crate) use rlqs::Rlqs;
+pub use rlqs_stream::{FirstShareTold, REPORT_EVERY_S, Refused, RlqsStream, Taken, Told};
 pub(crate) use settings::StreamSettings;
 
 /// How long a proxy keeps an assignment by default: three of Envoy's 5 s

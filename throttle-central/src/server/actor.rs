@@ -279,12 +279,9 @@ impl Actor {
                 slots,
                 per_slot,
             } => {
-                let node = self.conns.get(&conn).map(|c| c.node);
-                let ledger = self.assigner.ledger_mut();
-                if let Some(node) = node
-                    && let Some(first) = ledger.first_shares_mut(&service)
-                {
-                    first.tell(node, &user, slots, per_slot);
+                if let Some(c) = self.conns.get(&conn) {
+                    let ledger = self.assigner.ledger_mut();
+                    ledger.tell_first_share(&service, c.node, &user, slots, per_slot);
                 }
             }
             Command::Reassign { service } => self.reassign(&service),

@@ -276,8 +276,7 @@ fn a_proxys_first_share_is_counted_until_it_reports() {
         l.reports_every(p, ["front"], 5_000);
         l.ingest(&report("p", 100, "{}", "{}"), T).unwrap();
         if first_share {
-            let shares = l.first_shares_mut("front").unwrap();
-            shares.tell(p, "alice", 102..=108, 30.0);
+            l.tell_first_share("front", p, "alice", 102..=108, 30.0);
         }
         let alice = r#"{"alice": {"requests": 20}}"#;
         for slot in 100..=105 {
