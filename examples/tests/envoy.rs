@@ -28,6 +28,12 @@ per_second = { requests = 50 }
 service = "front"
 user = "dave"
 per_second = { requests = 40 }
+
+[[limit]]
+service = "front"
+user = "erin"
+per_second = { requests = 100 }
+burst_seconds = 1
 "#;
 
 /// One test at a time: each measures seconds on two cores.
@@ -521,9 +527,10 @@ async fn envoys_keep_their_share_until_the_ttl_and_come_back_without_a_burst() {
     );
 }
 
-/// alice, offered 150/s through one Envoy whose stream to the central
-/// runs over mutual TLS, through the guide's TLS cluster: held to her
-/// limit (without the stream, `ALLOW_ALL` would let all of it through).
+/// erin (100/s, a burst of one second), offered 150/s through one Envoy
+/// whose stream to the central runs over mutual TLS, through the guide's
+/// TLS cluster: held to her limit once her burst is spent (without the
+/// stream, `ALLOW_ALL` would let all of it through).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_envoy_over_mutual_tls_is_held_to_the_limit() {
     let test = "an_envoy_over_mutual_tls_is_held_to_the_limit";
@@ -575,17 +582,17 @@ async fn an_envoy_over_mutual_tls_is_held_to_the_limit() {
     let listen = SocketAddr::from(([127, 0, 0, 1], listen));
     wait_listening(listen);
     let load = Load::new(vec![listen], "/");
-    load.flow("alice", 0, 150.0);
+    load.flow("erin", 0, 150.0);
     let start = unix_second() + 1;
     load.run(Duration::from_secs(14)).await;
     let tallies = load.tallies();
     let seconds: Vec<u64> = (start + 6..start + 12)
-        .map(|s| counted(&tallies, "alice", s).0)
+        .map(|s| counted(&tallies, "erin", s).0)
         .collect();
     let total: u64 = seconds.iter().sum();
-    println!("alice over mutual TLS, 6 s from 6 s in: {seconds:?} = {total} of 600");
+    println!("erin over mutual TLS, 6 s from 6 s in: {seconds:?} = {total} of 600");
     assert!(
         (540..=660).contains(&total),
-        "alice admitted {total} in 6 s through an Envoy over mutual TLS, limit 600: {seconds:?}"
+        "erin admitted {total} in 6 s through an Envoy over mutual TLS, limit 600: {seconds:?}"
     );
 }

@@ -55,6 +55,37 @@ fn light_users_arriving_at_new_nodes_are_never_refused() {
 }
 
 #[test]
+fn envoy_proxies_beside_a_node_hold_the_limit_whatever_the_burst() {
+    // Two proxies that report every 5 s and a node of the library: with
+    // the default burst, and with a burst shorter than the proxies'
+    // reports (their usage is charged to the refill the bucket turned
+    // away meanwhile, or the budget would read as spent).
+    for prefix in ["24 ", "26 "] {
+        let o = projected(prefix);
+        within_2_percent(&o);
+        assert_eq!(o.others_refused, 0, "{prefix}: {o:?}");
+    }
+}
+
+#[test]
+fn a_load_moved_between_envoy_proxies_is_followed_within_15_s() {
+    // Every 5 s window from 15 s after the move within 90%..110%.
+    let s = sim::scenario("25 ");
+    let trace = sim::run_traced(&s, Box::new(|_| Box::new(Projected::new())));
+    let (limit, moved) = (s.users[0].limit, (s.shifts[0] / 1_000) as usize);
+    let admitted = &trace.admitted[0];
+    let windows: Vec<f64> = admitted[moved + 15..]
+        .windows(5)
+        .map(|w| w.iter().sum::<i64>() as f64 / (5.0 * limit))
+        .collect();
+    assert!(
+        windows.iter().all(|w| (0.9..=1.1).contains(w)),
+        "{windows:?} of {admitted:?}"
+    );
+    assert_eq!(trace.outcome.others_refused, 0, "{:?}", trace.outcome);
+}
+
+#[test]
 fn reports_spread_over_the_slot_still_hold_the_limit() {
     // The current slot is re-assigned only once the last node has
     // reported, so a moving load is followed a slot later than with

@@ -91,6 +91,14 @@ impl Bucket {
         self.spilled
     }
 
+    /// What the capacity turned away and keeps for late reports, as of
+    /// `now_ms`, without recording it (see [`Bucket::level_at`]).
+    pub fn spilled_at(&self, now_ms: i64) -> f64 {
+        let gained = self.rate * (now_ms - self.updated_ms).max(0) as f64 / 1000.0;
+        let room = (self.capacity - self.level).max(0.0);
+        (self.spilled + (gained - room).max(0.0)).min(self.rate * SPILL_SECONDS)
+    }
+
     /// The level at `now_ms` without recording the refill (for readers that
     /// only look, e.g. a policy computing quotas).
     pub fn level_at(&self, now_ms: i64) -> f64 {
@@ -222,6 +230,20 @@ fn sanitize(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_is_turned_away_is_read_as_of_any_time() {
+        // 100/s, 1 s of burst, starting with 100: full, so all refill
+        // from then on is turned away; half of it below the capacity.
+        let mut b = Bucket::new(100.0, 1.0, 0);
+        assert_eq!(b.spilled_at(3_000), 300.0);
+        b.consume(150, 0);
+        assert_eq!(b.spilled_at(3_000), 150.0);
+        assert_eq!(b.level_at(3_000), 100.0);
+        // Read without being recorded; at most SPILL_SECONDS of rate.
+        assert_eq!(b.spilled(), 0.0);
+        assert_eq!(b.spilled_at(600_000), 100.0 * SPILL_SECONDS);
+    }
 
     #[test]
     fn a_proxys_batch_takes_the_spilled_refill_then_goes_into_debt() {

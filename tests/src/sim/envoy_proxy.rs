@@ -24,8 +24,8 @@ const DOMAIN: &str = "front";
 enum Rule {
     Allow,
     Deny,
-    /// Tokens a second, and as many at most.
-    Tokens(u32),
+    /// At most this many tokens, refilled with this many a second.
+    Tokens(u32, f64),
 }
 
 #[derive(Debug)]
@@ -116,7 +116,16 @@ impl EnvoyProxy {
                 Some(bucket_action::BucketAction::QuotaAssignmentAction(a)) => {
                     let ttl_ms = a.assignment_time_to_live.map_or(0, |d| d.seconds * 1_000);
                     let rule = match a.rate_limit_strategy.and_then(|s| s.strategy) {
-                        Some(Strategy::TokenBucket(t)) => Rule::Tokens(t.max_tokens),
+                        Some(Strategy::TokenBucket(t)) => {
+                            let fill = t.tokens_per_fill.map_or(1, |f| f.value);
+                            let every = t.fill_interval.map_or(0, |d| d.seconds);
+                            match every {
+                                // Envoy cuts the interval to whole seconds:
+                                // under one, nothing limits.
+                                0 => Rule::Allow,
+                                s => Rule::Tokens(t.max_tokens, f64::from(fill) / s as f64),
+                            }
+                        }
                         Some(Strategy::BlanketRule(r)) if r == BlanketRule::DenyAll as i32 => {
                             Rule::Deny
                         }
@@ -140,8 +149,8 @@ impl Bucket {
     /// held starts full, the same one keeps its tokens.
     fn assign(&mut self, rule: Rule, now: i64, expires: i64) {
         let same = self.rule.is_some_and(|(r, _)| r == rule);
-        if let (Rule::Tokens(n), false) = (rule, same) {
-            (self.tokens, self.at) = (f64::from(n), now);
+        if let (Rule::Tokens(max, _), false) = (rule, same) {
+            (self.tokens, self.at) = (f64::from(max), now);
         }
         self.rule = Some((rule, expires));
     }
@@ -151,10 +160,9 @@ impl Bucket {
         match self.rule.filter(|(_, expires)| now < *expires) {
             None | Some((Rule::Allow, _)) => true,
             Some((Rule::Deny, _)) => false,
-            Some((Rule::Tokens(n), _)) => {
-                let max = f64::from(n);
-                let refill = (now - self.at) as f64 / 1_000.0 * max;
-                (self.tokens, self.at) = ((self.tokens + refill).min(max), now);
+            Some((Rule::Tokens(max, per_second), _)) => {
+                let refill = (now - self.at) as f64 / 1_000.0 * per_second;
+                (self.tokens, self.at) = ((self.tokens + refill).min(f64::from(max)), now);
                 let ok = self.tokens >= 1.0;
                 if ok {
                     self.tokens -= 1.0;

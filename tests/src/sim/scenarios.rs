@@ -164,34 +164,48 @@ pub fn scenarios() -> Vec<Scenario> {
 /// (never to be refused); then the measured user's load moving whole
 /// from one proxy to the other.
 fn beside_proxies() -> Vec<Scenario> {
-    let under = || spread("light", 500.0, 300.0, vec![1.0 / 3.0; 3]);
+    // As the end-to-end tests: alice 100/s, bob 50/s offering 30/s.
+    let (limit, under) = (100.0, || spread("light", 50.0, 30.0, vec![1.0 / 3.0; 3]));
     let mut mixed = base(
         "24 a node and two Envoy proxies, 3x",
         24,
         vec![
-            spread("heavy", LIMIT, 3.0 * LIMIT, vec![1.0 / 3.0; 3]),
+            spread("heavy", limit, 3.0 * limit, vec![1.0 / 3.0; 3]),
             under(),
         ],
         3,
     );
     mixed.proxies = 2;
+    // Alone on two proxies (as the end-to-end test), between two of
+    // their reports.
     let moving = User {
         name: "heavy".into(),
-        limit: LIMIT,
-        demand: Box::new(|t, n| match (n, t < 30_000) {
-            (1, true) | (2, false) => 2.0 * LIMIT,
+        limit,
+        demand: Box::new(move |t, n| match (n, t < 32_500) {
+            (0, true) | (1, false) => 2.0 * limit,
             _ => 0.0,
         }),
     };
     let mut moves = base(
         "25 load moves from one Envoy proxy to the other",
         25,
-        vec![moving, under()],
-        3,
+        vec![moving, spread("light", 50.0, 30.0, vec![0.5; 2])],
+        2,
     );
     moves.proxies = 2;
-    moves.shifts = vec![30_000];
-    vec![mixed, moves]
+    moves.shifts = vec![32_500];
+    let mut short = base(
+        "26 as 24, a burst of one second",
+        26,
+        vec![
+            spread("heavy", limit, 3.0 * limit, vec![1.0 / 3.0; 3]),
+            under(),
+        ],
+        3,
+    );
+    short.proxies = 2;
+    short.burst_seconds = 1.0;
+    vec![mixed, moves, short]
 }
 
 /// The central away from 30.4 s on while one user offers 3x its limit

@@ -296,6 +296,9 @@ impl Policy for Projected {
             let level = bucket.level_at(now_ms);
             let rate = bucket.rate();
             let mut outstanding = 0.0;
+            // Of it, what proxies were granted: their reports are charged
+            // first to the refill the bucket's capacity turned away.
+            let (mut batched, mut batched_from) = (0.0, slot);
             for (i, &(node, d)) in nodes.iter().enumerate() {
                 let first_share = first_shares.iter().find(|s| s.node() == node);
                 let last = newest
@@ -322,16 +325,25 @@ impl Policy for Projected {
                     let grant = earlier[(y - (slot - back)) as usize].get(node, id);
                     let grant = grant.map(f64::from);
                     let told = first_share.and_then(|s| s.in_slot(y, 1.0 / slot_secs));
-                    outstanding += match (told, grant) {
+                    let admits = match (told, grant) {
                         (Some(told), _) => told,
                         (None, Some(g)) if every_slot => admits_on(g, d, over),
                         (None, Some(g)) => g.min(d),
                         (None, None) => ungranted,
                     };
+                    outstanding += admits;
+                    if !every_slot {
+                        batched += admits;
+                        batched_from = batched_from.min(y);
+                    }
                 }
             }
+            // Only what was turned away since the oldest of those slots
+            // began: older refill was nobody's use.
+            let since = (now_ms - state.slot.start_ms(batched_from)).max(0) as f64 / 1000.0;
+            let spilled = bucket.spilled_at(now_ms).min(batched).min(rate * since);
             let ceiling = bucket.capacity().max(rate * slot_secs);
-            let budget = (level - outstanding + rate * until_end).clamp(0.0, ceiling);
+            let budget = (level + spilled - outstanding + rate * until_end).clamp(0.0, ceiling);
             let total: f64 = nodes.iter().map(|(_, d)| d).sum();
             let floor = (rate * slot_secs * 0.01).max(1.0);
             let busy = nodes.iter().filter(|(_, d)| *d > 0.0).count();

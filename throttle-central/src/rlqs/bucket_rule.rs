@@ -8,6 +8,11 @@ use envoy_types::pb::google::protobuf::{self, UInt32Value};
 
 use crate::policy::moved;
 
+/// The fewest tokens a bucket holds, unless its share a second is
+/// smaller: a burst of that many requests within a tenth of a second
+/// passes.
+const MIN_BURST: u32 = 10;
+
 /// One bucket's assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum BucketRule {
@@ -48,7 +53,7 @@ impl BucketRule {
             Self::Allow => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
             Self::Deny => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
             Self::Tokens(n) => Strategy::TokenBucket(TokenBucket {
-                max_tokens: n,
+                max_tokens: n.div_ceil(10).max(n.min(MIN_BURST)),
                 tokens_per_fill: Some(UInt32Value { value: n }),
                 fill_interval: Some(duration(Duration::from_secs(1))),
             }),
@@ -91,5 +96,17 @@ mod tests {
             (7, Some(7))
         );
         assert_eq!(b.fill_interval.map(|d| d.seconds), Some(1));
+    }
+
+    #[test]
+    fn a_bucket_holds_a_tenth_of_its_second_and_at_least_ten_tokens() {
+        let held = |n: u32| match BucketRule::Tokens(n).strategy().strategy {
+            Some(Strategy::TokenBucket(b)) => (b.max_tokens, b.tokens_per_fill.map(|t| t.value)),
+            _ => panic!("a token bucket"),
+        };
+        assert_eq!(held(1_000), (100, Some(1_000)));
+        assert_eq!(held(333), (34, Some(333)));
+        assert_eq!(held(33), (10, Some(33)));
+        assert_eq!(held(4), (4, Some(4)));
     }
 }

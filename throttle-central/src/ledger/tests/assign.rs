@@ -299,3 +299,42 @@ fn a_proxys_first_share_is_counted_until_it_reports() {
         "without {without}, with {with}"
     );
 }
+
+#[test]
+fn a_proxy_is_not_starved_by_a_burst_shorter_than_its_reports() {
+    // alice: 100/s with a burst of one second, on proxy p alone, which
+    // reports every 5 slots what it admitted in each: 100, and 50 refused.
+    let mut l = Ledger::new(LedgerConfig::default());
+    let short = Limit {
+        burst_seconds: 1.0,
+        ..limit("alice", "requests", 100.0)
+    };
+    l.apply_limits("front", &[short], T);
+    let p = l.node_id("p");
+    l.connect(p, ["front"], T);
+    l.reports_every(p, ["front"], 5_000);
+    let (used, refused) = (
+        r#"{"alice": {"requests": 100}}"#,
+        r#"{"alice": {"requests": 50}}"#,
+    );
+    let mut grants = Vec::new();
+    for slot in 101..=125 {
+        if slot % 5 == 0 {
+            for data in slot - 5..slot {
+                let r = report("p", data + 1, used, refused);
+                l.ingest(&r, slot * 1_000 + 50).unwrap();
+            }
+        }
+        let next = l.assign(slot * 1_000 + 500)["front"];
+        let quota = quota_for(&l, p, [("front", next)]);
+        let users = &quota.services["front"].slots[&next].users;
+        grants.push(users.get("alice").map_or(0.0, |g| g.resources["requests"]));
+    }
+    // Its reports come up to 5 slots late, and the bucket holds one
+    // slot's refill: what it turned away meanwhile pays for them, so each
+    // slot's grant is the rate.
+    assert!(
+        grants[5..].iter().all(|g| (90.0..=110.0).contains(g)),
+        "{grants:?}"
+    );
+}
