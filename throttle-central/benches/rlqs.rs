@@ -8,6 +8,7 @@
 //! - `rlqs report`: a proxy's periodic report of 1,000 buckets, each a
 //!   user's 5 s (1,000 entries), decoded, split over the 5 slots it covers
 //!   and filed (5 node reports' worth of filing).
+//!   Of that, the ledger's part: filing the five node reports built.
 //! - `rlqs tell`: the assignments of those 1,000 buckets worked out and
 //!   built, as each slot does when the shares move.
 //!
@@ -127,6 +128,26 @@ fn reports(c: &mut Criterion) {
                     black_box(l.ingest(&report, now).expect("filed"));
                 }
                 (l, stream)
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    // Of which the ledger's task: filing the five node reports the stream
+    // built (the rest runs on the stream's task).
+    let built = || {
+        let (l, mut stream) = opened();
+        let r = RateLimitQuotaUsageReports::decode(bytes.as_slice()).expect("valid");
+        let reports = stream.take(r.bucket_quota_usages, T + 5_050).reports;
+        (l, reports)
+    };
+    g.bench_function("rlqs report, 1000 entries of 5 s, the ledger's part", |b| {
+        b.iter_batched(
+            built,
+            |(mut l, reports)| {
+                for report in &reports {
+                    black_box(l.ingest(report, T + 5_050).expect("filed"));
+                }
+                l
             },
             BatchSize::PerIteration,
         )
