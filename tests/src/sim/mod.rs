@@ -13,6 +13,7 @@
 //! [`Assigner`]: throttle_central::assigner::Assigner
 //! [`ManualClock`]: throttle_clock::ManualClock
 
+mod envoy_bucket;
 mod envoy_proxy;
 mod measure;
 mod network;

@@ -161,51 +161,48 @@ pub fn scenarios() -> Vec<Scenario> {
 
 /// A node of the library and two Envoy proxies, which report every 5 s:
 /// the measured user at 3x over the three, one under its limit on each
-/// (never to be refused); then the measured user's load moving whole
-/// from one proxy to the other.
+/// (never to be refused), with the default burst and with a burst of one
+/// second; and the measured user's load moving whole from one proxy to
+/// the other.
 fn beside_proxies() -> Vec<Scenario> {
     // As the end-to-end tests: alice 100/s, bob 50/s offering 30/s.
-    let (limit, under) = (100.0, || spread("light", 50.0, 30.0, vec![1.0 / 3.0; 3]));
-    let mut mixed = base(
-        "24 a node and two Envoy proxies, 3x",
-        24,
-        vec![
-            spread("heavy", limit, 3.0 * limit, vec![1.0 / 3.0; 3]),
-            under(),
-        ],
-        3,
-    );
-    mixed.proxies = 2;
+    const LIMIT: f64 = 100.0;
+    let mixed = |name, seed, burst_seconds| {
+        let users = vec![
+            spread("heavy", LIMIT, 3.0 * LIMIT, vec![1.0 / 3.0; 3]),
+            spread("light", 50.0, 30.0, vec![1.0 / 3.0; 3]),
+        ];
+        Scenario {
+            proxies: 2,
+            burst_seconds,
+            ..base(name, seed, users, 3)
+        }
+    };
     // Alone on two proxies (as the end-to-end test), between two of
     // their reports.
     let moving = User {
         name: "heavy".into(),
-        limit,
+        limit: LIMIT,
         demand: Box::new(move |t, n| match (n, t < 32_500) {
-            (0, true) | (1, false) => 2.0 * limit,
+            (0, true) | (1, false) => 2.0 * LIMIT,
             _ => 0.0,
         }),
     };
-    let mut moves = base(
-        "25 load moves from one Envoy proxy to the other",
-        25,
-        vec![moving, spread("light", 50.0, 30.0, vec![0.5; 2])],
-        2,
-    );
-    moves.proxies = 2;
-    moves.shifts = vec![32_500];
-    let mut short = base(
-        "26 as 24, a burst of one second",
-        26,
-        vec![
-            spread("heavy", limit, 3.0 * limit, vec![1.0 / 3.0; 3]),
-            under(),
-        ],
-        3,
-    );
-    short.proxies = 2;
-    short.burst_seconds = 1.0;
-    vec![mixed, moves, short]
+    let moves = Scenario {
+        proxies: 2,
+        shifts: vec![32_500],
+        ..base(
+            "25 load moves from one Envoy proxy to the other",
+            25,
+            vec![moving, spread("light", 50.0, 30.0, vec![0.5; 2])],
+            2,
+        )
+    };
+    vec![
+        mixed("24 a node and two Envoy proxies, 3x", 24, 10.0),
+        moves,
+        mixed("26 as 24, a burst of one second", 26, 1.0),
+    ]
 }
 
 /// The central away from 30.4 s on while one user offers 3x its limit
