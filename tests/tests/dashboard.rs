@@ -20,6 +20,10 @@ use throttle_tests::{CentralFactory, Cluster};
 const TOKEN: &str = "dashboard-token";
 const SLOT_MS: u32 = 100;
 
+/// One test at a time: each runs its nodes, its load and Chromium on two
+/// cores, and the first measures 100 ms slots.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const LIMITS: &str = r#"
 [[limit]]
 service = "front"
@@ -78,6 +82,7 @@ async fn central_and_two_nodes() -> (Cluster, Load) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
     let test = "the_dashboard_draws_users_against_their_limits_and_the_nodes";
+    let _one = ONE_AT_A_TIME.lock().await;
     let (Some(browser), Some(stranger)) = (Chromium::start(test), Chromium::start(test)) else {
         return;
     };
@@ -162,6 +167,7 @@ async fn the_dashboard_draws_users_against_their_limits_and_the_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_draws_the_heaviest_of_ten_thousand_users() {
     let test = "the_dashboard_draws_the_heaviest_of_ten_thousand_users";
+    let _one = ONE_AT_A_TIME.lock().await;
     let Some(browser) = Chromium::start(test) else {
         return;
     };
@@ -238,6 +244,7 @@ async fn the_dashboard_draws_the_heaviest_of_ten_thousand_users() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_draws_a_users_last_day_of_usage() {
     let test = "the_dashboard_draws_a_users_last_day_of_usage";
+    let _one = ONE_AT_A_TIME.lock().await;
     let Some(browser) = Chromium::start(test) else {
         return;
     };
