@@ -71,7 +71,7 @@ async fn central_and_two_nodes() -> (Cluster, Load) {
     let limits = Arc::new(StaticLimits::new(LimitSet::from_toml(LIMITS).unwrap()));
     let central: CentralFactory =
         Arc::new(move || Central::builder().limits(limits.clone()).http_token(TOKEN));
-    let cluster = Cluster::start_with(2, SLOT_MS, central, Fallback::Allow)
+    let cluster = Cluster::start_with(2, SLOT_MS, central, Fallback::default())
         .await
         .unwrap();
     cluster.connected().await;
@@ -258,7 +258,7 @@ async fn the_dashboard_draws_a_users_last_day_of_usage() {
             .http_token(TOKEN)
             .usage(usage)
     });
-    let cluster = Cluster::start_with(2, SLOT_MS, central, Fallback::Allow)
+    let cluster = Cluster::start_with(2, SLOT_MS, central, Fallback::default())
         .await
         .unwrap();
     cluster.connected().await;
