@@ -95,8 +95,7 @@ impl Bucket {
     /// `now_ms`, without recording it (see [`Bucket::level_at`]).
     pub fn spilled_at(&self, now_ms: i64) -> f64 {
         let gained = self.rate * (now_ms - self.updated_ms).max(0) as f64 / 1000.0;
-        let room = (self.capacity - self.level).max(0.0);
-        (self.spilled + (gained - room).max(0.0)).min(self.rate * SPILL_SECONDS)
+        self.kept_with(self.spill_of(gained))
     }
 
     /// The level at `now_ms` without recording the refill (for readers that
@@ -113,10 +112,20 @@ impl Bucket {
     /// Adds `gained`: up to the capacity into the level, the rest into
     /// what is kept for late reports.
     fn gain(&mut self, gained: f64) {
-        let room = (self.capacity - self.level).max(0.0);
-        let spill = (gained - room).max(0.0);
+        let spill = self.spill_of(gained);
         self.level += gained - spill;
-        self.spilled = (self.spilled + spill).min(self.rate * SPILL_SECONDS);
+        self.spilled = self.kept_with(spill);
+    }
+
+    /// What of `gained` the capacity turns away.
+    fn spill_of(&self, gained: f64) -> f64 {
+        let room = (self.capacity - self.level).max(0.0);
+        (gained - room).max(0.0)
+    }
+
+    /// What is kept for late reports with `spill` more.
+    fn kept_with(&self, spill: f64) -> f64 {
+        (self.spilled + spill).min(self.rate * SPILL_SECONDS)
     }
 
     /// Takes `amount` tokens, going below zero if need be.

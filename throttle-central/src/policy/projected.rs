@@ -339,9 +339,14 @@ impl Policy for Projected {
                 }
             }
             // Only what was turned away since the oldest of those slots
-            // began: older refill was nobody's use.
-            let since = (now_ms - state.slot.start_ms(batched_from)).max(0) as f64 / 1000.0;
-            let spilled = bucket.spilled_at(now_ms).min(batched).min(rate * since);
+            // began: older refill was nobody's use. (Read only for a key
+            // with a proxy's unreported slots.)
+            let spilled = if batched > 0.0 {
+                let since = (now_ms - state.slot.start_ms(batched_from)).max(0) as f64 / 1000.0;
+                bucket.spilled_at(now_ms).min(batched).min(rate * since)
+            } else {
+                0.0
+            };
             let ceiling = bucket.capacity().max(rate * slot_secs);
             let budget = (level + spilled - outstanding + rate * until_end).clamp(0.0, ceiling);
             let total: f64 = nodes.iter().map(|(_, d)| d).sum();
