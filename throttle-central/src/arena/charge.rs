@@ -28,3 +28,15 @@ pub(crate) enum Charge {
     /// ledger it has no record of.
     Emptying,
 }
+
+impl Charge {
+    /// [`Charge::Late`] instead of a charge that could put the buckets in
+    /// debt, when `late` (a proxy's slot admitted while its stream was
+    /// lost); as it is otherwise.
+    pub(crate) fn late_if(self, late: bool) -> Self {
+        match self {
+            Self::OnTime | Self::Steady | Self::Batched if late => Self::Late,
+            other => other,
+        }
+    }
+}

@@ -12,6 +12,10 @@ pub(crate) struct Filing {
     pub(crate) is_rejection: bool,
     /// How the buckets are charged (see `Ledger::charge_of`).
     pub(crate) charge: Charge,
+    /// The slots before this one that its node never reported (a proxy's
+    /// lost stream), charged again late at this slot's amounts (see
+    /// `ledger::gaps`).
+    pub(crate) gap: i64,
     pub(crate) max_amount: i64,
     pub(crate) now_ms: i64,
 }

@@ -263,6 +263,9 @@ impl Key {
         let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
         if !is_rejection && self.limited {
             self.charge(amount, at.now_ms, at.charge);
+            if at.gap > 0 && at.charge != Charge::No {
+                self.charge(amount.saturating_mul(at.gap), at.now_ms, Charge::Late);
+            }
         }
         // Distribution: one entry per node, the latest report wins; both the
         // consumption and the rejection pass of one report land in it.

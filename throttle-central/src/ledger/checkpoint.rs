@@ -49,7 +49,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use throttle_proto::v1;
 
-use crate::arena::ids::NodeId;
+use crate::arena::ids::{NodeId, valid_name};
 use crate::arena::state::ServiceState;
 use crate::limits::Period;
 
@@ -101,6 +101,14 @@ impl Restored {
             return false;
         }
         !answered || slot >= self.from_slot
+    }
+
+    /// The newest data slot the checkpoint lists `node` as filed in, with
+    /// the newest it lists at all; `None` if it lists no slot of `node`.
+    pub(super) fn last_filed(&self, node: NodeId) -> Option<(i64, i64)> {
+        let newest = *self.filed.keys().next_back()?;
+        let mut of_node = self.filed.iter().rev().filter(|(_, n)| n.contains(&node));
+        of_node.next().map(|(&slot, _)| (slot, newest))
     }
 
     /// Drops what it says of slots older than `cutoff`.
@@ -157,6 +165,34 @@ pub(super) fn filed_slots<'n>(
         nodes: nodes.iter().map(|&n| name_of(n).to_owned()).collect(),
     });
     filed.collect()
+}
+
+/// Restores one bucket's `level` into `state`, read at `taken_ms`, at
+/// `now_ms` (`at`), adding its key if there is `room`: whether it had
+/// such a bucket, and the keys added.
+pub(super) fn restore_level(
+    state: &mut ServiceState,
+    level: &v1::BucketLevel,
+    room: bool,
+    (taken_ms, now_ms): (i64, i64),
+) -> (bool, usize) {
+    let Some(period) = period_of(level.period_seconds) else {
+        return (false, 0);
+    };
+    if !valid_name(&level.user) || !valid_name(&level.resource) {
+        return (false, 0);
+    }
+    let (id, added) = match state.find(&level.user, &level.resource) {
+        Some(id) => (id, 0),
+        None if room => (
+            state.find_or_insert(&level.user, &level.resource, now_ms),
+            1,
+        ),
+        None => return (false, 0),
+    };
+    let bucket = state.key_mut(id).bucket_of_mut(period);
+    let restored = bucket.map(|b| b.restore(level.level, taken_ms, now_ms));
+    (restored.is_some(), added)
 }
 
 /// A period by its length in seconds, as checkpoints write it.

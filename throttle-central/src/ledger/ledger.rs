@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use super::catch_up::CatchUp;
 use super::checkpoint::{
-    CheckpointError, Restoration, Restored, filed_slots, newer_than, period_of, service_levels,
+    CheckpointError, Restoration, Restored, filed_slots, newer_than, restore_level, service_levels,
 };
 use super::config::{LedgerConfig, ReportError};
 use super::dropped::DropReason;
 use super::filing::Filer;
+use super::gaps::Gaps;
 use super::ingested::Ingested;
 use super::service::{PolicyFactory, Service};
 use super::source::ReportSource;
@@ -46,6 +47,8 @@ pub struct Ledger {
     /// the nodes while no central answered) were admitted on the refill
     /// of a ledger it has no record of.
     pub(super) charges_from: Option<i64>,
+    /// The proxies whose reports a lost stream dropped.
+    gaps: Gaps,
 }
 
 impl fmt::Debug for Ledger {
@@ -77,6 +80,7 @@ impl Ledger {
             restored: None,
             catch_up: None,
             charges_from: None,
+            gaps: Gaps::default(),
         }
     }
 
@@ -193,6 +197,8 @@ impl Ledger {
         // A node back after no node reported: hold before it is granted.
         self.await_after_silence(now_ms);
         let before = self.config.slot.slot_at(now_ms) - 1;
+        let states = self.services.values().map(|s| &s.state);
+        self.gaps.open(node, states, self.restored.as_ref(), before);
         for name in services {
             if valid_name(name) && self.has_room_for(name) {
                 self.service_mut(name)
@@ -441,6 +447,8 @@ impl Ledger {
         }
         self.caught_up(node, slot, now_ms);
         let charge = self.charge_of(node, slot, report.answered(), now_ms);
+        let lost = self.gaps.take(node, slot, self.lag_of(node));
+        let charge = charge.late_if(lost.late);
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.
         let mut seen: Vec<(&str, bool)> = Vec::new();
@@ -466,6 +474,7 @@ impl Ledger {
                     slot,
                     is_rejection,
                     charge,
+                    gap: lost.gap,
                     max_amount: self.config.max_amount,
                     now_ms,
                 };
@@ -671,27 +680,9 @@ impl Ledger {
         taken_ms: i64,
         now_ms: i64,
     ) -> bool {
-        let Some(period) = period_of(level.period_seconds) else {
-            return false;
-        };
-        if !valid_name(&level.user) || !valid_name(&level.resource) {
-            return false;
-        }
         let room = self.key_total < self.config.max_keys;
         let state = &mut self.service_mut(service).state;
-        let (id, added) = match state.find(&level.user, &level.resource) {
-            Some(id) => (id, 0),
-            None if room => (
-                state.find_or_insert(&level.user, &level.resource, now_ms),
-                1,
-            ),
-            None => return false,
-        };
-        let restored = state
-            .key_mut(id)
-            .bucket_of_mut(period)
-            .map(|b| b.restore(level.level, taken_ms, now_ms))
-            .is_some();
+        let (restored, added) = restore_level(state, level, room, (taken_ms, now_ms));
         self.key_total += added;
         restored
     }

@@ -68,6 +68,7 @@ mod checkpoint;
 mod config;
 mod dropped;
 mod filing;
+mod gaps;
 mod ingested;
 #[allow(clippy::module_inception)]
 mod ledger;

@@ -346,3 +346,51 @@ fn a_report_adds_up_per_service_and_resource_what_it_filed() {
     // A duplicate adds nothing.
     assert!(l.ingest(&r, T).unwrap().totals.is_empty());
 }
+
+/// A proxy lost with its central, on the restarted one: the seconds it
+/// admitted while no stream took its reports are charged at the rate of
+/// its first report back, out of the refill the buckets kept meanwhile,
+/// never into debt; a proxy idle when it was lost has no such gap.
+#[test]
+fn a_proxy_back_on_a_restored_ledger_is_charged_for_the_slots_it_lost() {
+    let used = |n: i64| format!(r#"{{"alice": {{"requests": {n}}}}}"#);
+    let level_back = |p_filed: std::ops::Range<i64>| {
+        let mut old = Ledger::new(LedgerConfig::default());
+        old.apply_limits("front", &[limit("alice", "requests", 100.0)], T);
+        let (n, p) = (old.node_id("n"), old.node_id("p"));
+        old.connect(n, ["front"], T);
+        old.connect(p, ["front"], T);
+        old.reports_every(p, ["front"], 5_000);
+        for slot in 100..110 {
+            old.ingest(&report("n", slot + 1, "{}", "{}"), 110_050)
+                .unwrap();
+        }
+        for slot in p_filed {
+            let r = report("p", slot + 1, &used(20), "{}");
+            old.ingest(&r, 110_050).unwrap();
+        }
+        let checkpoint = old.checkpoint(110_500);
+        // 25 s later, on a new central: p is back 4 s after it started,
+        // with its report of 134..=138 (200 a slot).
+        let mut new = Ledger::new(LedgerConfig::default());
+        new.apply_limits("front", &[limit("alice", "requests", 100.0)], 135_000);
+        new.restore(&checkpoint, 135_000).unwrap();
+        let p = new.node_id("p");
+        new.connect(p, ["front"], 139_000);
+        new.reports_every(p, ["front"], 5_000);
+        for slot in 134..139 {
+            let r = report("p", slot + 1, &used(200), "{}");
+            new.ingest(&r, 139_050).unwrap();
+        }
+        new.bucket_level("front", "alice", "requests", 139_050)
+            .unwrap()
+    };
+    // Filing up to slot 109 when lost: 110..=133 went unreported, charged
+    // at 200 a slot (4,800) with the report's own 1,000 (admitted before
+    // p was back): more than the refill kept over the outage and the full
+    // bucket, which it empties, and no more.
+    assert_eq!(level_back(100..110), 0.0);
+    // Idle since slot 94: nothing is taken to be lost, and the refill kept
+    // pays for the report.
+    assert_eq!(level_back(90..95), 1_000.0);
+}
