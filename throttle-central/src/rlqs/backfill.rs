@@ -13,7 +13,7 @@
 //! it waits for the next report, or it would be counted twice, charged
 //! and granted (a second under the limit after each report).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Per user: (admitted, denied, data slots covered).
 pub(super) type Usage = BTreeMap<String, (u64, u64, usize)>;
@@ -35,8 +35,15 @@ pub(super) struct Backfill {
     /// The part of the newest report that fell in the slot it came in,
     /// per user: that slot is not over, and the quota policy counts its
     /// whole grant as unreported, so it is filed with the next report (or
-    /// as the stream ends).
+    /// as the stream ends), in that slot.
     ahead: BTreeMap<String, (u64, u64)>,
+    /// The slot `ahead` fell in (the oldest, if several).
+    ahead_slot: Option<i64>,
+    /// The users whose last report held something: one that then reports
+    /// nothing is filed once with nothing, in the newest slot its report
+    /// covers, so the quota policy sees it stop (it reads each node's
+    /// newest slot of a user) instead of the demand of its last report.
+    active: BTreeSet<String>,
 }
 
 impl Backfill {
@@ -54,13 +61,13 @@ impl Backfill {
     pub(super) fn split(&mut self, usage: Usage, current: i64, into: f64) -> Vec<SlotUsage> {
         let next = self.last.map_or(i64::MIN, |l| l + 1);
         let end = next.max(current - 1);
-        // What waited joins a report of whole slots, as Envoy's periodic
-        // ones are; another bucket's first request leaves it waiting.
-        if usage.values().any(|u| u.2 > 0) {
-            for (user, (a, d)) in std::mem::take(&mut self.ahead) {
-                add(&mut self.carry, user, a, d);
-            }
-        }
+        // What waited is filed with a report of whole slots, as Envoy's
+        // periodic ones are; another bucket's first request leaves it
+        // waiting.
+        let waited = match usage.values().any(|u| u.2 > 0) {
+            true => (std::mem::take(&mut self.ahead), self.ahead_slot.take()),
+            false => (BTreeMap::new(), None),
+        };
         for (user, (a, d, covered)) in &usage {
             let (na, nd) = if *covered == 0 || end < current {
                 let now = |x: u64| in_current(x, into, *covered);
@@ -70,12 +77,35 @@ impl Backfill {
             };
             if (na, nd) != (0, 0) {
                 add(&mut self.ahead, user.clone(), na, nd);
+                self.ahead_slot = Some(self.ahead_slot.map_or(current, |s| s.min(current)));
             }
             add(&mut self.carry, user.clone(), a - na, d - nd);
         }
         if end > current {
+            for (user, (a, d)) in waited.0 {
+                add(&mut self.carry, user, a, d);
+            }
             return Vec::new();
         }
+        let mut slots = self.spread(&usage, next, end);
+        let at = waited.1.unwrap_or(next).clamp(next, end);
+        for (user, (a, d)) in waited.0 {
+            let rows = slots.entry(at).or_default();
+            match rows.iter_mut().find(|r| r.0 == user) {
+                Some(r) => (r.1, r.2) = (r.1.saturating_add(a), r.2.saturating_add(d)),
+                None => rows.push((user, a, d)),
+            }
+        }
+        self.note_stops(&usage, &mut slots, end);
+        if !slots.is_empty() {
+            self.last = Some(end);
+        }
+        slots.into_iter().collect()
+    }
+
+    /// What is carried, each user's spread evenly over the slots from
+    /// `next` to `end` that its report in `usage` covers.
+    fn spread(&mut self, usage: &Usage, next: i64, end: i64) -> BTreeMap<i64, Vec<(String, u64, u64)>> {
         let mut slots: BTreeMap<i64, Vec<(String, u64, u64)>> = BTreeMap::new();
         for (user, (a, d)) in std::mem::take(&mut self.carry) {
             let covered = usage.get(&user).map_or(1, |u| u.2).clamp(1, MAX_SLOTS);
@@ -88,15 +118,29 @@ impl Backfill {
                 }
             }
         }
-        if !slots.is_empty() {
-            self.last = Some(end);
+        slots
+    }
+
+    /// Files nothing in slot `end` for each user of `usage` that had
+    /// something in its last report and nothing in this one, and notes
+    /// who has something now.
+    fn note_stops(&mut self, usage: &Usage, slots: &mut BTreeMap<i64, Vec<(String, u64, u64)>>, end: i64) {
+        for (user, &(a, d, _)) in usage {
+            if a > 0 || d > 0 {
+                self.active.insert(user.clone());
+            } else if self.active.remove(user) {
+                let rows = slots.entry(end).or_default();
+                if !rows.iter().any(|r| r.0 == *user) {
+                    rows.push((user.clone(), 0, 0));
+                }
+            }
         }
-        slots.into_iter().collect()
     }
 
     /// Everything carried and held for the next report, to file in data
     /// slot `current` as the stream ends (see [`Backfill::rest`]).
     pub(super) fn last_rest(&mut self, current: i64) -> Option<SlotUsage> {
+        self.ahead_slot = None;
         for (user, (a, d)) in std::mem::take(&mut self.ahead) {
             add(&mut self.carry, user, a, d);
         }
@@ -209,6 +253,27 @@ mod tests {
         assert_eq!(filed, 500);
         // As the stream ends, what waited is filed too.
         assert_eq!(b.last_rest(110), Some((110, vec![("alice".into(), 30, 0)])));
+    }
+
+    #[test]
+    fn a_user_that_stops_is_filed_once_with_nothing() {
+        let mut b = Backfill::default();
+        b.split(usage(&[("alice", 500, 0, 5)]), 105, 0.0);
+        // Nothing in 105..=109: filed in 109 alone, once.
+        let stop = b.split(usage(&[("alice", 0, 0, 5)]), 110, 0.0);
+        assert_eq!(stop, [(109, vec![("alice".into(), 0, 0)])]);
+        assert!(b.split(usage(&[("alice", 0, 0, 5)]), 115, 0.0).is_empty());
+        // What fell in the slot a report came in (20 of 100 in 120) goes
+        // there when the next one shows the user stopped.
+        b.split(usage(&[("alice", 500, 0, 5)]), 120, 0.2);
+        let stop = b.split(usage(&[("alice", 0, 0, 5)]), 125, 0.2);
+        let expected = [
+            (120, vec![("alice".into(), 20, 0)]),
+            (124, vec![("alice".into(), 0, 0)]),
+        ];
+        assert_eq!(stop, expected);
+        // Never active: nothing.
+        assert!(b.split(usage(&[("bob", 0, 0, 5)]), 120, 0.0).is_empty());
     }
 
     proptest! {

@@ -262,10 +262,11 @@ impl RlqsStream {
     /// opens).
     fn report(&self, (data_slot, due): SlotUsage) -> Option<v1::Report> {
         let service = self.service.as_ref()?;
-        let usage = |pick: fn(&(String, u64, u64)) -> u64| {
+        // A user with nothing, its stop, is filed as consumption.
+        let usage = |pick: fn(&(String, u64, u64)) -> u64, stops: bool| {
             let users = due
                 .iter()
-                .filter(|d| pick(d) > 0)
+                .filter(|d| pick(d) > 0 || (stops && d.1 == 0 && d.2 == 0))
                 .map(|d| {
                     let amount = i64::try_from(pick(d)).unwrap_or(i64::MAX);
                     let resources = [(REQUESTS.to_owned(), amount)].into();
@@ -277,8 +278,8 @@ impl RlqsStream {
         Some(v1::Report {
             node_id: self.node_id.clone(),
             slot_number: data_slot + 1,
-            consumption: usage(|d| d.1),
-            rejection: usage(|d| d.2),
+            consumption: usage(|d| d.1, true),
+            rejection: usage(|d| d.2, false),
             packed: Vec::new(),
             answered: false,
         })
