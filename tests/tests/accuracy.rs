@@ -86,6 +86,28 @@ fn a_load_moved_between_envoy_proxies_is_followed_within_15_s() {
 }
 
 #[test]
+fn a_user_idle_on_envoy_proxies_then_busy_stays_within_its_bucket() {
+    // 20 s idle on two proxies, then 3x on both with a burst of one
+    // second: from then on, no 5 s holds more than the bucket allows
+    // (its capacity and 5 s of rate: 120%), and from 10 s on, 90%..110%.
+    let s = sim::scenario("27 ");
+    let trace = sim::run_traced(&s, Box::new(|_| Box::new(Projected::new())));
+    let limit = s.users[0].limit;
+    let admitted = &trace.admitted[0];
+    let window = |from: usize| admitted[from..from + 5].iter().sum::<i64>() as f64 / (5.0 * limit);
+    let windows: Vec<f64> = (30..admitted.len() - 4).map(window).collect();
+    assert!(
+        windows.iter().all(|w| *w <= 1.2),
+        "{windows:?} of {admitted:?}"
+    );
+    assert!(
+        windows[10..].iter().all(|w| (0.9..=1.1).contains(w)),
+        "{windows:?} of {admitted:?}"
+    );
+    assert_eq!(trace.outcome.others_refused, 0, "{:?}", trace.outcome);
+}
+
+#[test]
 fn reports_spread_over_the_slot_still_hold_the_limit() {
     // The current slot is re-assigned only once the last node has
     // reported, so a moving load is followed a slot later than with

@@ -169,8 +169,14 @@ impl Bucket {
     /// every few slots (a proxy): charged first to the refill the capacity
     /// turned away since (its usage of those slots was not charged yet),
     /// then to the level, as deep as `floor`.
-    pub fn consume_batched(&mut self, amount: i64, now_ms: i64, floor: f64) {
+    ///
+    /// Only the refill turned away since `since_ms` (when the oldest slot
+    /// charged began) pays: what spilled before, while the user was idle,
+    /// was no one's use, and is dropped.
+    pub fn consume_batched(&mut self, amount: i64, now_ms: i64, floor: f64, since_ms: i64) {
         self.refill(now_ms);
+        let since = (now_ms - since_ms).max(0) as f64 / 1000.0;
+        self.spilled = self.spilled.min(self.rate * since);
         self.take_spilled_first(amount as f64, floor);
     }
 
@@ -263,10 +269,20 @@ mod tests {
         assert_eq!(b.spilled(), 600.0);
         // The proxy's 6 s at 125 a second: the refill it spent, then 150
         // of the level, into debt (a late gap's report would stop at 0).
-        b.consume_batched(750, 6_000, b.floor(2.0));
+        b.consume_batched(750, 6_000, b.floor(2.0), 0);
         assert_eq!((b.level(6_000), b.spilled()), (-50.0, 0.0));
-        b.consume_batched(500, 6_000, b.floor(2.0));
+        b.consume_batched(500, 6_000, b.floor(2.0), 0);
         assert_eq!(b.level(6_000), -200.0, "no deeper than the floor");
+    }
+
+    #[test]
+    fn a_proxys_batch_takes_only_the_refill_spilled_since_its_slots() {
+        // Full and idle for 60 s: 5,900 turned away. The proxy's 5 s from
+        // 55 s on, 150 a second: 500 of it paid by their refill, 250 by
+        // the level; what spilled before was no one's use.
+        let mut b = Bucket::new(100.0, 1.0, 0);
+        b.consume_batched(750, 60_000, b.floor(f64::INFINITY), 55_000);
+        assert_eq!((b.level(60_000), b.spilled()), (-150.0, 0.0));
     }
 
     #[test]

@@ -162,8 +162,8 @@ pub fn scenarios() -> Vec<Scenario> {
 /// A node of the library and two Envoy proxies, which report every 5 s:
 /// the measured user at 3x over the three, one under its limit on each
 /// (never to be refused), with the default burst and with a burst of one
-/// second; and the measured user's load moving whole from one proxy to
-/// the other.
+/// second; the measured user's load moving whole from one proxy to the
+/// other; and the measured user idle on both proxies, then busy.
 fn beside_proxies() -> Vec<Scenario> {
     // As the end-to-end tests: alice 100/s, bob 50/s offering 30/s.
     const LIMIT: f64 = 100.0;
@@ -198,10 +198,32 @@ fn beside_proxies() -> Vec<Scenario> {
             2,
         )
     };
+    // Idle on both proxies for 20 s, then 3x on both, with a burst of one
+    // second: their buckets admit what they are granted for 5 s before
+    // their reports tell the central.
+    let returning = User {
+        name: "heavy".into(),
+        limit: LIMIT,
+        demand: Box::new(|t, _| match t {
+            10_000..30_500 => 0.0,
+            _ => 1.5 * LIMIT,
+        }),
+    };
+    let returns = Scenario {
+        proxies: 2,
+        burst_seconds: 1.0,
+        ..base(
+            "27 idle on two Envoy proxies, then 3x, burst 1 s",
+            27,
+            vec![returning, spread("light", 50.0, 30.0, vec![0.5; 2])],
+            2,
+        )
+    };
     vec![
         mixed("24 a node and two Envoy proxies, 3x", 24, 10.0),
         moves,
         mixed("26 as 24, a burst of one second", 26, 1.0),
+        returns,
     ]
 }
 

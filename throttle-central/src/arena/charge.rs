@@ -21,8 +21,12 @@ pub(crate) enum Charge {
     Late,
     /// First to the refill the buckets turned away meanwhile, then to the
     /// level, no deeper than the floor: a node that reports every few
-    /// slots (a proxy), whose slots are charged that late every time.
-    Batched,
+    /// slots (a proxy), whose slots are charged that late every time;
+    /// only the refill turned away since its slot began (`since_ms`).
+    Batched {
+        /// When the slot charged began.
+        since_ms: i64,
+    },
     /// Only out of what the buckets hold, never into debt: a slot before
     /// a ledger without a checkpoint began, admitted on the refill of a
     /// ledger it has no record of.
@@ -35,7 +39,7 @@ impl Charge {
     /// lost); as it is otherwise.
     pub(crate) fn late_if(self, late: bool) -> Self {
         match self {
-            Self::OnTime | Self::Steady | Self::Batched if late => Self::Late,
+            Self::OnTime | Self::Steady | Self::Batched { .. } if late => Self::Late,
             other => other,
         }
     }

@@ -229,7 +229,9 @@ impl Key {
             Charge::OnTime => b.consume_down_to(amount, now_ms, max_debt.floor(b)),
             Charge::Steady => b.consume_steady(amount, now_ms, max_debt.floor(b)),
             Charge::Late => b.consume_late(amount, now_ms, max_debt.floor(b)),
-            Charge::Batched => b.consume_batched(amount, now_ms, max_debt.floor(b)),
+            Charge::Batched { since_ms } => {
+                b.consume_batched(amount, now_ms, max_debt.floor(b), since_ms)
+            }
             Charge::Emptying => b.consume_down_to(amount, now_ms, 0.0),
         };
         charge(&mut self.bucket);

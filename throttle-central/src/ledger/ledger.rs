@@ -710,7 +710,9 @@ impl Ledger {
         } else if slot >= self.config.slot.slot_at(now_ms) - 1 - self.lag_of(node) {
             // A node that reports every few slots (a proxy) files its
             // slots that late every time.
-            Charge::Batched
+            Charge::Batched {
+                since_ms: self.config.slot.start_ms(slot),
+            }
         } else {
             Charge::Late
         }

@@ -121,6 +121,30 @@ fn admits_on(grant: f64, demand: f64, over: Option<f64>) -> f64 {
     }
 }
 
+/// What each of `nodes` is granted of a key nobody used lately, of a
+/// `budget`, `per_slot` its rate a slot: wherever the user shows up
+/// first may take a slot's worth of the rate (or the even split, if
+/// larger). A user who lives on one node is then not refused under its
+/// limit; one who arrives everywhere at once borrows from the bucket. A
+/// proxy does so for every slot until its report, so the proxies share
+/// the budget and the refill of those slots: together they admit no more
+/// than the bucket allows.
+fn first_come<'n>(
+    nodes: &'n [(NodeId, f64)],
+    newest: &'n Newest,
+    budget: f64,
+    per_slot: f64,
+) -> impl Fn(NodeId) -> f64 + 'n {
+    let lag = nodes.iter().map(|(n, _)| newest.lag(*n)).max().unwrap_or(0);
+    let proxies = nodes.iter().filter(|(n, _)| newest.lag(*n) > 0).count();
+    let each = (budget / nodes.len() as f64).max(budget.min(per_slot));
+    let spread = (budget + per_slot * (lag - 1).max(0) as f64) / (proxies.max(1) as i64 * lag.max(1)) as f64;
+    move |node| match newest.lag(node) {
+        0 => each,
+        _ => each.min(spread),
+    }
+}
+
 /// Whether a proxy's token bucket of `before` requests a second is told
 /// `after` instead: a move of more than a tenth, and of more than one
 /// request a second. Smaller moves are neither granted nor told.
@@ -357,6 +381,7 @@ impl Policy for Projected {
             // whole bucket), each as much as its share of all the nodes;
             // the busy ones split the rest, never less than their demand.
             let each_idle = IDLE_RESERVE * (budget - total).max(0.0) / nodes.len() as f64;
+            let first_come = first_come(&nodes, &newest, budget, rate * slot_secs);
             let shared = budget - each_idle * (nodes.len() - busy) as f64;
             let idle_grant = each_idle.max(floor.min(budget / busy.max(1) as f64).max(1.0));
             for &(node, d) in &nodes {
@@ -367,12 +392,7 @@ impl Policy for Projected {
                         idle_grant
                     }
                 } else {
-                    // Nobody used it lately: wherever the user shows up
-                    // first may take a slot's worth of the rate (or the
-                    // even split, if larger). A user who lives on one
-                    // node is then not refused under its limit; one who
-                    // arrives everywhere at once borrows from the bucket.
-                    (budget / nodes.len() as f64).max(budget.min(rate * slot_secs))
+                    first_come(node)
                 };
                 let grant = if newest.lag(node) > 0 {
                     let before = earlier.last_mut().and_then(|s| s.get(node, id));
