@@ -446,8 +446,9 @@ async fn envoys_follow_a_new_leader_through_the_health_checked_cluster() {
 /// charges the seconds they lost at the rate of their first report back,
 /// out of the refill its bucket kept over the outage (see the Envoy
 /// guide), so that refill is not granted again.
-/// Some runs lose a second to a dip a few seconds after they are back
-/// (849 in one run): the lower bound allows it.
+/// Some runs lose a second to a dip a few seconds after they are back,
+/// paying for what the Envoys admitted over it as they came back (812,
+/// 849 and 974 in three runs): the lower bound allows it.
 const AFTER_RESTART: std::ops::RangeInclusive<u64> = 750..=1100;
 
 /// The guide's two Envoys on a lone central with `--state FILE`, alice

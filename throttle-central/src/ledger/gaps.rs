@@ -70,16 +70,18 @@ impl Gaps {
             (None, None) => (None, before),
         };
         let opened = before + 1;
-        (self.opened).insert(node, Opened { last, newest, opened });
+        self.opened.insert(node, Opened { last, newest, opened });
+    }
+
+    /// Whether `node` opened a stream and has not filed on it yet.
+    pub(super) fn awaits(&self, node: NodeId) -> bool {
+        !self.opened.is_empty() && self.opened.contains_key(&node)
     }
 
     /// What a lost stream left unreported for data slot `slot`, filed by
     /// `node`, whose reports lag `lag` slots (0: a node that reports
     /// every slot, and sends again what it could not: nothing is lost).
     pub(super) fn take(&mut self, node: NodeId, slot: i64, lag: i64) -> Lost {
-        if self.opened.is_empty() {
-            return Lost::default();
-        }
         let Some(o) = self.opened.get_mut(&node) else {
             return Lost::default();
         };

@@ -12,7 +12,7 @@ use super::checkpoint::{
 use super::config::{LedgerConfig, ReportError};
 use super::dropped::DropReason;
 use super::filing::Filer;
-use super::gaps::Gaps;
+use super::gaps::{Gaps, Lost};
 use super::ingested::Ingested;
 use super::service::{PolicyFactory, Service};
 use super::source::ReportSource;
@@ -447,7 +447,10 @@ impl Ledger {
         }
         self.caught_up(node, slot, now_ms);
         let charge = self.charge_of(node, slot, report.answered(), now_ms);
-        let lost = self.gaps.take(node, slot, self.lag_of(node));
+        let lost = match self.gaps.awaits(node) {
+            true => self.gaps.take(node, slot, self.lag_of(node)),
+            false => Lost::default(),
+        };
         let charge = charge.late_if(lost.late);
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.
