@@ -108,6 +108,23 @@ fn a_user_idle_on_envoy_proxies_then_busy_stays_within_its_bucket() {
 }
 
 #[test]
+fn envoy_proxies_back_on_a_restarted_central_get_no_burst() {
+    // Two proxies at 2x, the central restarted on its checkpoint after
+    // 20 s; back at their next report (40 s in), in the 10 s from 2 s
+    // after: the limit, and no more than a tenth over it (the refill kept
+    // over the outage would give 1.45x).
+    let s = sim::scenario("28 ");
+    let trace = sim::run_traced(&s, Box::new(|_| Box::new(Projected::new())));
+    let admitted = &trace.admitted[0];
+    let after: i64 = admitted[42..52].iter().sum();
+    let of_limit = after as f64 / (10.0 * s.users[0].limit);
+    assert!(
+        (0.75..=1.1).contains(&of_limit),
+        "{of_limit} of {admitted:?}"
+    );
+}
+
+#[test]
 fn reports_spread_over_the_slot_still_hold_the_limit() {
     // The current slot is re-assigned only once the last node has
     // reported, so a moving load is followed a slot later than with

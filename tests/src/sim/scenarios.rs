@@ -219,11 +219,31 @@ fn beside_proxies() -> Vec<Scenario> {
             2,
         )
     };
+    // The central killed with two proxies at 2x, restarted on its
+    // checkpoint 20 s later: the proxies keep their shares for the TTL
+    // (15 s), then admit all, and drop their reports until they are back
+    // at their next one.
+    let restarted = Scenario {
+        proxies: 2,
+        outage: Some(Outage {
+            from_ms: 15_400,
+            to_ms: 35_400,
+            comeback: Comeback::Checkpoint { every_ms: 1_000 },
+            spread_ms: 0,
+        }),
+        ..base(
+            "28 two Envoy proxies, central restarted after 20 s",
+            28,
+            vec![spread("heavy", LIMIT, 2.0 * LIMIT, vec![0.5; 2])],
+            2,
+        )
+    };
     vec![
         mixed("24 a node and two Envoy proxies, 3x", 24, 10.0),
         moves,
         mixed("26 as 24, a burst of one second", 26, 1.0),
         returns,
+        restarted,
     ]
 }
 

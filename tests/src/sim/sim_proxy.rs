@@ -18,6 +18,7 @@ use super::envoy_proxy::EnvoyProxy;
 const MAX_AMOUNT: i64 = throttle_central::MAX_AMOUNT;
 
 pub(super) struct SimProxy {
+    slot: SlotLength,
     envoy: EnvoyProxy,
     stream: RlqsStream,
     /// Its id at the central, once its stream opened.
@@ -29,13 +30,29 @@ pub(super) struct SimProxy {
 impl SimProxy {
     /// Proxy `name`, on slots of `slot`.
     pub(super) fn new(name: String, slot: SlotLength) -> Self {
-        let ttl_s = DEFAULT_RLQS_TTL.as_secs() as i64;
         Self {
+            slot,
             envoy: EnvoyProxy::default(),
-            stream: RlqsStream::new(name, slot, MAX_AMOUNT, ttl_s),
+            stream: stream(name, slot),
             id: None,
             told: None,
         }
+    }
+
+    /// Its stream lost with its central (which, if still there, sees it
+    /// go): Envoy keeps its buckets and their assignments until their
+    /// TTL, and opens a new stream at its next report.
+    pub(super) fn lose(&mut self, central: Option<&mut Assigner>) {
+        if let (Some(id), Some(central)) = (self.id.take(), central) {
+            central.disconnect(id, Accepts::NONE);
+        }
+        self.stream = stream(self.stream.node_id().to_owned(), self.slot);
+        self.told = None;
+    }
+
+    /// Envoy's report due at `now` while no central answers: dropped.
+    pub(super) fn drop_due(&mut self, now: i64) {
+        self.envoy.periodic(now);
     }
 
     /// Its id at the central, once connected.
@@ -47,11 +64,14 @@ impl SimProxy {
     /// central pushes to others as it files a new bucket's report.
     pub(super) fn admit(
         &mut self,
-        central: &mut Assigner,
+        central: Option<&mut Assigner>,
         user: &str,
         now: i64,
     ) -> (bool, Vec<Push>) {
         let (ok, first) = self.envoy.admit(user, now);
+        let Some(central) = central else {
+            return (ok, Vec::new());
+        };
         let pushes = first
             .map(|r| self.take(central, r, now))
             .unwrap_or_default();
@@ -169,4 +189,10 @@ impl SimProxy {
         }
         self.envoy.apply(response, now);
     }
+}
+
+/// A new RLQS stream of proxy `name` at the central.
+fn stream(name: String, slot: SlotLength) -> RlqsStream {
+    let ttl_s = DEFAULT_RLQS_TTL.as_secs() as i64;
+    RlqsStream::new(name, slot, MAX_AMOUNT, ttl_s)
 }

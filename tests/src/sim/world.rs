@@ -228,6 +228,10 @@ impl<'a> World<'a> {
         }
         self.down = away;
         if away {
+            let same = outage.comeback == Comeback::Same;
+            for p in &mut self.proxies {
+                p.lose(same.then_some(&mut self.central));
+            }
             for n in &mut self.nodes {
                 if let Some(id) = n.id.take()
                     && outage.comeback == Comeback::Same
@@ -382,9 +386,11 @@ impl<'a> World<'a> {
     }
 
     /// What the proxies and their streams do at `now` (see
-    /// [`SimProxy::step`]); nothing while no central answers.
+    /// [`SimProxy::step`]); while no central answers, Envoy drops the
+    /// reports due.
     fn proxies_step(&mut self, now: i64, in_slot: i64) {
         if self.down {
+            self.proxies.iter_mut().for_each(|p| p.drop_due(now));
             return;
         }
         let mut pushes = Vec::new();
@@ -476,7 +482,8 @@ impl<'a> World<'a> {
                 // A proxy's requests.
                 let p = &mut self.proxies[i - self.nodes.len()];
                 for _ in 0..whole {
-                    let (ok, more) = p.admit(&mut self.central, &user.name, T0 + t);
+                    let central = (!self.down).then_some(&mut self.central);
+                    let (ok, more) = p.admit(central, &user.name, T0 + t);
                     pushes.extend(more);
                     tally.count(u, index, cost, ok);
                 }
