@@ -381,7 +381,9 @@ impl Policy for Projected {
             // whole bucket), each as much as its share of all the nodes;
             // the busy ones split the rest, never less than their demand.
             let each_idle = IDLE_RESERVE * (budget - total).max(0.0) / nodes.len() as f64;
-            let first_come = first_come(&nodes, &newest, budget, rate * slot_secs);
+            // Read only for a key nobody used lately.
+            let first_come =
+                (total <= 0.0).then(|| first_come(&nodes, &newest, budget, rate * slot_secs));
             let shared = budget - each_idle * (nodes.len() - busy) as f64;
             let idle_grant = each_idle.max(floor.min(budget / busy.max(1) as f64).max(1.0));
             for &(node, d) in &nodes {
@@ -392,7 +394,7 @@ impl Policy for Projected {
                         idle_grant
                     }
                 } else {
-                    first_come(node)
+                    first_come.as_ref().map_or(0.0, |f| f(node))
                 };
                 let grant = if newest.lag(node) > 0 {
                     let before = earlier.last_mut().and_then(|s| s.get(node, id));
