@@ -380,7 +380,19 @@ pub fn thread_cpu_time() -> Option<std::time::Duration> {
 /// [`thread_cpu_time`], it reads threads other than the caller, so it
 /// measures a runtime of several workers. `None` where `/proc` cannot tell.
 pub fn threads_cpu_time(name: &str) -> Option<std::time::Duration> {
-    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    tasks_cpu_time("/proc/self/task", Some(name))
+}
+
+/// CPU time used so far by every thread of process `pid` (a server the
+/// benchmark started), to the nanosecond, as [`threads_cpu_time`] counts.
+pub fn process_cpu_time(pid: u32) -> Option<std::time::Duration> {
+    tasks_cpu_time(&format!("/proc/{pid}/task"), None)
+}
+
+/// The scheduler's CPU time of the threads under `tasks`, those named
+/// `name` where given.
+fn tasks_cpu_time(tasks: &str, name: Option<&str>) -> Option<std::time::Duration> {
+    let tasks = std::fs::read_dir(tasks).ok()?;
     let mut total = std::time::Duration::ZERO;
     let mut found = false;
     for task in tasks.flatten() {
@@ -389,7 +401,7 @@ pub fn threads_cpu_time(name: &str) -> Option<std::time::Duration> {
         let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
             continue;
         };
-        if comm.trim_end() != name {
+        if name.is_some_and(|name| comm.trim_end() != name) {
             continue;
         }
         let Some(ns) = std::fs::read_to_string(dir.join("schedstat"))
@@ -401,8 +413,8 @@ pub fn threads_cpu_time(name: &str) -> Option<std::time::Duration> {
         found = true;
         total += std::time::Duration::from_nanos(ns);
     }
-    // None where no thread of that name could be read (no such thread, or
-    // a kernel without scheduler statistics).
+    // None where no such thread could be read (no such thread, or a
+    // kernel without scheduler statistics).
     found.then_some(total)
 }
 

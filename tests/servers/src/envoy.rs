@@ -81,6 +81,11 @@ impl Envoy {
         head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
     }
 
+    /// Its process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills it (SIGKILL).
     pub fn kill(&mut self) {
         kill(&mut self.child);

@@ -1,8 +1,10 @@
 //! Envoy side by side: the same upstream behind one Envoy with no rate
-//! limit filter, with Envoy's own `local_ratelimit` filter (one token
-//! bucket no request empties), and with the `rate_limit_quota` filter of
-//! `docs/guides/envoy.md` on a live central (a bucket per user, 3,000
-//! users far under their limits), under the same closed-loop load.
+//! limit filter; with Envoy's own `local_ratelimit` filter, as one token
+//! bucket and as a bucket per `x-user`; with the `rate_limit_quota` filter
+//! of `docs/guides/envoy.md` on a live central (a bucket per user, 3,000
+//! users far under their limits); and with that filter and no server to
+//! talk to, which is the filter's own cost. All under the same
+//! closed-loop load, no request refused.
 //!
 //! Run with: `cargo run --release -p throttle-tests --bin envoy-bench`
 //! (`-- --seconds 3 --rounds 3 --connections 16` are the defaults). Needs
@@ -11,11 +13,15 @@
 //! Envoy runs with one worker (`--concurrency 1`), the load generator on a
 //! runtime of one worker, the upstream and the central on another. The
 //! variants alternate within each round, each round starting with the
-//! next one, and the table shows medians over rounds. The limit decision
-//! of RLQS stays in Envoy, so its column should match the local one.
+//! next one, and the table shows medians over rounds. Beside req/s and
+//! latency, each variant's CPU time per request: the Envoy process's,
+//! every thread, and the upstream's and the central's runtime's. On two
+//! cores Envoy's worker is what runs out, so its CPU per request is the
+//! figure least moved by the other processes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
@@ -50,21 +56,54 @@ const LOCAL_FILTER: &str = r#"          - name: envoy.filters.http.local_ratelim
                 default_value: { numerator: 100, denominator: HUNDRED }
 "#;
 
+/// Envoy's `local_ratelimit` filter with a bucket per `x-user` (a
+/// descriptor of blank value makes one per distinct value).
+const LOCAL_PER_USER_FILTER: &str = r#"          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: local
+              token_bucket: { max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s }
+              filter_enabled:
+                runtime_key: local_enabled
+                default_value: { numerator: 100, denominator: HUNDRED }
+              filter_enforced:
+                runtime_key: local_enforced
+                default_value: { numerator: 100, denominator: HUNDRED }
+              always_consume_default_token_bucket: false
+              max_dynamic_descriptors: 10000
+              rate_limits:
+              - actions:
+                - request_headers: { header_name: x-user, descriptor_key: user }
+              descriptors:
+              - entries: [{ key: user, value: "" }]
+                token_bucket: { max_tokens: 1000, tokens_per_fill: 1000, fill_interval: 1s }
+"#;
+
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Variant {
     NoFilter,
     Local,
+    LocalPerUser,
     Rlqs,
+    RlqsAlone,
 }
 
 impl Variant {
-    const ALL: [Self; 3] = [Self::NoFilter, Self::Local, Self::Rlqs];
+    const ALL: [Self; 5] = [
+        Self::NoFilter,
+        Self::Local,
+        Self::LocalPerUser,
+        Self::Rlqs,
+        Self::RlqsAlone,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Self::NoFilter => "no rate limit filter",
-            Self::Local => "local_ratelimit",
-            Self::Rlqs => "rate_limit_quota (RLQS)",
+            Self::Local => "local_ratelimit, one bucket",
+            Self::LocalPerUser => "local_ratelimit, per user",
+            Self::Rlqs => "rate_limit_quota, central",
+            Self::RlqsAlone => "rate_limit_quota, no server",
         }
     }
 
@@ -82,8 +121,15 @@ impl Variant {
         match self {
             Self::NoFilter => yaml.replace_range(from..to, ""),
             Self::Local => yaml.replace_range(from..to, LOCAL_FILTER),
-            Self::Rlqs => {}
+            Self::LocalPerUser => yaml.replace_range(from..to, LOCAL_PER_USER_FILTER),
+            Self::Rlqs | Self::RlqsAlone => {}
         }
+        // Nothing listens there: every bucket stays on the guide's
+        // `no_assignment_behavior`, ALLOW_ALL.
+        let central = match self {
+            Self::RlqsAlone => (free_port(), free_port()),
+            _ => central,
+        };
         let ports = [
             (9901, admin),
             (10000, listen),
@@ -98,6 +144,9 @@ impl Variant {
         yaml
     }
 }
+
+/// The name of the threads of the upstream's and the central's runtime.
+const SERVERS: &str = "servers";
 
 fn user(c: usize, i: u64) -> String {
     // Every connection walks all users, from a different start.
@@ -117,7 +166,7 @@ fn main() {
     let seconds = throttle_tests::arg("--seconds", 3.0);
     let rounds = throttle_tests::arg("--rounds", 3.0) as usize;
     let connections = throttle_tests::arg("--connections", 16.0) as usize;
-    let servers = runtime("servers");
+    let servers = runtime(SERVERS);
     let loader = runtime("load");
     let (app, central) = servers.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -168,43 +217,95 @@ fn main() {
     for (_, _, addr) in &envoys {
         loader.block_on(load(*addr, connections, 2.0, user));
     }
-    let mut results: Vec<(Variant, Vec<Run>)> =
+    let mut results: Vec<(Variant, Vec<Measured>)> =
         envoys.iter().map(|(v, ..)| (*v, Vec::new())).collect();
     for round in 0..rounds {
         for k in 0..envoys.len() {
             let i = (round + k) % envoys.len();
-            let run = loader.block_on(load(envoys[i].2, connections, seconds, user));
+            let (_, envoy, addr) = &envoys[i];
+            let run = measured(&loader, envoy, *addr, connections, seconds);
             results[i].1.push(run);
         }
     }
+    print_table(&results, connections, seconds, rounds);
+    drop(envoys);
+    servers.block_on(central.shutdown());
+}
+
+/// One run of the load, Envoy's CPU time in its `server_cpu`.
+struct Measured {
+    run: Run,
+    /// The CPU time of the upstream's and the central's runtime.
+    servers_cpu: Option<Duration>,
+}
+
+/// The load on `envoy` at `addr` for `seconds`.
+fn measured(
+    loader: &tokio::runtime::Runtime,
+    envoy: &Envoy,
+    addr: SocketAddr,
+    connections: usize,
+    seconds: f64,
+) -> Measured {
+    let cpu = || {
+        let envoy = envoy.pid().and_then(throttle_tests::process_cpu_time);
+        (envoy, throttle_tests::threads_cpu_time(SERVERS))
+    };
+    let since = |after: Option<Duration>, before: Option<Duration>| {
+        after.zip(before).map(|(a, b)| a.saturating_sub(b))
+    };
+    let before = cpu();
+    let mut run = loader.block_on(load(addr, connections, seconds, user));
+    let after = cpu();
+    run.server_cpu = since(after.0, before.0);
+    Measured {
+        run,
+        servers_cpu: since(after.1, before.1),
+    }
+}
+
+/// The medians of each variant's runs, as a Markdown table.
+fn print_table(
+    results: &[(Variant, Vec<Measured>)],
+    connections: usize,
+    seconds: f64,
+    rounds: usize,
+) {
     println!(
         "Envoy 1.40, one worker; {connections} connections, {seconds} s x {rounds} rounds; medians"
     );
     println!();
     println!(
-        "| variant                   |      req/s | vs none | p50 (us) | p99 (us) | refused | errors |"
+        "| variant                     |    req/s | vs none | p50 (us) | p99 (us) | Envoy CPU (us/req) | upstream+central CPU (us/req) | refused | errors |"
     );
     println!(
-        "|---------------------------|------------|---------|----------|----------|---------|--------|"
+        "|-----------------------------|----------|---------|----------|----------|-------------------:|------------------------------:|---------|--------|"
     );
-    let first = median(results[0].1.iter().map(Run::rps).collect());
-    for (variant, runs) in &results {
-        let rps = median(runs.iter().map(Run::rps).collect());
-        let p50 = median(runs.iter().map(|r| r.percentile(0.5)).collect());
-        let p99 = median(runs.iter().map(|r| r.percentile(0.99)).collect());
-        let refused: u64 = runs.iter().map(|r| r.refused).sum();
-        let errors: u64 = runs.iter().map(|r| r.errors).sum();
+    let first = median(results[0].1.iter().map(|m| m.run.rps()).collect());
+    for (variant, runs) in results {
+        let of = |f: &dyn Fn(&Measured) -> f64| median(runs.iter().map(f).collect());
+        let rps = of(&|m| m.run.rps());
+        let p50 = of(&|m| m.run.percentile(0.5));
+        let p99 = of(&|m| m.run.percentile(0.99));
+        let envoy = of(&|m| m.run.cpu_us_per_request().unwrap_or(f64::NAN));
+        let servers = of(&|m| {
+            let requests = (m.run.ok + m.run.refused).max(1) as f64;
+            m.servers_cpu
+                .map_or(f64::NAN, |s| s.as_secs_f64() * 1e6 / requests)
+        });
+        let refused: u64 = runs.iter().map(|m| m.run.refused).sum();
+        let errors: u64 = runs.iter().map(|m| m.run.errors).sum();
         println!(
-            "| {:<25} | {:>10.0} | {:>6.1}% | {:>8.0} | {:>8.0} | {:>7} | {:>6} |",
+            "| {:<27} | {:>8.0} | {:>6.1}% | {:>8.0} | {:>8.0} | {:>18.1} | {:>29.1} | {:>7} | {:>6} |",
             variant.name(),
             rps,
             100.0 * rps / first,
             p50,
             p99,
+            envoy,
+            servers,
             refused,
             errors
         );
     }
-    drop(envoys);
-    servers.block_on(central.shutdown());
 }
