@@ -56,20 +56,9 @@ const LOCAL_FILTER: &str = r#"          - name: envoy.filters.http.local_ratelim
                 default_value: { numerator: 100, denominator: HUNDRED }
 "#;
 
-/// Envoy's `local_ratelimit` filter with a bucket per `x-user` (a
-/// descriptor of blank value makes one per distinct value).
-const LOCAL_PER_USER_FILTER: &str = r#"          - name: envoy.filters.http.local_ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
-              stat_prefix: local
-              token_bucket: { max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s }
-              filter_enabled:
-                runtime_key: local_enabled
-                default_value: { numerator: 100, denominator: HUNDRED }
-              filter_enforced:
-                runtime_key: local_enforced
-                default_value: { numerator: 100, denominator: HUNDRED }
-              always_consume_default_token_bucket: false
+/// What makes [`LOCAL_FILTER`] a bucket per `x-user` (a descriptor of
+/// blank value makes one per distinct value).
+const PER_USER: &str = r#"              always_consume_default_token_bucket: false
               max_dynamic_descriptors: 10000
               rate_limits:
               - actions:
@@ -121,7 +110,9 @@ impl Variant {
         match self {
             Self::NoFilter => yaml.replace_range(from..to, ""),
             Self::Local => yaml.replace_range(from..to, LOCAL_FILTER),
-            Self::LocalPerUser => yaml.replace_range(from..to, LOCAL_PER_USER_FILTER),
+            Self::LocalPerUser => {
+                yaml.replace_range(from..to, &format!("{LOCAL_FILTER}{PER_USER}"))
+            }
             Self::Rlqs | Self::RlqsAlone => {}
         }
         // Nothing listens there: every bucket stays on the guide's
