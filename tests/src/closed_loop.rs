@@ -34,9 +34,15 @@ impl Run {
     /// The server thread's CPU time per request, in microseconds: unlike
     /// req/s, not moved by time the server spent descheduled.
     pub fn cpu_us_per_request(&self) -> Option<f64> {
+        self.per_request_us(self.server_cpu)
+    }
+
+    /// `cpu`, time some process spent over the run, per request answered,
+    /// in microseconds.
+    pub fn per_request_us(&self, cpu: Option<Duration>) -> Option<f64> {
         let requests = self.ok + self.refused;
         (requests > 0).then_some(())?;
-        Some(self.server_cpu?.as_secs_f64() * 1e6 / requests as f64)
+        Some(cpu?.as_secs_f64() * 1e6 / requests as f64)
     }
 
     /// The latency below which a share `p` of the requests fell, in

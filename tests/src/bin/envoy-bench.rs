@@ -279,11 +279,7 @@ fn print_table(
         let p50 = of(&|m| m.run.percentile(0.5));
         let p99 = of(&|m| m.run.percentile(0.99));
         let envoy = of(&|m| m.run.cpu_us_per_request().unwrap_or(f64::NAN));
-        let servers = of(&|m| {
-            let requests = (m.run.ok + m.run.refused).max(1) as f64;
-            m.servers_cpu
-                .map_or(f64::NAN, |s| s.as_secs_f64() * 1e6 / requests)
-        });
+        let servers = of(&|m| m.run.per_request_us(m.servers_cpu).unwrap_or(f64::NAN));
         let refused: u64 = runs.iter().map(|m| m.run.refused).sum();
         let errors: u64 = runs.iter().map(|m| m.run.errors).sum();
         println!(
