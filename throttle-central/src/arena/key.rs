@@ -160,14 +160,15 @@ impl Key {
         others.find(|(p, _)| *p == period).map(|(_, b)| b)
     }
 
-    /// Whether the key is limited over several periods.
-    pub(crate) fn has_several(&self) -> bool {
-        self.periods.as_ref().is_some_and(|p| !p.others.is_empty())
+    /// Whether the key is limited over a period longer than a second
+    /// (alone or beside others).
+    pub(crate) fn has_longer(&self) -> bool {
+        self.limited && self.periods.is_some()
     }
 
     /// Limits the key as `resolved` says from `now_ms`: a bucket per
     /// period, each keeping its level if it had one. Returns whether the
-    /// key has buckets of several periods.
+    /// key has a bucket of a period longer than a second.
     pub(crate) fn set_allowances(&mut self, resolved: &Resolved, now_ms: i64) -> bool {
         let mut old: SmallVec<[(Period, Bucket); 4]> = SmallVec::new();
         if self.limited {
@@ -190,14 +191,15 @@ impl Key {
         };
         let others: SmallVec<[(Period, Bucket); 3]> = buckets.collect();
         let several = !others.is_empty();
+        let longer = several || own != Period::Second;
         self.bucket = bucket;
         self.limited = true;
         self.max_debt = MaxDebt::of(resolved.max_debt_seconds);
-        if several || own != Period::Second {
+        if longer {
             self.periods = Some(Box::new(Periods { own, others }));
         }
         self.bind(now_ms);
-        several
+        longer
     }
 
     /// Makes the bucket with the least room the key's own.

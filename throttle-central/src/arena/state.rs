@@ -79,9 +79,11 @@ pub struct ServiceState {
     pub(crate) generation_floor: u32,
     /// The rules that limit the service's keys, new ones included.
     pub(crate) rules: ServiceRules,
-    /// Keys limited over several periods, whose binding bucket is chosen
-    /// again before each assign (some may no longer be).
-    pub(crate) several: Vec<KeyId>,
+    /// Keys limited over a period longer than a second, alone or beside
+    /// others: the binding bucket of those of several periods is chosen
+    /// again before each assign, and each is given a budget for an
+    /// outage (`ledger/bound.rs`). Some may no longer be.
+    pub(crate) longer: Vec<KeyId>,
     /// The capacity all users share and its applications, if the
     /// limits declare one.
     pub(crate) hierarchy: Option<Arc<Hierarchy>>,
@@ -318,9 +320,9 @@ impl ServiceState {
             return;
         }
         let resolved = self.rules.resolve(key.user(), key.resource());
-        let several_before = key.has_several();
-        if self.keys[id.index()].set_allowances(&resolved, now_ms) && !several_before {
-            self.several.push(id);
+        let longer_before = key.has_longer();
+        if self.keys[id.index()].set_allowances(&resolved, now_ms) && !longer_before {
+            self.longer.push(id);
         }
     }
 
@@ -331,18 +333,18 @@ impl ServiceState {
                 self.limit(KeyId(i as u32), now_ms);
             }
         }
-        self.several.sort_unstable_by_key(|id| id.index());
-        self.several.dedup();
+        self.longer.sort_unstable_by_key(|id| id.index());
+        self.longer.dedup();
     }
 
     /// Makes each key's bucket with the least room its own, before an
-    /// assign reads them; forgets the keys no longer of several periods.
+    /// assign reads them; forgets the keys no longer of a longer period.
     pub(crate) fn bind(&mut self, now_ms: i64) {
         let keys = &mut self.keys;
-        self.several.retain(|id| {
+        self.longer.retain(|id| {
             let key = &mut keys[id.index()];
             key.bind(now_ms);
-            key.live && key.has_several()
+            key.live && key.has_longer()
         });
     }
 
@@ -428,7 +430,12 @@ impl ServiceState {
         }
         self.names.retain(|n| Arc::strong_count(&n.0) > 1);
         self.cuts.forget_before(cutoff);
-        self.release(current)
+        let cut = self.release(current);
+        // The bound keys and budgets are read before the next bind.
+        let keys = &self.keys;
+        self.longer
+            .retain(|id| keys.get(id.index()).is_some_and(|k| k.live));
+        cut
     }
 
     /// Gives back what keys that left took: the arena is cut after its

@@ -216,17 +216,26 @@ impl<F: QuotaFormat> Assigner<F> {
         // A restored ledger grants once the nodes' reports are back.
         let holding = self.ledger.holding();
         for service in held.into_iter().filter(|_| !holding) {
-            if self
+            if !self
                 .ledger
                 .reassign_for_new_node(service, CONNECT_REASSIGN_KEYS, now_ms)
             {
+                continue;
+            }
+            // Every node of the service is sent its new share of the
+            // slot: the nodes before it keep their old ones otherwise, and
+            // each node that joins would be handed the bucket again.
+            let serving = (self.nodes.iter())
+                .filter(|(_, (_, services))| services.contains(service.as_str()))
+                .map(|(n, _)| *n);
+            for to in serving {
                 let quota = F::render(
-                    self.rendering(node),
+                    self.rendering(to),
                     [(service.as_str(), current)],
                     &[],
                     None,
                 );
-                pushes.push((node, quota));
+                pushes.push((to, quota));
             }
         }
         (node, pushes)

@@ -18,13 +18,14 @@ use super::told::ACTIVE_SLOTS;
 use crate::arena::ids::KeyId;
 use crate::arena::key::NodeUsage;
 use crate::arena::state::ServiceState;
+use crate::limits::Period;
 
 /// Most keys one [`v1::Bound`] lists.
 pub const MAX_BOUND_KEYS: usize = 100_000;
 
-/// A key is given a budget when one of its longer buckets holds less than
-/// this many seconds of its shortest rate: an outage this long at that
-/// rate cannot spend the others.
+/// A key with a per-second bucket is given a budget when one of its
+/// longer buckets holds less than this many seconds of its per-second
+/// rate: an outage this long at that rate cannot spend the others.
 pub(super) const BUDGET_SECONDS: f64 = 120.0;
 
 /// A service's bound keys as last read: each key's id, generation and
@@ -48,7 +49,7 @@ impl Bound {
         now_ms: i64,
     ) -> Option<Arc<v1::Bound>> {
         let budgets = budgets(state, now_ms);
-        let keys: Vec<(KeyId, u32, u32)> = (state.several.iter())
+        let keys: Vec<(KeyId, u32, u32)> = (state.longer.iter())
             .map(|&id| (id, state.key(id)))
             .filter(|(_, key)| {
                 let shortest = key.buckets().map(|(p, _)| p).min();
@@ -80,21 +81,29 @@ impl Bound {
     }
 }
 
-/// The budgets of `state`'s keys of several periods at `now_ms`: for each
-/// longer bucket holding less than [`BUDGET_SECONDS`] of the shortest
-/// one's rate, what it holds in whole units, shared by the nodes that
-/// reported the key in the last slots.
+/// The budgets of `state`'s keys of longer periods at `now_ms`: for each
+/// longer bucket that the key's per-second rate could spend in
+/// [`BUDGET_SECONDS`], what it holds in whole units, shared by the
+/// service's active nodes. A key with no per-second bucket has no such
+/// pace: a node's last quota may be all that is left, every slot, so each
+/// of its buckets gets one.
 fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
     let mut out = Vec::new();
-    for &id in &state.several {
+    let recent = state.slot.slot_at(now_ms) - 1 - ACTIVE_SLOTS;
+    let active = (state.last_report.iter())
+        .filter(|(n, s)| **s + state.lag(**n) > recent)
+        .count();
+    for &id in &state.longer {
         let key = state.key(id);
-        let Some(short) = key.buckets().min_by_key(|(p, _)| *p) else {
-            continue;
-        };
-        let (short_period, short_rate) = (short.0, short.1.rate());
-        for (period, bucket) in key.buckets().filter(|(p, _)| *p != short_period) {
+        let pace = (key.buckets())
+            .find(|(p, _)| *p == Period::Second)
+            .map_or(f64::INFINITY, |(_, b)| b.rate());
+        // Every active node may serve the user while the central is
+        // away, wherever they were before: each keeps to its part.
+        let nodes = recent_nodes(key.nodes()).max(active as u32);
+        for (period, bucket) in key.buckets().filter(|(p, _)| *p != Period::Second) {
             let remaining = bucket.level_at(now_ms).max(0.0).floor();
-            if remaining >= short_rate * BUDGET_SECONDS || out.len() >= MAX_BOUND_KEYS {
+            if remaining >= pace * BUDGET_SECONDS || out.len() >= MAX_BOUND_KEYS {
                 continue;
             }
             out.push(v1::Budget {
@@ -102,7 +111,7 @@ fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
                 resource: key.resource().to_owned(),
                 window_seconds: period.window_seconds(),
                 remaining,
-                nodes: recent_nodes(key.nodes()),
+                nodes,
             });
         }
     }

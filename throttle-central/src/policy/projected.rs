@@ -51,11 +51,13 @@ const MAX_IDLE_KEYS: usize = 10_000;
 ///    floor: a user under its limit who arrives at another node is not
 ///    refused there while the next slot's quota catches up, and one at its
 ///    limit leaves no slack, so its busy nodes keep the whole budget. A user
-///    nobody used lately gets, on every active node, a slot's worth of its
-///    rate (or an even split of the budget, if larger; up to 10,000 such
-///    keys), so a burst after a quiet period is throttled from its first
-///    request instead of failing open, and a user who lives on one node is
-///    not refused under its limit.
+///    nobody used lately gets, on every active node, an even split of the
+///    budget (up to 10,000 such keys), so a burst after a quiet period is
+///    throttled from its first request instead of failing open, and one
+///    who arrives on every node at once is held to the bucket. A node's
+///    grant of a slot it has not reported is counted as spent whole where
+///    the user had no use there yet: the slot after a user's first is
+///    granted before their first report.
 /// 4. Counts a proxy (a node that reports every few slots, such as Envoy)
 ///    as its token bucket admits: it is granted whole requests a second,
 ///    kept while the new grant is within a tenth of it, which is what its
@@ -122,13 +124,12 @@ fn admits_on(grant: f64, demand: f64, over: Option<f64>) -> f64 {
 }
 
 /// What each of `nodes` is granted of a key nobody used lately, of a
-/// `budget`, `per_slot` its rate a slot: wherever the user shows up
-/// first may take a slot's worth of the rate (or the even split, if
-/// larger). A user who lives on one node is then not refused under its
-/// limit; one who arrives everywhere at once borrows from the bucket. A
-/// proxy does so for every slot until its report, so the proxies share
-/// the budget and the refill of those slots: together they admit no more
-/// than the bucket allows.
+/// `budget`, `per_slot` its rate a slot: an even split, so that a user
+/// who arrives everywhere at once is held to the bucket (one who lives on
+/// one node gets the rest after their first report). A proxy keeps its
+/// grant for every slot until its report, so the proxies share the budget
+/// and the refill of those slots: together they admit no more than the
+/// bucket allows.
 fn first_come<'n>(
     nodes: &'n [(NodeId, f64)],
     newest: &'n Newest,
@@ -137,7 +138,7 @@ fn first_come<'n>(
 ) -> impl Fn(NodeId) -> f64 + 'n {
     let lag = nodes.iter().map(|(n, _)| newest.lag(*n)).max().unwrap_or(0);
     let proxies = nodes.iter().filter(|(n, _)| newest.lag(*n) > 0).count();
-    let each = (budget / nodes.len() as f64).max(budget.min(per_slot));
+    let each = budget / nodes.len() as f64;
     let spread = (budget + per_slot * (lag - 1).max(0) as f64) / (proxies.max(1) as i64 * lag.max(1)) as f64;
     move |node| match newest.lag(node) {
         0 => each,
@@ -351,6 +352,9 @@ impl Policy for Projected {
                     let told = first_share.and_then(|s| s.in_slot(y, 1.0 / slot_secs));
                     let admits = match (told, grant) {
                         (Some(told), _) => told,
+                        // A node with nothing reported of the user may
+                        // spend its whole grant: a user new to it.
+                        (None, Some(g)) if every_slot && d <= 0.0 => g,
                         (None, Some(g)) if every_slot => admits_on(g, d, over),
                         (None, Some(g)) => g.min(d),
                         (None, None) => ungranted,

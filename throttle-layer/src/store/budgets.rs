@@ -61,17 +61,25 @@ impl Budgets {
     }
 
     /// The first of `costs` that `user`'s budgets cannot pay, with what is
-    /// left of it.
+    /// left of it; else the first of their budgets that is spent, of a
+    /// resource charged after the response (bytes sent, say): its cost
+    /// is not known yet, and nothing of it is left.
     pub(super) fn short(
         &self,
         user: &str,
         costs: &[(ResourceId, i64)],
     ) -> Option<(ResourceId, i64)> {
         let budgets = self.users.get(user)?;
-        costs.iter().find_map(|&(r, amount)| {
+        let by_cost = costs.iter().find_map(|&(r, amount)| {
             let tightest = budgets.iter().filter(|b| b.resource == r);
             let left = tightest.map(|b| b.left.load(Ordering::Relaxed)).min()?;
             (amount > 0 && left < amount).then_some((r, left))
+        });
+        by_cost.or_else(|| {
+            budgets.iter().find_map(|b| {
+                let left = b.left.load(Ordering::Relaxed);
+                (left < 1).then_some((b.resource, left))
+            })
         })
     }
 

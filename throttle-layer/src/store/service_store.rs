@@ -17,7 +17,7 @@ use super::decision::{Basis, Decision, Tightest};
 use super::fallback::Fallback;
 use super::limits::{Allowance, Bound, ServiceLimits};
 use super::resource::{MAX_RESOURCES, ResourceId};
-use super::user::{Overflow, ROWS_PER_USER, RowTag, UserState};
+use super::user::{Overflow, UserState};
 use super::users::{Entry, Guard, Name, UserGuard, UserLock, UserMap, Users, with_users};
 
 /// Slots of quota history a user keeps besides the current and coming ones.
@@ -414,7 +414,7 @@ impl ServiceStore {
         want_handle: bool,
     ) -> Admission {
         self.admit_by(user, fallback, want_handle, |st, slot| {
-            self.decide(st, slot, costs, fallback, record)
+            self.decide(st, user, slot, costs, fallback, record)
         })
     }
 
@@ -540,7 +540,7 @@ impl ServiceStore {
                 }),
             };
         }
-        let decision = self.decide(st, slot, costs, fallback, record);
+        let decision = self.decide(st, user, slot, costs, fallback, record);
         if decision.allowed || !record {
             budgets.spend(user, costs);
         }
@@ -551,6 +551,7 @@ impl ServiceStore {
     pub(super) fn decide(
         &self,
         st: &mut UserState,
+        user: &str,
         slot: i64,
         costs: &[(ResourceId, i64)],
         fallback: Fallback,
@@ -566,11 +567,7 @@ impl ServiceStore {
             },
         };
         let Some((quota_slot, version)) = found else {
-            let d = Decision::fallback(fallback, Basis::Fallback);
-            if d.allowed {
-                st.charge(costs);
-            }
-            return d;
+            return Self::decide_without_table(st, slot, costs, fallback, record);
         };
         let basis = if quota_slot == slot {
             Basis::Quota
@@ -586,6 +583,12 @@ impl ServiceStore {
                     tightest,
                 }
             }
+            None if quota_slot != slot => {
+                Self::decide_without_table(st, slot, costs, fallback, record)
+            }
+            None if self.has_default.load(Ordering::Acquire) => {
+                self.decide_by_default(st, user, slot, costs, record)
+            }
             None => {
                 st.charge(costs);
                 Decision {
@@ -597,11 +600,79 @@ impl ServiceStore {
         }
     }
 
+    /// The decision of a table for the slot that has no current row for
+    /// the user (one sent before the node was serving them, say, or a row
+    /// of an older table of the slot): their default row, if the limits
+    /// give them one; else they are not limited.
+    #[cold]
+    #[inline(never)]
+    fn decide_by_default(
+        &self,
+        st: &mut UserState,
+        user: &str,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        record: bool,
+    ) -> Decision {
+        self.give_default_row(st, user, slot);
+        if let Some(row) = st.row(slot, DEFAULT_VERSION) {
+            let (allowed, tightest) = st.apply_row(row, costs, record);
+            return Decision {
+                allowed,
+                basis: Basis::Quota,
+                tightest,
+            };
+        }
+        st.charge(costs);
+        Decision {
+            allowed: true,
+            basis: Basis::Unlimited,
+            tightest: None,
+        }
+    }
+
+    /// The decision without a table for the slot that has a row for the
+    /// user: their default row, which [`ServiceStore::give_default_row`]
+    /// installed for a user the last known table does not name, under a
+    /// last-known fallback; else the fallback's.
+    #[cold]
+    #[inline(never)]
+    fn decide_without_table(
+        st: &mut UserState,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+    ) -> Decision {
+        let last_known = matches!(
+            fallback,
+            Fallback::LastKnownThenAllow(_) | Fallback::LastKnownThenDeny(_)
+        );
+        if last_known && let Some(row) = st.row(slot, DEFAULT_VERSION) {
+            let (allowed, tightest) = st.apply_row(row, costs, record);
+            return Decision {
+                allowed,
+                basis: Basis::Fallback,
+                tightest,
+            };
+        }
+        let d = Decision::fallback(fallback, Basis::Fallback);
+        if d.allowed {
+            st.charge(costs);
+        }
+        d
+    }
+
     /// Adds `amount` of `resource` for `user` to the current slot, without a
     /// decision. At the key cap the amount is not counted.
     pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
         let slot = self.current_slot();
         self.with_entry(user, slot, |st| st.add(resource, amount));
+        // What a budget's resource costs after the response is spent from
+        // it too, or a node would admit it through a whole outage.
+        if self.has_budgets.load(Ordering::Relaxed) {
+            self.budgets.load().spend(user, &[(resource, amount)]);
+        }
     }
 }
 
@@ -690,16 +761,24 @@ impl ServiceStore {
     }
 
     /// Installs `user`'s default row for `slot` in `st`, if the service
-    /// has one for them, a table for the slot is installed, and `st` holds
-    /// no row for the slot. Without a table the fallback decides, and the
-    /// last known row it reads must stay: a row for the slot would push it
-    /// out.
+    /// has one for them and `st` holds no row that decides the slot: with
+    /// a table for the slot, a row for the slot; without one, a row for
+    /// the newest table received, which the last-known fallback reads
+    /// (the default row would push it out). So a user new to the node is
+    /// held to their share from the node's first request on, before its
+    /// first table and through an outage, not let through.
     pub(super) fn give_default_row(&self, st: &mut UserState, user: &str, slot: i64) {
-        if !self.has_default.load(Ordering::Acquire) || self.quota_version(slot).is_none() {
+        if !self.has_default.load(Ordering::Acquire) {
             return;
         }
-        let has_row = (0..ROWS_PER_USER)
-            .any(|k| st.row_slot[k] == RowTag::of(slot) && st.row_version[k] != 0);
+        let decides = match self.quota_version(slot) {
+            Some(v) => Some((slot, v)),
+            None => {
+                let newest = self.newest.load(Ordering::Acquire);
+                self.quota_version(newest).map(|v| (newest, v))
+            }
+        };
+        let has_row = decides.is_some_and(|(s, v)| st.row(s, v).is_some());
         if has_row {
             return;
         }

@@ -510,3 +510,36 @@ fn no_default_row_pushes_out_the_last_known_one() {
         "her last quota, 1: {d:?}"
     );
 }
+
+/// Under a last-known fallback, a user new to the node is held to the
+/// default quota from the node's first request on: before its first
+/// table (a node that has just connected) and through an outage (a last
+/// known table that does not name them), so a new key gains nothing
+/// over a known one. `Fallback::Allow` still lets them through.
+#[test]
+fn a_new_user_is_held_to_the_default_quota_without_a_table() {
+    let f = fixture();
+    f.store.set_limits(v1::Limits {
+        service: "front".into(),
+        default_quota: [("requests".to_string(), 2.5)].into(),
+        ..v1::Limits::default()
+    });
+    let held = |user: &str| -> Vec<bool> {
+        (0..4)
+            .map(|_| f.admit(user, Fallback::LastKnownThenAllow(60)).is_allowed())
+            .collect()
+    };
+    // No table received yet.
+    assert_eq!(held("zoe"), [true, true, true, false]);
+    assert!((0..4).all(|_| f.admit("yves", Fallback::Allow).is_allowed()));
+    // The central away: the newest table names alice, not the newcomers.
+    f.quota(r#"{"front": {"100": {"alice": {"requests": 1.0}}}}"#);
+    f.clock.set(T + 3_000);
+    assert_eq!(held("xena"), [true, true, true, false], "new in the outage");
+    assert_eq!(
+        held("zoe"),
+        [true, true, true, false],
+        "known, not in the table"
+    );
+    assert_eq!(held("alice"), [true, true, false, false], "her last quota");
+}
