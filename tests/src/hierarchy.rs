@@ -114,7 +114,7 @@ fn scenario(
 ) -> AppsScenario {
     let (users, apps) = users(demand);
     let mut scenario = base(name, seed, users, 4);
-    scenario.limits = Some(limits);
+    scenario.limits = Some(limits());
     AppsScenario {
         scenario,
         apps,
@@ -186,7 +186,8 @@ pub fn run(s: &AppsScenario) -> AppsOutcome {
     let capacity = s
         .scenario
         .limits
-        .and_then(|l| l().hierarchy("front").map(|h| h.capacity["requests"]))
+        .as_ref()
+        .and_then(|l| l.hierarchy("front").map(|h| h.capacity["requests"]))
         .unwrap_or(CAPACITY);
     let from = s.scenario.warm_up as usize;
     let windows = |series: &[i64], per_slot: f64| -> Vec<f64> {

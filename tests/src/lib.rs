@@ -6,6 +6,7 @@
 pub mod buckets;
 pub mod closed_loop;
 pub mod hierarchy;
+pub mod promise;
 pub use throttle_test_servers as servers;
 pub mod sim;
 

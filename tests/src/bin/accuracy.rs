@@ -94,7 +94,7 @@ fn limits(only: &str) {
         "window min/max and worst slot: admitted / limit; utilization: admitted / min(offered, limit);"
     );
     println!(
-        "refused: requests of users under their limit refused; reconverge: slots after a shift until"
+        "refused: requests of users under their limit refused after the warm-up; reconverge: slots after a shift until"
     );
     println!("a slot is within 5% of the limit; debt: lowest bucket level in seconds of rate.\n");
     println!(

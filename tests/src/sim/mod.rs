@@ -97,15 +97,49 @@ pub struct Scenario {
     pub every_user: Option<f64>,
     /// The limits, instead of a rule per user (or `every_user`): for
     /// scenarios that measure more than one user's limit.
-    pub limits: Option<fn() -> LimitSet>,
+    pub limits: Option<LimitSet>,
     /// What the nodes decide without a quota for the slot.
     pub fallback: Fallback,
     /// A time when no central answers.
     pub outage: Option<Outage>,
+    /// Nodes restarted or cut off from the central for a while.
+    pub node_faults: Vec<NodeFault>,
     /// The central tells the nodes its limits, whose default quota holds
     /// a user a node has no quota row for yet; false: such a user is not
     /// limited until their row arrives.
     pub default_quota: bool,
+}
+
+/// A node that stops for a while, or keeps serving without reaching any
+/// central.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeFault {
+    /// Which node.
+    pub node: usize,
+    /// From when, ms since the start of the run.
+    pub from_ms: i64,
+    /// Until when.
+    pub to_ms: i64,
+    /// What happens to it.
+    pub kind: NodeFaultKind,
+}
+
+/// What a [`NodeFault`] does to its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeFaultKind {
+    /// The process stops and starts again: it serves nothing meanwhile
+    /// and loses the reports its reporter kept, and its store.
+    Restart,
+    /// It keeps serving on its fallback, its stream down; back, it sends
+    /// the reports it kept.
+    Cut,
+}
+
+impl NodeFault {
+    /// Whether it covers node `node` at `t` (ms since the start).
+    pub fn covers(&self, t: i64, node: usize, kind: NodeFaultKind) -> bool {
+        self.node == node && self.kind == kind && (self.from_ms..self.to_ms).contains(&t)
+    }
 }
 
 /// What a run admitted, per user and slot.
@@ -116,6 +150,8 @@ pub struct Trace {
     /// Per user (in the scenario's order), per slot: requests admitted
     /// (in the resource's units).
     pub admitted: Vec<Vec<i64>>,
+    /// Per user, per slot: what they offered (in the resource's units).
+    pub offered: Vec<Vec<i64>>,
 }
 
 /// What a run measured.
@@ -130,7 +166,7 @@ pub struct Outcome {
     pub worst_slot: f64,
     /// Admitted / min(offered, limit) after the warm-up.
     pub utilization: f64,
-    /// Requests refused of users other than the first while they offered
+    /// Requests refused, after the warm-up, of users other than the first while they offered
     /// less than their limit.
     pub others_refused: u64,
     /// Most slots after a shift until a slot is within 5% of the limit.

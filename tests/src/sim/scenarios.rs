@@ -37,6 +37,7 @@ pub(crate) fn base(name: &'static str, seed: u64, users: Vec<User>, nodes: usize
         limits: None,
         fallback: Fallback::default(),
         outage: None,
+        node_faults: Vec::new(),
         default_quota: true,
     }
 }

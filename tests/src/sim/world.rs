@@ -16,7 +16,7 @@ use super::network::{Event, Network, Rng};
 use super::outage::{Comeback, Kept, OutageOutcome};
 use super::sim_proxy::SimProxy;
 use super::tally::Tally;
-use super::{Scenario, Trace, measure};
+use super::{NodeFaultKind, Scenario, Trace, measure};
 
 const SERVICE: &str = "front";
 /// Virtual time step.
@@ -43,6 +43,10 @@ struct SimNode {
     kept: Kept,
     /// The limits the central last told it.
     told: Option<Arc<v1::Limits>>,
+    /// The bound keys and budgets the central last told it.
+    bound: Option<Arc<v1::Bound>>,
+    /// It was stopped to be started again, with a new store.
+    restarted: bool,
 }
 
 pub(super) struct World<'a> {
@@ -88,8 +92,8 @@ fn new_central(scenario: &Scenario, policy: &Arc<Mutex<PolicyFactory>>, now: i64
 
 /// The limits of `scenario`.
 fn limits_of(scenario: &Scenario) -> LimitSet {
-    if let Some(limits) = scenario.limits {
-        return limits();
+    if let Some(limits) = &scenario.limits {
+        return limits.clone();
     }
     let resource = scenario.resource.0;
     let rule = |user: &str, rate: f64| Limit {
@@ -125,6 +129,8 @@ fn new_node(clock: &Arc<ManualClock>, resource: &str) -> SimNode {
         generation: None,
         kept: Kept::default(),
         told: None,
+        bound: None,
+        restarted: false,
     }
 }
 
@@ -155,6 +161,7 @@ impl<'a> World<'a> {
             scenario.users.len(),
             scenario.nodes,
             scenario.seconds as usize,
+            scenario.warm_up as usize,
         );
         Self {
             scenario,
@@ -259,16 +266,30 @@ impl<'a> World<'a> {
     }
 
     /// Nodes coming and going, connecting when a central answers (after
-    /// an outage, each at its time).
+    /// an outage, each at its time); a node restarted comes back with a
+    /// new store, one cut off keeps serving without a stream.
     fn nodes_come_and_go(&mut self, t: i64, now: i64) {
         for i in 0..self.nodes.len() {
-            let up = (self.scenario.alive)(t, i);
+            let faults = &self.scenario.node_faults;
+            let restarting = faults
+                .iter()
+                .any(|f| f.covers(t, i, NodeFaultKind::Restart));
+            let cut = faults.iter().any(|f| f.covers(t, i, NodeFaultKind::Cut));
+            let up = (self.scenario.alive)(t, i) && !restarting;
+            if up && !self.nodes[i].up && self.nodes[i].restarted {
+                self.nodes[i] = new_node(&self.clock, self.scenario.resource.0);
+            }
             let n = &mut self.nodes[i];
             n.up = up;
+            n.restarted |= restarting;
             let before = self.scenario.outage.is_some_and(|o| t < o.from_ms);
             let back = before || self.back_at.get(i).is_none_or(|&at| t >= at);
             match (up, n.id) {
-                (true, None) if !self.down && back => self.connect(i, now),
+                (true, None) if !self.down && back && !cut => self.connect(i, now),
+                (true, Some(id)) if cut => {
+                    self.central.disconnect(id, Accepts::NONE);
+                    n.id = None;
+                }
                 (false, Some(id)) => {
                     self.central.disconnect(id, Accepts::NONE);
                     // A node that stops loses what its reporter kept.
@@ -294,8 +315,12 @@ impl<'a> World<'a> {
         let n = &mut self.nodes[i];
         n.id = Some(id);
         n.told = None;
-        for (_, q) in pushes {
-            n.store.apply_quota(&q);
+        n.bound = None;
+        for (to, q) in pushes {
+            match to == id {
+                true => self.nodes[i].store.apply_quota(&q),
+                false => self.push(to, now, q),
+            }
         }
         self.tell(now);
         let n = &mut self.nodes[i];
@@ -362,8 +387,9 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Sends each connected node the central's limits, where they are not
-    /// the ones it last sent it (unless the scenario leaves them out).
+    /// Sends each connected node the central's limits, and its bound keys
+    /// with their budgets, where they are not the ones it last sent it
+    /// (unless the scenario leaves them out).
     /// They arrive at once: drawing delays for them would move every
     /// later draw of the run, and so every scenario's numbers.
     fn tell(&mut self, now: i64) {
@@ -376,12 +402,21 @@ impl<'a> World<'a> {
         for p in &mut self.proxies {
             p.limits(&told);
         }
+        let bound = self.central.ledger_mut().bound(SERVICE, now);
         for n in &mut self.nodes {
-            if n.id.is_none() || n.told.as_ref().is_some_and(|t| Arc::ptr_eq(t, &told)) {
+            if n.id.is_none() {
                 continue;
             }
-            n.store.set_limits(v1::Limits::clone(&told));
-            n.told = Some(told.clone());
+            if !n.told.as_ref().is_some_and(|t| Arc::ptr_eq(t, &told)) {
+                n.store.set_limits(v1::Limits::clone(&told));
+                n.told = Some(told.clone());
+            }
+            if let Some(b) = &bound
+                && !n.bound.as_ref().is_some_and(|t| Arc::ptr_eq(t, b))
+            {
+                n.store.set_bound(v1::Bound::clone(b));
+                n.bound = Some(b.clone());
+            }
         }
     }
 
@@ -429,9 +464,9 @@ impl<'a> World<'a> {
             }
             let mut r = n.store.collect(slot_now - 1);
             r.node_id = format!("node-{i}");
-            // Only a central that goes away is sent kept reports: without
-            // an outage no copy is made (scenario 13's are of 10,000 users).
-            if self.scenario.outage.is_some() {
+            // Kept only where a central or a node goes away: otherwise no
+            // copy is made (scenario 13's are of 10,000 users).
+            if self.scenario.outage.is_some() || !self.scenario.node_faults.is_empty() {
                 n.kept.push(r.clone());
             }
             if n.id.is_some() && self.rng.unit() >= self.scenario.loss {
@@ -528,9 +563,13 @@ impl<'a> World<'a> {
         outcome.outage = scenario
             .outage
             .map(|o| OutageOutcome::measure(&o, &tally.admitted[0], scenario.users[0].limit));
+        for user in &mut tally.offered_by {
+            user.truncate(slots);
+        }
         Trace {
             outcome,
             admitted: tally.admitted,
+            offered: tally.offered_by,
         }
     }
 }

@@ -1,0 +1,248 @@
+//! A [`Case`] run with the real binaries: one `throttle-central` and the
+//! example `axum-node`s at their default flags on 127.0.0.1, an open-loop
+//! HTTP load, and the central killed and started again where the case
+//! says. What each user was admitted per Unix second is read by the same
+//! oracle as the simulator's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use throttle_examples::load::{Flow, Load, unix_second};
+use throttle_test_servers::{AppProcess, CentralProcess, TempDir, until};
+
+use super::case::{Case, Fault, Resource};
+use super::generate::generate;
+use super::oracle::{Verdict, check};
+use crate::sim::Comeback;
+
+/// Seconds a live case runs.
+pub const SECONDS: i64 = 12;
+/// Most requests a second a live case offers in all (two cores serve the
+/// load, the nodes and the central).
+const MOST_OFFERED: f64 = 1_200.0;
+/// Most nodes of a live case.
+const MOST_NODES: usize = 3;
+/// Most rotated keys of a live case.
+const MOST_KEYS: usize = 10;
+
+/// The binaries a live case runs.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `throttle-central`.
+    pub central: String,
+    /// `axum-node`.
+    pub node: String,
+}
+
+impl Binaries {
+    /// The binaries of the build the running program belongs to (`cargo
+    /// test --workspace` builds both), or `None` where they are missing.
+    pub fn of_this_build() -> Option<Self> {
+        let exe = std::env::current_exe().ok()?;
+        let mut dir = exe.parent()?.to_path_buf();
+        if dir.ends_with("deps") {
+            dir.pop();
+        }
+        let find = |name: &str| -> Option<String> {
+            let path: PathBuf = dir.join(name);
+            path.exists().then(|| path.display().to_string())
+        };
+        Some(Self {
+            central: find("throttle-central")?,
+            node: find("axum-node")?,
+        })
+    }
+}
+
+/// The case of `seed` cut to what two cores run live: requests only, at
+/// most three nodes, [`SECONDS`] long, at most 1,200 requests a second in
+/// all (rates and amounts scaled together), ten rotated keys, and a
+/// central killed and started again with or without `--state` (a central
+/// cut off becomes one restarted on its state; node faults are left out).
+pub fn live_case(seed: u64) -> Case {
+    let mut case = generate(seed);
+    let time = (SECONDS * 1000) as f64 / (case.seconds * 1000) as f64;
+    let at = |ms: i64| (ms as f64 * time).round() as i64;
+    let bytes = case.resource.cost;
+    case.resource = Resource {
+        name: "requests",
+        cost: 1,
+    };
+    case.nodes = case.nodes.min(MOST_NODES);
+    case.seconds = SECONDS;
+    let mut keys = 0;
+    case.loads.retain(|l| {
+        let key = l.user.starts_with("key-");
+        keys += usize::from(key);
+        !key || keys <= MOST_KEYS
+    });
+    let nodes = case.nodes;
+    for l in &mut case.loads {
+        l.from_ms = at(l.from_ms);
+        l.to_ms = at(l.to_ms).max(l.from_ms + 1_000);
+        l.shares = fold(&l.shares, nodes);
+        if let Some((when, shares)) = &mut l.moved {
+            *when = at(*when);
+            *shares = fold(shares, nodes);
+        }
+    }
+    let offered: f64 = case.loads.iter().map(|l| l.rate).sum();
+    let scale = (MOST_OFFERED / offered.max(1.0)).min(1.0);
+    for l in &mut case.loads {
+        l.rate *= scale;
+    }
+    for r in &mut case.rules {
+        for (_, amount) in &mut r.amounts {
+            *amount = (*amount / bytes as f64 * scale).round().max(1.0);
+        }
+    }
+    case.faults.retain(|f| matches!(f, Fault::Central { .. }));
+    for f in &mut case.faults {
+        if let Fault::Central {
+            from_ms,
+            to_ms,
+            comeback,
+        } = f
+        {
+            *from_ms = at(*from_ms).max(2_000);
+            *to_ms = at(*to_ms).max(*from_ms + 1_000).min(SECONDS * 1000 - 3_000);
+            if *comeback == Comeback::Same {
+                *comeback = Comeback::Checkpoint { every_ms: 1_000 };
+            }
+        }
+    }
+    case
+}
+
+/// `shares` over the first `nodes` nodes, the rest folded onto them.
+fn fold(shares: &[f64], nodes: usize) -> Vec<f64> {
+    let mut out = vec![0.0; nodes];
+    for (i, s) in shares.iter().enumerate() {
+        out[i % nodes] += s;
+    }
+    let total: f64 = out.iter().sum();
+    match total > 0.0 {
+        true => out.iter().map(|s| s / total).collect(),
+        false => vec![1.0 / nodes as f64; nodes],
+    }
+}
+
+/// What a live run admitted and offered, per user of [`Case::users`] and
+/// second, and the oracle's verdict.
+#[derive(Debug, Clone)]
+pub struct LiveRun {
+    /// Per user, per second.
+    pub admitted: Vec<Vec<i64>>,
+    /// Per user, per second.
+    pub offered: Vec<Vec<i64>>,
+    /// What the oracle found.
+    pub verdict: Verdict,
+}
+
+/// Runs `case` with `bins`.
+///
+/// # Panics
+///
+/// If a binary does not start, or the nodes do not connect within 10 s.
+pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
+    let dir = TempDir::new("promise");
+    let limits = dir.path().join("limits.toml");
+    std::fs::write(&limits, case.limits_toml()).expect("limits written");
+    let mut args = vec!["--limits".to_owned(), limits.display().to_string()];
+    let state = case.faults.iter().any(|f| {
+        matches!(
+            f,
+            Fault::Central {
+                comeback: Comeback::Checkpoint { .. },
+                ..
+            }
+        )
+    });
+    if state {
+        let file = dir.path().join("checkpoint").display().to_string();
+        args.extend(["--state".to_owned(), file]);
+    }
+    let mut central = CentralProcess::start(&bins.central, &args);
+    let url = [central.url()];
+    let nodes: Vec<AppProcess> = (0..case.nodes)
+        .map(|i| AppProcess::node(&bins.node, &format!("node-{i}"), &url))
+        .collect();
+    until(Duration::from_secs(10), "the nodes connected", || {
+        central.streams().len() == case.nodes
+    });
+    let load = Load::new(nodes.iter().map(|n| n.addr).collect(), "/");
+    let flows: Vec<Vec<Arc<Flow>>> = (case.loads.iter())
+        .map(|l| {
+            (0..case.nodes)
+                .map(|n| load.flow(&l.user, n, 0.0))
+                .collect()
+        })
+        .collect();
+    next_second().await;
+    let first = unix_second();
+    let started = Instant::now();
+    let running = load.clone();
+    let seconds = Duration::from_secs(case.seconds as u64);
+    let task = tokio::spawn(async move { running.run(seconds).await });
+    let mut down = false;
+    while started.elapsed() < seconds {
+        let t = started.elapsed().as_millis() as i64;
+        for (l, flows) in case.loads.iter().zip(&flows) {
+            for (n, f) in flows.iter().enumerate() {
+                f.set_rate(l.at(t, n));
+            }
+        }
+        for f in &case.faults {
+            let Fault::Central { from_ms, to_ms, .. } = *f else {
+                continue;
+            };
+            if !down && (from_ms..to_ms).contains(&t) {
+                central.kill();
+                down = true;
+            } else if down && t >= to_ms {
+                tokio::task::block_in_place(|| central.restart());
+                down = false;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.await.expect("the load ran");
+    let (admitted, offered) = read(case, &load, first);
+    let verdict = check(case, &admitted, &offered);
+    LiveRun {
+        admitted,
+        offered,
+        verdict,
+    }
+}
+
+/// Waits for the next Unix second, and 50 ms into it.
+async fn next_second() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let into = Duration::from_nanos(u64::from(now.subsec_nanos()));
+    tokio::time::sleep(Duration::from_secs(1) - into + Duration::from_millis(50)).await;
+}
+
+/// Per user, per second from `first`: admitted and offered.
+fn read(case: &Case, load: &Load, first: i64) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
+    let tallies = load.tallies();
+    let users = case.users();
+    let slots = case.seconds as usize;
+    let mut admitted = vec![vec![0i64; slots]; users.len()];
+    let mut offered = vec![vec![0i64; slots]; users.len()];
+    for (second, row) in &tallies {
+        let Some(slot) = usize::try_from(second - first).ok().filter(|&s| s < slots) else {
+            continue;
+        };
+        for ((user, _), t) in row {
+            if let Some(u) = users.iter().position(|x| x == user) {
+                admitted[u][slot] += i64::try_from(t.admitted).unwrap_or(i64::MAX);
+                offered[u][slot] += i64::try_from(t.offered).unwrap_or(i64::MAX);
+            }
+        }
+    }
+    (admitted, offered)
+}
