@@ -146,3 +146,80 @@ fn bytes_charged_after_the_response_spend_a_budget_in_an_outage() {
 fn a_key_freed_by_retention_is_no_longer_read_for_budgets() {
     assert!(past_ceiling(9427).is_empty());
 }
+
+/// 100 new keys a second, each offering ten times the `*` rate (50/s,
+/// burst 2 s) for a second over three nodes, in a service with a capacity
+/// of 1,000 requests a second (the hierarchical policy): the keys and
+/// what each was admitted per slot.
+fn rotated_keys() -> (throttle_tests::promise::Case, throttle_tests::sim::Trace) {
+    use throttle_central::limits::LimitSet;
+    use throttle_central::policy::Hierarchical;
+    use throttle_tests::promise::{Case, Load, Resource, Rule, Span, Who};
+    use throttle_tests::sim;
+
+    let loads = (0..2_500)
+        .map(|k| Load {
+            user: format!("key-{k:04}"),
+            from_ms: 2_000 + k * 10,
+            to_ms: 3_000 + k * 10,
+            rate: 500.0,
+            shares: vec![1.0 / 3.0; 3],
+            moved: None,
+        })
+        .collect();
+    let case = Case {
+        seed: 0,
+        seconds: 30,
+        nodes: 3,
+        resource: Resource {
+            name: "requests",
+            cost: 1,
+        },
+        rules: vec![Rule {
+            who: Who::Every,
+            amounts: vec![(Span::Second, 50.0)],
+            burst_seconds: Some(2.0),
+        }],
+        loads,
+        faults: Vec::new(),
+    };
+    let mut scenario = simulate::scenario(&case);
+    let toml = format!(
+        "{}[service.front]\ncapacity = {{ requests = 1000 }}\n",
+        case.limits_toml()
+    );
+    scenario.limits = Some(LimitSet::from_toml(&toml).expect("limits parse"));
+    let trace = sim::run_traced(&scenario, Box::new(|_| Box::new(Hierarchical::new())));
+    (case, trace)
+}
+
+/// Each rotated key is held to its own bucket, capacity or not.
+#[test]
+fn rotated_keys_are_each_held_to_their_own_bucket_under_a_capacity() {
+    let (case, trace) = rotated_keys();
+    let verdict = promise::check(&case, &trace.admitted, &trace.offered);
+    let misses: Vec<String> = verdict.misses.iter().map(|m| m.to_string()).collect();
+    assert!(verdict.held(), "{}", misses.join("\n"));
+}
+
+/// The service's total stays within 110% of its capacity over every
+/// 10 s while the keys rotate.
+#[test]
+#[ignore = "not yet held: each new key is given the * rate's share whatever the capacity (7.7x measured)"]
+fn rotated_keys_are_held_to_the_service_capacity() {
+    let (case, trace) = rotated_keys();
+    let total: Vec<i64> = (0..case.seconds as usize)
+        .map(|s| trace.admitted.iter().map(|u| u[s]).sum())
+        .collect();
+    for w in total[2..27].windows(10) {
+        let sum: i64 = w.iter().sum();
+        assert!(
+            sum <= 11_000,
+            "{sum} in 10 s on a capacity of 1,000/s: {total:?}"
+        );
+        assert!(
+            sum >= 8_000,
+            "{sum} in 10 s: the capacity is not used: {total:?}"
+        );
+    }
+}

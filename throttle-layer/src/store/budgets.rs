@@ -148,9 +148,10 @@ mod tests {
         }
         assert_eq!(b.short("ann", &[(REQ, 1)]), Some((REQ, 0)));
         assert_eq!(b.spent_window("ann", REQ), Some(3600));
-        // Others, and other resources, are not held.
+        // Others are not held; ann is, whatever her request costs: what
+        // it costs of a spent budget may be charged after the response.
         assert_eq!(b.short("bob", &[(REQ, 1)]), None);
-        assert_eq!(b.short("ann", &[(BYTES, 1_000)]), None);
+        assert_eq!(b.short("ann", &[(BYTES, 1_000)]), Some((REQ, 0)));
     }
 
     #[test]
@@ -165,8 +166,16 @@ mod tests {
         b.spend("ann", &[(REQ, 5)]);
         assert_eq!(b.spent_window("ann", REQ), Some(86_400));
         assert_eq!(b.short("ann", &[(REQ, 1)]), Some((REQ, 0)));
-        // A cost of nothing always fits.
-        assert_eq!(b.short("ann", &[(REQ, 0)]), None);
+        // A cost of nothing does not fit a spent budget either.
+        assert_eq!(b.short("ann", &[(REQ, 0)]), Some((REQ, 0)));
+    }
+
+    #[test]
+    fn a_spent_budget_of_a_resource_charged_later_refuses() {
+        let b = Budgets::from_message(vec![budget("ann", "bytes", 3600, 2_048.0, 1)], ids);
+        assert_eq!(b.short("ann", &[(REQ, 1)]), None);
+        b.spend("ann", &[(BYTES, 2_048)]);
+        assert_eq!(b.short("ann", &[(REQ, 1)]), Some((BYTES, 0)));
     }
 
     #[test]
