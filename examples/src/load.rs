@@ -120,6 +120,23 @@ impl Load {
         self.tallies.lock().clone()
     }
 
+    /// What was counted so far of `user`, by second, over all nodes.
+    pub fn user_tallies(&self, user: &str) -> BTreeMap<i64, Tally> {
+        let tallies = self.tallies.lock();
+        let of_user = |row: &BTreeMap<(String, usize), Tally>| {
+            let mut sum = Tally::default();
+            for t in row.iter().filter(|((u, _), _)| u == user).map(|(_, t)| t) {
+                sum.offered += t.offered;
+                sum.admitted += t.admitted;
+                sum.rejected += t.rejected;
+                sum.errors += t.errors;
+                sum.bytes += t.bytes;
+            }
+            sum
+        };
+        tallies.iter().map(|(s, row)| (*s, of_user(row))).collect()
+    }
+
     /// Sends requests for `duration`, then waits for the answers in flight.
     pub async fn run(&self, duration: Duration) {
         let client: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new())

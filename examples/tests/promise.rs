@@ -48,13 +48,9 @@ fn cluster(
 
 /// What `user` was admitted in each Unix second of `load`, in order.
 fn per_second(load: &Load, user: &str) -> Vec<u64> {
-    let tallies = load.tallies();
-    tallies
+    load.user_tallies(user)
         .values()
-        .map(|row| {
-            let of_user = row.iter().filter(|((u, _), _)| u == user);
-            of_user.map(|(_, t)| t.admitted).sum()
-        })
+        .map(|t| t.admitted)
         .collect()
 }
 

@@ -228,21 +228,18 @@ async fn next_second() {
 
 /// Per user, per second from `first`: admitted and offered.
 fn read(case: &Case, load: &Load, first: i64) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
-    let tallies = load.tallies();
-    let users = case.users();
     let slots = case.seconds as usize;
-    let mut admitted = vec![vec![0i64; slots]; users.len()];
-    let mut offered = vec![vec![0i64; slots]; users.len()];
-    for (second, row) in &tallies {
-        let Some(slot) = usize::try_from(second - first).ok().filter(|&s| s < slots) else {
-            continue;
-        };
-        for ((user, _), t) in row {
-            if let Some(u) = users.iter().position(|x| x == user) {
-                admitted[u][slot] += i64::try_from(t.admitted).unwrap_or(i64::MAX);
-                offered[u][slot] += i64::try_from(t.offered).unwrap_or(i64::MAX);
+    let units = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let (mut admitted, mut offered) = (Vec::new(), Vec::new());
+    for user in case.users() {
+        let (mut a, mut o) = (vec![0; slots], vec![0; slots]);
+        for (second, t) in load.user_tallies(&user) {
+            if let Some(slot) = usize::try_from(second - first).ok().filter(|&s| s < slots) {
+                (a[slot], o[slot]) = (units(t.admitted), units(t.offered));
             }
         }
+        admitted.push(a);
+        offered.push(o);
     }
     (admitted, offered)
 }

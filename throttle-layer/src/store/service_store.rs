@@ -589,15 +589,35 @@ impl ServiceStore {
             None if self.has_default.load(Ordering::Acquire) => {
                 self.decide_by_default(st, user, slot, costs, record)
             }
-            None => {
-                st.charge(costs);
-                Decision {
-                    allowed: true,
-                    basis: Basis::Unlimited,
-                    tightest: None,
-                }
-            }
+            None => Self::unlimited(st, costs),
         }
+    }
+
+    /// Not limited: the costs are charged.
+    fn unlimited(st: &mut UserState, costs: &[(ResourceId, i64)]) -> Decision {
+        st.charge(costs);
+        Decision {
+            allowed: true,
+            basis: Basis::Unlimited,
+            tightest: None,
+        }
+    }
+
+    /// `st`'s default row for `slot` applied, if it holds one.
+    fn apply_default(
+        st: &mut UserState,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        record: bool,
+        basis: Basis,
+    ) -> Option<Decision> {
+        let row = st.row(slot, DEFAULT_VERSION)?;
+        let (allowed, tightest) = st.apply_row(row, costs, record);
+        Some(Decision {
+            allowed,
+            basis,
+            tightest,
+        })
     }
 
     /// The decision of a table for the slot that has no current row for
@@ -615,20 +635,8 @@ impl ServiceStore {
         record: bool,
     ) -> Decision {
         self.give_default_row(st, user, slot);
-        if let Some(row) = st.row(slot, DEFAULT_VERSION) {
-            let (allowed, tightest) = st.apply_row(row, costs, record);
-            return Decision {
-                allowed,
-                basis: Basis::Quota,
-                tightest,
-            };
-        }
-        st.charge(costs);
-        Decision {
-            allowed: true,
-            basis: Basis::Unlimited,
-            tightest: None,
-        }
+        Self::apply_default(st, slot, costs, record, Basis::Quota)
+            .unwrap_or_else(|| Self::unlimited(st, costs))
     }
 
     /// The decision without a table for the slot that has a row for the
@@ -648,13 +656,9 @@ impl ServiceStore {
             fallback,
             Fallback::LastKnownThenAllow(_) | Fallback::LastKnownThenDeny(_)
         );
-        if last_known && let Some(row) = st.row(slot, DEFAULT_VERSION) {
-            let (allowed, tightest) = st.apply_row(row, costs, record);
-            return Decision {
-                allowed,
-                basis: Basis::Fallback,
-                tightest,
-            };
+        if last_known && let Some(d) = Self::apply_default(st, slot, costs, record, Basis::Fallback)
+        {
+            return d;
         }
         let d = Decision::fallback(fallback, Basis::Fallback);
         if d.allowed {
