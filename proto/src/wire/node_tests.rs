@@ -259,6 +259,7 @@ proptest! {
                 every: vec![v1::Allowance { resource: "requests".into(), window_seconds: 60, amount: 6000.0 }],
                 users: vec![v1::UserLimits { user: leader.clone(), allowances: Vec::new(), default_quota: [("requests".into(), 3.0)].into() }],
                 users_truncated: false,
+                newcomers: [("requests".into(), 40.0)].into(),
             }),
             Kind::Bound(v1::Bound {
                 service: leader.clone(),

@@ -182,6 +182,7 @@ impl Ledger {
         let svc = self.service_mut(service);
         if svc.state.hierarchy.as_deref() != hierarchy.as_deref() {
             svc.state.hierarchy = hierarchy;
+            svc.told.rules_changed();
         }
     }
 
@@ -782,7 +783,8 @@ impl Ledger {
         let nodes = reports
             .filter(|(n, s)| **s + state.lag(**n) > recent)
             .count();
-        svc.told.read(service, &svc.state.rules, nodes, slot_ms)
+        let limits = (&svc.state.rules, svc.state.hierarchy.as_deref());
+        svc.told.read(service, limits, nodes, slot_ms)
     }
 
     /// The keys of `service` bound now by a longer period than their

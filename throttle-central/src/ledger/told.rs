@@ -2,8 +2,10 @@
 //! default quota, the `*` rule's rate for a slot split over the service's
 //! nodes, which a node applies to a user it has no quota row for (a user
 //! new to it) until that user's own quota arrives; and each rule's
-//! allowances, which the nodes' refusals and headers name. Built again only
-//! when the rules or the number of nodes change; unchanged, it is the very
+//! allowances, which the nodes' refusals and headers name; and, under a
+//! service's capacity, what the users a node has no quota row for may take
+//! of it together there (the capacity split over the nodes). Built again
+//! only when the rules, the capacity or the number of nodes change; unchanged, it is the very
 //! same `Arc`, so a stream compares pointers to know it has it.
 
 use std::collections::BTreeMap;
@@ -12,7 +14,7 @@ use std::sync::Arc;
 use throttle_proto::v1;
 
 use crate::arena::rules::ServiceRules;
-use crate::limits::{Limit, limited_resources, resolve};
+use crate::limits::{Hierarchy, Limit, limited_resources, resolve};
 
 /// Most users with a rule of their own one [`v1::Limits`] lists.
 pub const MAX_TOLD_USERS: usize = 100_000;
@@ -32,18 +34,18 @@ pub(crate) struct Told {
 }
 
 impl Told {
-    /// Marks the message out of date: the rules changed.
+    /// Marks the message out of date: the rules or the capacity changed.
     pub(crate) fn rules_changed(&mut self) {
         self.stale = true;
     }
 
-    /// What the nodes of `service` are told of its `rules`, split over
-    /// `nodes` (those active now): built again only when the rules or the
-    /// number of nodes changed.
+    /// What the nodes of `service` are told of its `rules` and its
+    /// capacity (`hierarchy`), split over `nodes` (those active now):
+    /// built again only when those changed.
     pub(crate) fn read(
         &mut self,
         service: &str,
-        rules: &ServiceRules,
+        (rules, hierarchy): (&ServiceRules, Option<&Hierarchy>),
         nodes: usize,
         slot_ms: u32,
     ) -> Option<Arc<v1::Limits>> {
@@ -53,7 +55,8 @@ impl Told {
         {
             return Some(m.clone());
         }
-        let built = build(service, rules, nodes.max(1), slot_ms);
+        let mut built = build(service, rules, nodes.max(1), slot_ms);
+        built.newcomers = newcomers(hierarchy, nodes.max(1), slot_ms);
         self.stale = false;
         self.nodes = nodes;
         match &self.message {
@@ -89,7 +92,15 @@ fn build(service: &str, rules: &ServiceRules, nodes: usize, slot_ms: u32) -> v1:
         every: every.map(|e| allowances(None, Some(e))).unwrap_or_default(),
         users,
         users_truncated,
+        newcomers: BTreeMap::new(),
     }
+}
+
+/// Per resource of the capacity, its amount for a slot split over `nodes`.
+fn newcomers(hierarchy: Option<&Hierarchy>, nodes: usize, slot_ms: u32) -> BTreeMap<String, f64> {
+    let share = f64::from(slot_ms) / 1000.0 / nodes as f64;
+    let capacity = hierarchy.map(|h| &h.capacity).into_iter().flatten();
+    capacity.map(|(r, c)| (r.clone(), c * share)).collect()
 }
 
 /// Per resource, `share` of a second of the tightest rate that limits a

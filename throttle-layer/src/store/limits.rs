@@ -1,7 +1,8 @@
 //! A service's limits as the central node sent them ([`v1::Limits`]): the
 //! quota of a user the slot's table has no row for (a user new to this
-//! node), and what each user is configured for, which refusals and
-//! rate-limit headers name.
+//! node), what all such users may take together ([`Newcomers`]), and
+//! what each user is configured for, which refusals and rate-limit
+//! headers name.
 //!
 //! Read when a user enters a slot without a row (for the default quota)
 //! and when a refusal is built, never by an allowed request with a row;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 
 use throttle_proto::v1;
 
+use super::newcomers::Newcomers;
 use super::resource::{MAX_RESOURCES, ResourceId};
 use super::user::whole_units;
 
@@ -47,11 +49,17 @@ pub(crate) struct ServiceLimits {
     default_row: Option<Row>,
     every: Allowances,
     users: HashMap<Box<str>, UserLimits, foldhash::fast::RandomState>,
+    /// What the users without a row may take together.
+    newcomers: Newcomers,
 }
 
 /// Per resource id, the whole units a user without a row may take in a
 /// slot: NaN where it sets none.
 type Row = [f32; MAX_RESOURCES];
+
+/// The default row of a user no rule limits, where newcomers are held
+/// together: it limits them only through [`Newcomers`].
+const NOT_LIMITED: Row = [f32::NAN; MAX_RESOURCES];
 
 /// A user with a rule of their own.
 #[derive(Debug)]
@@ -68,6 +76,7 @@ impl ServiceLimits {
         mut id: impl FnMut(&str) -> Option<ResourceId>,
     ) -> Self {
         let default_row = row(&msg.default_quota, &mut id);
+        let newcomers = Newcomers::new(row(&msg.newcomers, &mut id).unwrap_or(NOT_LIMITED));
         let users = msg.users.into_iter().map(|u| {
             let limits = UserLimits {
                 default_row: row(&u.default_quota, &mut id).map(Box::new),
@@ -79,28 +88,42 @@ impl ServiceLimits {
             default_row,
             every: allowances(msg.every),
             users: users.collect(),
+            newcomers,
         }
     }
 
-    /// Whether some user without a row is held to a default quota.
+    /// Whether some user without a row is held to a default quota, or
+    /// all of them together.
     pub(super) fn has_default(&self) -> bool {
-        self.default_row.is_some() || self.users.values().any(|u| u.default_row.is_some())
+        self.default_row.is_some()
+            || self.users.values().any(|u| u.default_row.is_some())
+            || self.newcomers.is_limited()
     }
 
     /// The quota row of `user`, for a slot whose table has no row for
-    /// them: their own rule's share, else the `*` rule's; `None` when
-    /// neither limits them.
+    /// them: their own rule's share, else the `*` rule's; a row of no
+    /// quota when neither limits them but newcomers are held together;
+    /// else `None`.
     #[inline]
     pub(super) fn default_row(&self, user: &str) -> Option<&Row> {
-        match self.users.get(user) {
+        let row = match self.users.get(user) {
             Some(u) => u.default_row.as_deref(),
             None => self.default_row.as_ref(),
-        }
+        };
+        row.or_else(|| self.newcomers.is_limited().then_some(&NOT_LIMITED))
+    }
+
+    /// What the users without a row may take together.
+    pub(super) fn newcomers(&self) -> &Newcomers {
+        &self.newcomers
     }
 
     /// Whether the limits say nothing of anyone.
     pub(crate) fn is_empty(&self) -> bool {
-        self.default_row.is_none() && self.every.is_empty() && self.users.is_empty()
+        self.default_row.is_none()
+            && self.every.is_empty()
+            && self.users.is_empty()
+            && !self.newcomers.is_limited()
     }
 
     /// What limits `user`: their own allowances, else those of every user
@@ -224,6 +247,7 @@ mod tests {
                 default_quota: [("requests".to_string(), 333.4)].into(),
             }],
             users_truncated: false,
+            newcomers: Default::default(),
         };
         let names = ["requests"];
         let limits = ServiceLimits::from_message(msg, |r| {

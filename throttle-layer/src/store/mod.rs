@@ -85,7 +85,9 @@
 //!
 //! The files, one type each: `decision` ([`Decision`], [`Basis`],
 //! [`Tightest`]: what the request path answers), `limits`
-//! (`ServiceLimits`, the central's limits as this node holds them), `user`
+//! (`ServiceLimits`, the central's limits as this node holds them),
+//! `newcomers` (`Newcomers`, what the users without a row may take
+//! together), `user`
 //! (`UserState`, a user's counts and rows), `users` (the map of users),
 //! `totals` (what a collection took, for the metrics), `service_store`
 //! ([`ServiceStore`]: the request path, the default quota of a user
@@ -99,6 +101,7 @@ mod collect;
 mod decision;
 mod fallback;
 mod limits;
+mod newcomers;
 mod quota;
 mod resource;
 mod service_store;

@@ -66,6 +66,9 @@ pub struct ServiceStore {
     pub(super) limits: ArcSwap<ServiceLimits>,
     /// Whether `limits` has a default quota: checked first.
     pub(super) has_default: AtomicBool,
+    /// Whether `limits` holds the users without a row together: checked
+    /// by a decision on a default row.
+    pub(super) has_newcomers: AtomicBool,
     /// The keys bound now by a longer period, as the central sent them.
     pub(super) bound: ArcSwap<Bound>,
     /// What the users closest to spending a longer period may still be
@@ -98,8 +101,10 @@ impl ServiceStore {
         let _g = self.register.lock();
         let limits = ServiceLimits::from_message(limits, |r| self.resource_locked(r));
         let has_default = limits.has_default();
+        let has_newcomers = limits.newcomers().is_limited();
         self.limits.store(Arc::new(limits));
         self.has_default.store(has_default, Ordering::Release);
+        self.has_newcomers.store(has_newcomers, Ordering::Release);
     }
 
     /// `user`'s configured allowance of `resource` that binds now: the one
@@ -567,7 +572,7 @@ impl ServiceStore {
             },
         };
         let Some((quota_slot, version)) = found else {
-            return Self::decide_without_table(st, slot, costs, fallback, record);
+            return self.decide_without_table(st, slot, costs, fallback, record);
         };
         let basis = if quota_slot == slot {
             Basis::Quota
@@ -576,7 +581,7 @@ impl ServiceStore {
         };
         match st.row(quota_slot, version) {
             Some(row) => {
-                let (allowed, tightest) = st.apply_row(row, costs, record);
+                let (allowed, tightest) = self.apply(st, row, slot, costs, record);
                 Decision {
                     allowed,
                     basis,
@@ -584,7 +589,7 @@ impl ServiceStore {
                 }
             }
             None if quota_slot != slot => {
-                Self::decide_without_table(st, slot, costs, fallback, record)
+                self.decide_without_table(st, slot, costs, fallback, record)
             }
             None if self.has_default.load(Ordering::Acquire) => {
                 self.decide_by_default(st, user, slot, costs, record)
@@ -603,8 +608,61 @@ impl ServiceStore {
         }
     }
 
+    /// Row `row` of `st` applied in `slot`; a default row also takes
+    /// from what the users without a row may take together, if the
+    /// limits hold them so.
+    #[inline(always)]
+    fn apply(
+        &self,
+        st: &mut UserState,
+        row: usize,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        record: bool,
+    ) -> (bool, Option<Tightest>) {
+        if st.row_has_version(row, DEFAULT_VERSION) && self.has_newcomers.load(Ordering::Relaxed) {
+            return self.apply_with_newcomers(st, row, slot, costs, record);
+        }
+        st.apply_row(row, costs, record)
+    }
+
+    /// As [`ServiceStore::apply`] for a default row where the users
+    /// without a row are held together: refused while their pool has no
+    /// room (one rejection counted), else as the row says; what is
+    /// admitted is taken from the pool.
+    #[cold]
+    #[inline(never)]
+    fn apply_with_newcomers(
+        &self,
+        st: &mut UserState,
+        row: usize,
+        slot: i64,
+        costs: &[(ResourceId, i64)],
+        record: bool,
+    ) -> (bool, Option<Tightest>) {
+        let limits = self.limits.load();
+        let pool = limits.newcomers();
+        if let Some(short) = pool.short(slot, costs) {
+            if record {
+                let cell = st.cell(short.resource.index());
+                cell.rejected = cell.rejected.saturating_add(1);
+            } else {
+                // Shadow mode lets it through: it consumes.
+                st.charge(costs);
+                pool.spend(slot, costs);
+            }
+            return (false, Some(short));
+        }
+        let (allowed, tightest) = st.apply_row(row, costs, record);
+        if allowed || !record {
+            pool.spend(slot, costs);
+        }
+        (allowed, tightest)
+    }
+
     /// `st`'s default row for `slot` applied, if it holds one.
     fn apply_default(
+        &self,
         st: &mut UserState,
         slot: i64,
         costs: &[(ResourceId, i64)],
@@ -612,7 +670,7 @@ impl ServiceStore {
         basis: Basis,
     ) -> Option<Decision> {
         let row = st.row(slot, DEFAULT_VERSION)?;
-        let (allowed, tightest) = st.apply_row(row, costs, record);
+        let (allowed, tightest) = self.apply(st, row, slot, costs, record);
         Some(Decision {
             allowed,
             basis,
@@ -635,7 +693,7 @@ impl ServiceStore {
         record: bool,
     ) -> Decision {
         self.give_default_row(st, user, slot);
-        Self::apply_default(st, slot, costs, record, Basis::Quota)
+        self.apply_default(st, slot, costs, record, Basis::Quota)
             .unwrap_or_else(|| Self::unlimited(st, costs))
     }
 
@@ -646,6 +704,7 @@ impl ServiceStore {
     #[cold]
     #[inline(never)]
     fn decide_without_table(
+        &self,
         st: &mut UserState,
         slot: i64,
         costs: &[(ResourceId, i64)],
@@ -656,7 +715,7 @@ impl ServiceStore {
             fallback,
             Fallback::LastKnownThenAllow(_) | Fallback::LastKnownThenDeny(_)
         );
-        if last_known && let Some(d) = Self::apply_default(st, slot, costs, record, Basis::Fallback)
+        if last_known && let Some(d) = self.apply_default(st, slot, costs, record, Basis::Fallback)
         {
             return d;
         }

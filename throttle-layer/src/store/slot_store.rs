@@ -110,6 +110,7 @@ impl SlotStore {
             blocked: Blocked::default(),
             limits: ArcSwap::default(),
             has_default: AtomicBool::new(false),
+            has_newcomers: AtomicBool::new(false),
             bound: ArcSwap::default(),
             budgets: ArcSwap::default(),
             has_budgets: AtomicBool::new(false),

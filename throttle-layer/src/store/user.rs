@@ -365,6 +365,12 @@ impl UserState {
         })
     }
 
+    /// Whether row `row` was installed with `version`.
+    #[inline(always)]
+    pub(super) fn row_has_version(&self, row: usize, version: u16) -> bool {
+        self.row_version[row] == version
+    }
+
     /// Applies row `row`: counts rejections (if `record`) and refuses, or
     /// admits and adds `costs`.
     #[inline(always)]

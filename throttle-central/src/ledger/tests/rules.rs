@@ -240,6 +240,29 @@ fn nodes_are_told_the_every_user_share_and_each_rules_allowances() {
 
 /// A user who spent their per-minute quota is bound by it: the nodes are
 /// told so, and told again when it no longer binds.
+/// Under a capacity the nodes are told what the users without a row may
+/// take together: the capacity for a slot split over the service's
+/// nodes, told again when the capacity or the nodes change.
+#[test]
+fn nodes_are_told_the_capacity_split_for_the_users_without_a_row() {
+    let mut l = keeping(5);
+    l.apply_limits("front", &rules(EVERY_100), T);
+    for node in ["n1", "n2", "n3", "n4"] {
+        let id = l.node_id(node);
+        l.connect(id, ["front"], T);
+    }
+    assert!(l.told("front", T).unwrap().newcomers.is_empty(), "no capacity");
+    let set = LimitSet::from_toml("[service.front]\ncapacity = { requests = 1000 }\n").unwrap();
+    l.apply_hierarchy("front", LimitSource::hierarchy(&set, "front"));
+    let told = l.told("front", T).unwrap();
+    assert_eq!(told.newcomers["requests"], 250.0, "{told:?}");
+    l.ingest(&report("n1", 107, "{}", "{}"), T + 7_000).unwrap();
+    let later = l.told("front", T + 7_000).unwrap();
+    assert_eq!(later.newcomers["requests"], 1000.0, "n1 alone");
+    l.apply_hierarchy("front", None);
+    assert!(l.told("front", T + 7_000).unwrap().newcomers.is_empty());
+}
+
 #[test]
 fn a_key_bound_by_its_longer_period_is_told() {
     let mut l = keeping(5);

@@ -543,3 +543,56 @@ fn a_new_user_is_held_to_the_default_quota_without_a_table() {
     );
     assert_eq!(held("alice"), [true, true, false, false], "her last quota");
 }
+
+/// Under a service's capacity, the users without a row take together no
+/// more than the pool the central gives this node, each still within
+/// their default quota, with or without a table for the slot; a user
+/// with a row of their own is not held by the pool, and the pool starts
+/// again each slot.
+#[test]
+fn the_users_without_a_row_share_the_newcomers_pool() {
+    let f = fixture();
+    f.store.set_limits(v1::Limits {
+        service: "front".into(),
+        default_quota: [("requests".to_string(), 3.0)].into(),
+        newcomers: [("requests".to_string(), 7.0)].into(),
+        ..v1::Limits::default()
+    });
+    let take = |prefix: &str| -> usize {
+        (0..10)
+            .map(|k| format!("{prefix}-{k}"))
+            .map(|user| {
+                (0..10)
+                    .filter(|_| {
+                        f.admit(&user, Fallback::LastKnownThenAllow(60))
+                            .is_allowed()
+                    })
+                    .count()
+            })
+            .sum()
+    };
+    assert_eq!(take("before-a-table"), 8, "used 0..=7 are not above 7");
+    f.quota(r#"{"front": {"101": {"alice": {"requests": 50.0}}}}"#);
+    f.clock.set(T + 1_000);
+    assert_eq!(take("in-the-table's-slot"), 8);
+    let alice = (0..20).filter(|_| f.admit("alice", Fallback::Allow).is_allowed());
+    assert_eq!(alice.count(), 20, "her own row");
+    let refused = f.admit("late", Fallback::Allow);
+    let tightest = refused.tightest.expect("the pool named");
+    assert_eq!((tightest.quota, tightest.used), (7.0, 8));
+    assert_eq!(refused.basis, Basis::Quota);
+    f.clock.set(T + 2_000);
+    assert_eq!(take("the-central-away"), 8, "a new slot, a new pool");
+    // Newcomers held together, with no rule that holds each.
+    f.store.set_limits(v1::Limits {
+        service: "front".into(),
+        newcomers: [("requests".to_string(), 4.0)].into(),
+        ..v1::Limits::default()
+    });
+    f.clock.set(T + 3_000);
+    let one = (0..10).filter(|_| {
+        f.admit("solo", Fallback::LastKnownThenAllow(60))
+            .is_allowed()
+    });
+    assert_eq!(one.count(), 5, "no rule of its own, the pool alone");
+}
