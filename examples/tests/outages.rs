@@ -187,13 +187,24 @@ async fn a_killed_leader_is_not_noticed() {
         "both nodes on the new leader",
         || pair.centrals[standby].streams().len() == 2,
     );
+    let quotas = until(
+        Duration::from_secs(10),
+        "the new leader's quotas for both nodes",
+        || quotas_for_both(&pair.centrals[standby]),
+    );
+    let quotas = (took_over + both + quotas).as_secs_f64();
     let (took_over, both) = (took_over.as_secs_f64(), (took_over + both).as_secs_f64());
     println!(
-        "leader killed: the standby led {took_over:.2} s after, both nodes on it {both:.2} s after"
+        "leader killed: the standby led {took_over:.2} s after, both nodes on it {both:.2} s after, its quotas for both {quotas:.2} s after"
     );
     assert!(
         both <= 3.0,
         "nodes on the new leader {both:.2} s after the kill"
+    );
+    assert!(
+        quotas <= 3.0 && quotas - took_over <= 1.0,
+        "the new leader's quotas for both nodes {quotas:.2} s after the kill, {:.2} s after its takeover",
+        quotas - took_over
     );
     let late = both - took_over;
     assert!(
@@ -202,6 +213,28 @@ async fn a_killed_leader_is_not_noticed() {
     );
     running.await.expect("the load ran");
     assert_unnoticed("leader kill -9", &load, event, 0);
+}
+
+/// Whether `central`'s `/v1/monitor/quota` holds quotas of both nodes
+/// for the current slot or a later one.
+fn quotas_for_both(central: &CentralProcess) -> bool {
+    let Some(body) = central.get("/v1/monitor/quota", Duration::from_millis(300)) else {
+        return false;
+    };
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    has_both(&json, unix_second())
+}
+
+/// Whether `v` holds, under a slot from `now` on, both nodes.
+fn has_both(v: &serde_json::Value, now: i64) -> bool {
+    let Some(map) = v.as_object() else {
+        return false;
+    };
+    map.iter().any(|(k, v)| {
+        let slot = k.parse::<i64>().is_ok_and(|s| s >= now);
+        let both = ["node-a", "node-b"].iter().all(|n| v.get(n).is_some());
+        (slot && both) || has_both(v, now)
+    })
 }
 
 /// etcd stopped (SIGSTOP) for 10 s, then resumed: the leader stands by

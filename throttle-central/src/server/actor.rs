@@ -447,13 +447,11 @@ impl Actor {
         };
         let tx = self.conns.get(&conn).map(|c| &c.tx);
         let msg = Ok(Outbound::Encoded(quota));
-        match tx.map(|tx| tx.try_send(msg)) {
-            Some(Ok(())) => Ok(()),
-            _ => {
-                counter!("throttle_central_pushes_dropped_total").increment(1);
-                Err(Status::resource_exhausted("node is not reading its stream"))
-            }
+        if tx.is_some_and(|tx| tx.try_send(msg).is_ok()) {
+            return Ok(());
         }
+        counter!("throttle_central_pushes_dropped_total").increment(1);
+        Err(Status::resource_exhausted("node is not reading its stream"))
     }
 
     /// Files a report and returns its answer, or `None` when the stream

@@ -572,7 +572,14 @@ impl ServiceStore {
             },
         };
         let Some((quota_slot, version)) = found else {
-            return self.decide_without_table(st, slot, costs, fallback, record);
+            if self.has_default.load(Ordering::Acquire) {
+                return self.decide_without_table(st, slot, costs, fallback, record);
+            }
+            let d = Decision::fallback(fallback, Basis::Fallback);
+            if d.allowed {
+                st.charge(costs);
+            }
+            return d;
         };
         let basis = if quota_slot == slot {
             Basis::Quota
@@ -588,14 +595,32 @@ impl ServiceStore {
                     tightest,
                 }
             }
-            None if quota_slot != slot => {
-                self.decide_without_table(st, slot, costs, fallback, record)
-            }
-            None if self.has_default.load(Ordering::Acquire) => {
-                self.decide_by_default(st, user, slot, costs, record)
-            }
-            None => Self::unlimited(st, costs),
+            None => self.decide_without_row(st, user, (slot, quota_slot), costs, fallback, record),
         }
+    }
+
+    /// The decision when the table that decides `slot` (that of
+    /// `quota_slot`, the slot's own or the last known) has no row for
+    /// the user: without the slot's own, as without a table; else their
+    /// default row, if the limits give them one; else not limited.
+    #[cold]
+    #[inline(never)]
+    fn decide_without_row(
+        &self,
+        st: &mut UserState,
+        user: &str,
+        (slot, quota_slot): (i64, i64),
+        costs: &[(ResourceId, i64)],
+        fallback: Fallback,
+        record: bool,
+    ) -> Decision {
+        if quota_slot != slot {
+            return self.decide_without_table(st, slot, costs, fallback, record);
+        }
+        if self.has_default.load(Ordering::Acquire) {
+            return self.decide_by_default(st, user, slot, costs, record);
+        }
+        Self::unlimited(st, costs)
     }
 
     /// Not limited: the costs are charged.
