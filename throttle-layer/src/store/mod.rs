@@ -93,12 +93,15 @@
 //! ([`ServiceStore`]: the request path, the default quota of a user
 //! without a row, installing quotas, collecting reports, amounts a
 //! handler takes before its work; with [`Admission`] and [`UserHandle`],
-//! which it hands out), `slot_store` ([`SlotStore`]).
+//! which it hands out), `default_row` (the default row given to a user
+//! entering a slot), `taken` (amounts a handler takes before its work),
+//! `slot_store` ([`SlotStore`]).
 
 mod blocked;
 mod budgets;
 mod collect;
 mod decision;
+mod default_row;
 mod fallback;
 mod limits;
 mod newcomers;
@@ -106,6 +109,7 @@ mod quota;
 mod resource;
 mod service_store;
 mod slot_store;
+mod taken;
 mod totals;
 mod user;
 mod users;

@@ -31,7 +31,7 @@ pub(super) const VERSION_MASK: u64 = (1 << (64 - SLOT_BITS)) - 1;
 
 /// The version of a default row: above any table's, so it is current for
 /// every table of its slot until a row of the user's own replaces it.
-const DEFAULT_VERSION: u16 = u16::MAX;
+pub(super) const DEFAULT_VERSION: u16 = u16::MAX;
 
 /// Counters and quotas of one service; get it from [`SlotStore::service`](super::SlotStore::service).
 pub struct ServiceStore {
@@ -761,122 +761,5 @@ impl ServiceStore {
         if self.has_budgets.load(Ordering::Relaxed) {
             self.budgets.load().spend(user, &[(resource, amount)]);
         }
-    }
-}
-
-// An amount taken by a handler before the work it pays for
-// ([`ServiceStore::try_take`]): allowed or refused by the user's quota
-// of that one resource, as a request costing the amount would be; and
-// what is left of it ([`ServiceStore::standing`]).
-impl ServiceStore {
-    /// Takes `amount` of `resource` for `user` now if their quota of that
-    /// resource for the slot has room, as the layer admits a request (the
-    /// quota at least 1 and not yet exceeded); refused, one rejection of
-    /// the resource is counted and nothing is charged. Without a quota
-    /// row for the slot (no table, or none for the user) the amount is
-    /// taken: the layer's fallback decided the request itself. `Err`
-    /// names the resource's quota and use.
-    ///
-    /// # Errors
-    ///
-    /// The quota of `resource` has no room.
-    pub fn try_take(
-        self: &Arc<Self>,
-        user: &str,
-        resource: ResourceId,
-        amount: i64,
-    ) -> Result<(), Tightest> {
-        let slot = self.current_slot();
-        let version = self.quota_version(slot);
-        let taken = self.with_entry(user, slot, |st| {
-            let row = version.and_then(|v| st.row(slot, v));
-            let cell = st.cell(resource.index());
-            let quota = row.map_or(f32::NAN, |k| cell.quota[k]);
-            if !quota.is_nan() && (quota < 1.0 || cell.used as f64 > f64::from(quota)) {
-                cell.rejected = cell.rejected.saturating_add(1);
-                return Err(Tightest {
-                    resource,
-                    quota: f64::from(quota),
-                    used: cell.used,
-                });
-            }
-            cell.used = cell.used.saturating_add(amount);
-            Ok(())
-        });
-        // At the key cap the user is not tracked: nothing to decide by.
-        taken.unwrap_or(Ok(()))
-    }
-
-    /// `user`'s quota of `resource` for the slot and what they used of
-    /// it on this node; `None` without a quota row for the slot (no
-    /// table, none for the user, or no figure for the resource), or at
-    /// the key cap.
-    pub fn standing(self: &Arc<Self>, user: &str, resource: ResourceId) -> Option<Tightest> {
-        let slot = self.current_slot();
-        let version = self.quota_version(slot)?;
-        self.with_entry(user, slot, |st| {
-            let row = st.row(slot, version)?;
-            let cell = st.cell(resource.index());
-            let quota = cell.quota[row];
-            (!quota.is_nan()).then(|| Tightest {
-                resource,
-                quota: f64::from(quota),
-                used: cell.used,
-            })
-        })
-        .flatten()
-    }
-}
-
-// The default quota: a user the central has not sent this node a quota
-// row for yet (one new to the node) is held, until their row comes, to
-// the share of their rule, or of the `*` rule, that the central's
-// [`Limits`](throttle_proto::v1::Limits) gives this node.
-//
-// The share is installed as the user's row for the slot when the user
-// enters it (first seen, or first seen again in a new slot) and the
-// slot's table is there, with the highest version, so it stands for any
-// table of the slot that has no row for the user; the user's own row,
-// when a table brings one, replaces it. The request path is untouched:
-// it reads a row as always.
-impl ServiceStore {
-    /// Rolls `st` on to `slot` ([`UserState::roll_on`]) and gives it its
-    /// default row there.
-    #[inline(never)]
-    pub(super) fn roll_with_default(&self, st: &mut UserState, slot: i64, user: &str) {
-        st.roll_on(slot, user, &self.overflow);
-        self.give_default_row(st, user, slot);
-    }
-
-    /// Installs `user`'s default row for `slot` in `st`, if the service
-    /// has one for them and `st` holds no row that decides the slot: with
-    /// a table for the slot, a row for the slot; without one, a row for
-    /// the newest table received, which the last-known fallback reads
-    /// (the default row would push it out). So a user new to the node is
-    /// held to their share from the node's first request on, before its
-    /// first table and through an outage, not let through.
-    pub(super) fn give_default_row(&self, st: &mut UserState, user: &str, slot: i64) {
-        if !self.has_default.load(Ordering::Acquire) {
-            return;
-        }
-        let decides = match self.quota_version(slot) {
-            Some(v) => Some((slot, v)),
-            None => {
-                let newest = self.newest.load(Ordering::Acquire);
-                self.quota_version(newest).map(|v| (newest, v))
-            }
-        };
-        let has_row = decides.is_some_and(|(s, v)| st.row(s, v).is_some());
-        if has_row {
-            return;
-        }
-        let limits = self.limits.load();
-        let Some(row) = limits.default_row(user) else {
-            return;
-        };
-        // Only as many cells as the row limits: more would move the
-        // user's cells out of the map's node.
-        let len = row.iter().rposition(|q| !q.is_nan()).map_or(0, |i| i + 1);
-        st.insert_row(slot, DEFAULT_VERSION, &row[..len], slot);
     }
 }
