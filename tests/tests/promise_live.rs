@@ -2,7 +2,8 @@
 //! random cases of the simulator's kinds ([`promise::live::live_case`]:
 //! up to three `axum-node`s and one `throttle-central` on 127.0.0.1, an
 //! open-loop HTTP load, the central killed and started again with or
-//! without `--state`), read by the same oracle. `THROTTLE_PROMISE_SEED`
+//! without `--state`, a node killed and started again), read by the same
+//! oracle. `THROTTLE_PROMISE_SEED`
 //! runs one case instead; `promise-soak` runs cases until stopped.
 //!
 //! The binaries are those `cargo test --workspace` builds; where they are
@@ -58,7 +59,7 @@ async fn the_promise_holds_over_random_cases_with_the_real_binaries() {
             "seed {seed}: {} users, {} nodes, {:?}: {} misses, worst {worst:.2}",
             case.users().len(),
             case.nodes,
-            case.faults.first().map(|f| f.kind()),
+            case.faults.iter().map(|f| f.kind()).collect::<Vec<_>>(),
             run.verdict.misses.len()
         );
         for m in run.verdict.misses.iter().filter(|m| m.ratio() > allowed(m)) {

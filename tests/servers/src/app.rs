@@ -11,6 +11,8 @@ use crate::{free_port, wait_listening};
 #[derive(Debug)]
 pub struct AppProcess {
     child: Option<Child>,
+    bin: String,
+    args: Vec<String>,
     /// Where it serves HTTP.
     pub addr: SocketAddr,
 }
@@ -20,17 +22,33 @@ impl AppProcess {
     /// once it listens.
     pub fn start(bin: &str, args: &[&str]) -> Self {
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let child = Command::new(bin)
-            .args(["--listen", &addr.to_string()])
-            .args(args)
+        let mut node = Self {
+            child: None,
+            bin: bin.to_owned(),
+            args: args.iter().map(|&a| a.to_owned()).collect(),
+            addr,
+        };
+        node.restart();
+        node
+    }
+
+    /// Kills it (SIGKILL): what it counted and kept is lost.
+    pub fn kill(&mut self) {
+        crate::kill(&mut self.child);
+    }
+
+    /// Starts it again, killed first if running, on the same address and
+    /// flags; returns once it listens.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new(&self.bin)
+            .args(["--listen", &self.addr.to_string()])
+            .args(&self.args)
             .stdout(Stdio::null())
             .spawn()
             .expect("the app node's binary runs");
-        wait_listening(addr);
-        Self {
-            child: Some(child),
-            addr,
-        }
+        self.child = Some(child);
+        wait_listening(self.addr);
     }
 }
 

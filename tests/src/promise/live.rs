@@ -14,7 +14,7 @@ use throttle_test_servers::{AppProcess, CentralProcess, TempDir, until};
 use super::case::{Case, Fault, Resource};
 use super::generate::generate;
 use super::oracle::{Verdict, check};
-use crate::sim::Comeback;
+use crate::sim::{Comeback, NodeFaultKind};
 
 /// Seconds a live case runs.
 pub const SECONDS: i64 = 12;
@@ -57,9 +57,10 @@ impl Binaries {
 
 /// The case of `seed` cut to what two cores run live: requests only, at
 /// most three nodes, [`SECONDS`] long, at most 1,200 requests a second in
-/// all (rates and amounts scaled together), ten rotated keys, and a
-/// central killed and started again with or without `--state` (a central
-/// cut off becomes one restarted on its state; node faults are left out).
+/// all (rates and amounts scaled together), ten rotated keys, a central
+/// killed and started again with or without `--state` (a central cut off
+/// becomes one restarted on its state), and a node killed and started
+/// again (a node cut off is left out).
 pub fn live_case(seed: u64) -> Case {
     let mut case = generate(seed);
     let time = (SECONDS * 1000) as f64 / (case.seconds * 1000) as f64;
@@ -97,20 +98,26 @@ pub fn live_case(seed: u64) -> Case {
             *amount = (*amount / bytes as f64 * scale).round().max(1.0);
         }
     }
-    case.faults.retain(|f| matches!(f, Fault::Central { .. }));
+    case.faults.retain(|f| match *f {
+        Fault::Central { .. } => true,
+        Fault::Node { node, kind, .. } => kind == NodeFaultKind::Restart && node < nodes,
+    });
     for f in &mut case.faults {
-        if let Fault::Central {
-            from_ms,
-            to_ms,
-            comeback,
-        } = f
-        {
-            *from_ms = at(*from_ms).max(2_000);
-            *to_ms = at(*to_ms).max(*from_ms + 1_000).min(SECONDS * 1000 - 3_000);
-            if *comeback == Comeback::Same {
-                *comeback = Comeback::Checkpoint { every_ms: 1_000 };
+        let (from_ms, to_ms) = match f {
+            Fault::Central {
+                from_ms,
+                to_ms,
+                comeback,
+            } => {
+                if *comeback == Comeback::Same {
+                    *comeback = Comeback::Checkpoint { every_ms: 1_000 };
+                }
+                (from_ms, to_ms)
             }
-        }
+            Fault::Node { from_ms, to_ms, .. } => (from_ms, to_ms),
+        };
+        *from_ms = at(*from_ms).max(2_000);
+        *to_ms = at(*to_ms).max(*from_ms + 1_000).min(SECONDS * 1000 - 3_000);
     }
     case
 }
@@ -165,7 +172,7 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
     }
     let mut central = CentralProcess::start(&bins.central, &args);
     let url = [central.url()];
-    let nodes: Vec<AppProcess> = (0..case.nodes)
+    let mut nodes: Vec<AppProcess> = (0..case.nodes)
         .map(|i| AppProcess::node(&bins.node, &format!("node-{i}"), &url))
         .collect();
     until(Duration::from_secs(10), "the nodes connected", || {
@@ -185,7 +192,7 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
     let running = load.clone();
     let seconds = Duration::from_secs(case.seconds as u64);
     let task = tokio::spawn(async move { running.run(seconds).await });
-    let mut down = false;
+    let mut down = vec![false; case.faults.len()];
     while started.elapsed() < seconds {
         let t = started.elapsed().as_millis() as i64;
         for (l, flows) in case.loads.iter().zip(&flows) {
@@ -193,16 +200,18 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
                 f.set_rate(l.at(t, n));
             }
         }
-        for f in &case.faults {
-            let Fault::Central { from_ms, to_ms, .. } = *f else {
-                continue;
+        for (f, down) in case.faults.iter().zip(&mut down) {
+            let (from_ms, to_ms) = f.span_ms();
+            let up = match *f {
+                Fault::Central { .. } => &mut central as &mut dyn Process,
+                Fault::Node { node, .. } => &mut nodes[node],
             };
-            if !down && (from_ms..to_ms).contains(&t) {
-                central.kill();
-                down = true;
-            } else if down && t >= to_ms {
-                tokio::task::block_in_place(|| central.restart());
-                down = false;
+            if !*down && (from_ms..to_ms).contains(&t) {
+                up.kill();
+                *down = true;
+            } else if *down && t >= to_ms {
+                tokio::task::block_in_place(|| up.restart());
+                *down = false;
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -214,6 +223,30 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
         admitted,
         offered,
         verdict,
+    }
+}
+
+/// A process a case kills and starts again.
+trait Process {
+    fn kill(&mut self);
+    fn restart(&mut self);
+}
+
+impl Process for CentralProcess {
+    fn kill(&mut self) {
+        CentralProcess::kill(self);
+    }
+    fn restart(&mut self) {
+        CentralProcess::restart(self);
+    }
+}
+
+impl Process for AppProcess {
+    fn kill(&mut self) {
+        AppProcess::kill(self);
+    }
+    fn restart(&mut self) {
+        AppProcess::restart(self);
     }
 }
 
