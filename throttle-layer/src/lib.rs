@@ -55,3 +55,8 @@ pub use store::{Fallback, SlotStore};
 pub use tokio_clock::TokioClock;
 pub use usage::{Exhausted, Usage};
 pub use user::{MissingUser, RequestHead, UserKey};
+
+/// The README's code, compiled with the crate's doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
