@@ -35,27 +35,24 @@
 //! ```
 
 //!
-//! The files, from the ground floor up:
+//! The files, over the arena (`arena/`: keys, buckets, sums)
+//! and from the ground floor up:
 //!
-//! - [`ids`](NodeId): interned nodes, key ids, resource names;
-//! - `state`: [`Key`] and [`ServiceState`], what policies read;
-//! - `sums`: the per-slot sums of a service, a column per slot;
-//! - `cuts`: [`Cuts`], where the key arena was cut, for readers of
-//!   older grants;
-//! - `recent`: per node, the users of its last report (a filing shortcut);
 //! - `source`: [`ReportSource`], the reports the ledger can file;
 //! - `config`: [`LedgerConfig`] and the check of a whole report;
 //! - `checkpoint`: [`Ledger::checkpoint`] and [`Ledger::restore`], the
 //!   levels a new ledger cannot rebuild from reports sent again;
 //! - `filing`: a report's usages filed into a service's state;
+//! - `gaps`: a proxy's unreported slots, charged when it is back;
+//! - `catch_up`: grants held after a restore until the nodes' kept
+//!   reports are filed;
 //! - `ingested`: [`Ingested`], what filing a report did;
-//! - `rules`: a service's limit rules, which limit keys as they appear;
-//! - `periods`: keys limited over several periods;
 //! - `dropped`: entries of a report left out, counted per reason;
 //! - `page`: monitor answers a page at a time;
 //! - `bound`: the keys a longer period binds, for the nodes' refusals;
 //! - `told`: what the nodes are told of a service's limits (the default
-//!   quota for users new to a node, every rule's allowances);
+//!   quota for users new to a node, every rule's allowances, the pool
+//!   for newcomers);
 //! - `service`: one service's state, policy and book of assignments;
 //! - `views`: the rows of monitor answers;
 //! - `monitor`: [`Monitor`], the monitor's questions, a page at a time;
