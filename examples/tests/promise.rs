@@ -135,15 +135,12 @@ async fn an_hour_only_user_keeps_the_hour_through_a_30_s_outage() {
 /// Admitted per Unix second of `load`, all users together, and the most
 /// any one user was admitted in all.
 fn totals_and_most(load: &Load) -> (Vec<u64>, u64) {
-    let tallies = load.tallies();
-    let totals = tallies
-        .values()
-        .map(|row| row.values().map(|t| t.admitted).sum())
-        .collect();
-    let mut by_user: std::collections::BTreeMap<&str, u64> = Default::default();
-    for row in tallies.values() {
+    let mut totals = Vec::new();
+    let mut by_user: std::collections::BTreeMap<String, u64> = Default::default();
+    for row in load.tallies().into_values() {
+        totals.push(row.values().map(|t| t.admitted).sum());
         for ((user, _), t) in row {
-            *by_user.entry(user.as_str()).or_default() += t.admitted;
+            *by_user.entry(user).or_default() += t.admitted;
         }
     }
     (totals, by_user.into_values().max().unwrap_or(0))

@@ -202,17 +202,14 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
         }
         for (f, down) in case.faults.iter().zip(&mut down) {
             let (from_ms, to_ms) = f.span_ms();
-            let up = match *f {
-                Fault::Central { .. } => &mut central as &mut dyn Process,
-                Fault::Node { node, .. } => &mut nodes[node],
-            };
             if !*down && (from_ms..to_ms).contains(&t) {
-                up.kill();
                 *down = true;
             } else if *down && t >= to_ms {
-                tokio::task::block_in_place(|| up.restart());
                 *down = false;
+            } else {
+                continue;
             }
+            tokio::task::block_in_place(|| apply(f, *down, &mut central, &mut nodes));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -226,27 +223,13 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
     }
 }
 
-/// A process a case kills and starts again.
-trait Process {
-    fn kill(&mut self);
-    fn restart(&mut self);
-}
-
-impl Process for CentralProcess {
-    fn kill(&mut self) {
-        CentralProcess::kill(self);
-    }
-    fn restart(&mut self) {
-        CentralProcess::restart(self);
-    }
-}
-
-impl Process for AppProcess {
-    fn kill(&mut self) {
-        AppProcess::kill(self);
-    }
-    fn restart(&mut self) {
-        AppProcess::restart(self);
+/// Kills the process `fault` names (`down`), or starts it again.
+fn apply(fault: &Fault, down: bool, central: &mut CentralProcess, nodes: &mut [AppProcess]) {
+    match (*fault, down) {
+        (Fault::Central { .. }, true) => central.kill(),
+        (Fault::Central { .. }, false) => central.restart(),
+        (Fault::Node { node, .. }, true) => nodes[node].kill(),
+        (Fault::Node { node, .. }, false) => nodes[node].restart(),
     }
 }
 
