@@ -202,8 +202,12 @@ fn rotated_keys_are_each_held_to_their_own_bucket_under_a_capacity() {
     assert!(verdict.held(), "{}", misses.join("\n"));
 }
 
-/// The service's total stays within 110% of its capacity over every
-/// 10 s while the keys rotate.
+/// The service's total stays within 5% of its capacity over every 10 s
+/// while the keys rotate, and every second once keys have been new in two
+/// seconds in a row (from the fifth: keys are new from the third, and
+/// through the fourth that looks like users who all came at once): what the
+/// newest keys take is then set aside from the capacity before it is
+/// split.
 #[test]
 fn rotated_keys_are_held_to_the_service_capacity() {
     let (case, trace) = rotated_keys();
@@ -211,10 +215,16 @@ fn rotated_keys_are_held_to_the_service_capacity() {
         .map(|s| trace.admitted.iter().map(|u| u[s]).sum())
         .collect();
     println!("admitted per second, all keys: {total:?}");
+    for (s, &n) in total.iter().enumerate().skip(4) {
+        assert!(
+            n <= 1_050,
+            "{n} in second {s} on a capacity of 1,000/s: {total:?}"
+        );
+    }
     for w in total[2..27].windows(10) {
         let sum: i64 = w.iter().sum();
         assert!(
-            sum <= 11_000,
+            sum <= 10_500,
             "{sum} in 10 s on a capacity of 1,000/s: {total:?}"
         );
         assert!(

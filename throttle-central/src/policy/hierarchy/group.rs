@@ -61,13 +61,16 @@ impl Group {
     }
 
     /// Counts `share`, given for `ask`, against the allowance, and cuts
-    /// from it what the group owes for taking more than its grants.
+    /// from it what the group owes for taking more than its grants and
+    /// the `reserved` part of the capacity set aside for its users
+    /// without grants.
     pub(super) fn settle(
         &mut self,
         app: Option<&App>,
         ask: &Ask,
         share: &mut Share,
         (slot, per_slot): (i64, f64),
+        reserved: f64,
     ) {
         if let Some(app) = app {
             let above = share.served > ask.guaranteed * (1.0 + 1e-9) + 1e-9;
@@ -75,7 +78,7 @@ impl Group {
             self.allowance
                 .count(slot, per_slot, above, below, app.burst_seconds);
         }
-        self.overshoot.granted(slot, share.granted);
+        self.overshoot.granted(slot, share.granted + reserved);
         share.granted = (share.granted - self.overshoot.cut()).max(0.0);
         share.served = share.served.min(share.granted);
     }

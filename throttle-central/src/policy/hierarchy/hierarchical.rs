@@ -31,8 +31,11 @@ use crate::policy::projected::{Newest, Projected, WINDOW};
 /// A user nobody used lately (no report of theirs in the last 5 slots)
 /// gets no quota of a resource under a capacity: their first requests
 /// on a node are allowed, as the legacy system allows a user it has no quota
-/// for, and count from their first report on. The grants of a slot
-/// therefore never add up to more than the capacity.
+/// for, and count from their first report on. Where keys keep arriving
+/// (two data slots in a row each with users new in it, as from a client
+/// rotating its key), what the newest of them consumed is set aside from
+/// the capacity before it is split: the grants of a slot and what the
+/// users new in it take add up to the capacity.
 #[derive(Debug, Default)]
 pub struct Hierarchical {
     inner: Projected,
@@ -227,9 +230,14 @@ impl Hierarchical {
         let asks: Vec<Ask> = (states.iter_mut().enumerate())
             .map(|(g, s)| s.ask(apps.get(g), resource, timing, capacity, demand[g]))
             .collect();
-        let mut shares = split(capacity * per_slot, &asks, &mut self.split);
+        let whole = capacity * per_slot;
+        let arriving = arriving(ctx, &keys, groups);
+        let all: f64 = arriving.iter().sum();
+        let scale = if all > whole { whole / all } else { 1.0 };
+        let mut shares = split(whole - all * scale, &asks, &mut self.split);
         for (g, s) in states.iter_mut().enumerate() {
-            s.settle(apps.get(g), &asks[g], &mut shares[g], timing);
+            let reserved = arriving[g] * scale;
+            s.settle(apps.get(g), &asks[g], &mut shares[g], timing, reserved);
         }
         let left: Vec<f64> = states.iter().map(|s| s.left).collect();
         self.put_groups(ctx.hierarchy, resource, states);
@@ -328,6 +336,30 @@ fn count_consumed(ctx: &Slot<'_>, keys: &[KeyAsk], states: &mut [Group]) {
     for (s, c) in states.iter_mut().zip(by_group) {
         s.overshoot.count(measured, c);
     }
+}
+
+/// Per group, what users new in a data slot are expected to take of the
+/// next: what those new in the complete data slot (two before the one
+/// assigned) consumed in it, or what those new in the slot before
+/// consumed, whichever is less. A key is new in a slot where it consumed
+/// something, having consumed nothing in the slot before. Users who all
+/// came at once (a node or a service just started) are new in one slot
+/// only, and nothing is set aside for them.
+fn arriving(ctx: &Slot<'_>, keys: &[KeyAsk], groups: usize) -> Vec<f64> {
+    let measured = ctx.slot - 2;
+    let used = [0, 1, 2].map(|back| ctx.state.consumption_in(measured - back));
+    let mut newest = vec![0.0; groups];
+    let mut before = vec![0.0; groups];
+    for k in keys {
+        let [now, last, older] = [&used[0], &used[1], &used[2]].map(|c| c(k.id));
+        if last == 0 {
+            newest[k.group] += now as f64;
+        }
+        if older == 0 {
+            before[k.group] += last as f64;
+        }
+    }
+    newest.iter().zip(&before).map(|(a, b)| a.min(*b)).collect()
 }
 
 /// Splits key `k`'s grant `amount` between its nodes: by scaling
