@@ -25,11 +25,11 @@ fn ceiling(side: Side, fault: Option<&str>) -> f64 {
     match (side, fault) {
         (Side::Lower, _) => 9.1,
         (Side::Upper, None) => 1.15,
-        (Side::Upper, Some("central cut off")) => 3.35,
+        (Side::Upper, Some("central cut off")) => 1.9,
         (Side::Upper, Some("central restarted with --state")) => 2.1,
         (Side::Upper, Some("central restarted without state")) => 6.25,
         (Side::Upper, Some("leader failover")) => 1.75,
-        (Side::Upper, Some("node restarted")) => 1.7,
+        (Side::Upper, Some("node restarted")) => 1.45,
         (Side::Upper, Some("node cut off")) => 1.5,
         (Side::Upper, Some(_)) => 1.0,
     }

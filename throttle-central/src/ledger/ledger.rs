@@ -16,7 +16,7 @@ use super::gaps::{Gaps, Lost};
 use super::ingested::Ingested;
 use super::service::{PolicyFactory, Service};
 use super::source::ReportSource;
-use super::told::ACTIVE_SLOTS;
+use super::told::TOLD_SLOTS;
 use crate::arena::charge::Charge;
 use crate::arena::filing_at::Filing;
 use crate::arena::ids::{Map, NodeId, valid_name};
@@ -777,7 +777,7 @@ impl Ledger {
         let slot_ms = self.config.slot.as_ms();
         let current = self.config.slot.slot_at(now_ms);
         let svc = self.services.get_mut(service)?;
-        let recent = current - 1 - ACTIVE_SLOTS;
+        let recent = current - 1 - TOLD_SLOTS;
         let state = &svc.state;
         let reports = state.last_report.iter();
         let nodes = reports

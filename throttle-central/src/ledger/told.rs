@@ -23,6 +23,13 @@ pub const MAX_TOLD_USERS: usize = 100_000;
 /// one of the service's nodes.
 pub(super) const ACTIVE_SLOTS: i64 = 5;
 
+/// Slots a node that has neither reported nor connected since still takes
+/// its part of what the nodes are told: a node on the default fallback
+/// (the last known quotas for 60 slots) keeps applying it that long, out
+/// of the central's sight. Counting only the nodes active lately would
+/// give the first nodes back after an outage the whole of it each.
+pub(super) const TOLD_SLOTS: i64 = 60;
+
 /// A service's [`v1::Limits`], as last built.
 #[derive(Debug, Default)]
 pub(crate) struct Told {

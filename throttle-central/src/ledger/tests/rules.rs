@@ -228,9 +228,13 @@ fn nodes_are_told_the_every_user_share_and_each_rules_allowances() {
     // The same rules applied again: the same message.
     l.apply_limits("front", &limits, T);
     assert!(Arc::ptr_eq(&told, &l.told("front", T).unwrap()));
-    // Nodes that neither report nor connect stop counting after 5 slots.
+    // Nodes that neither report nor connect may still apply what they
+    // were told: they count for 60 slots, then stop.
     l.ingest(&report("n1", 107, "{}", "{}"), T + 7_000).unwrap();
-    let later = l.told("front", T + 7_000).unwrap();
+    let silent = l.told("front", T + 7_000).unwrap();
+    assert_eq!(silent.default_quota["requests"], 12.5, "{silent:?}");
+    l.ingest(&report("n1", 162, "{}", "{}"), T + 62_000).unwrap();
+    let later = l.told("front", T + 62_000).unwrap();
     assert_eq!(later.default_quota["requests"], 50.0, "n1 alone: {later:?}");
     assert!(
         l.told("back", T).is_none(),
@@ -257,10 +261,13 @@ fn nodes_are_told_the_capacity_split_for_the_users_without_a_row() {
     let told = l.told("front", T).unwrap();
     assert_eq!(told.newcomers["requests"], 250.0, "{told:?}");
     l.ingest(&report("n1", 107, "{}", "{}"), T + 7_000).unwrap();
-    let later = l.told("front", T + 7_000).unwrap();
+    let silent = l.told("front", T + 7_000).unwrap();
+    assert_eq!(silent.newcomers["requests"], 250.0, "silent nodes count");
+    l.ingest(&report("n1", 162, "{}", "{}"), T + 62_000).unwrap();
+    let later = l.told("front", T + 62_000).unwrap();
     assert_eq!(later.newcomers["requests"], 1000.0, "n1 alone");
     l.apply_hierarchy("front", None);
-    assert!(l.told("front", T + 7_000).unwrap().newcomers.is_empty());
+    assert!(l.told("front", T + 62_000).unwrap().newcomers.is_empty());
 }
 
 #[test]
