@@ -1,6 +1,6 @@
-//! Compiles `throttle/v1/throttle.proto`, `throttle/v1/checkpoint.proto`
-//! and `etcd/etcd.proto` with `protox` (pure Rust), so no `protoc` is
-//! needed on the build machine.
+//! Compiles `throttle/v1/throttle.proto` and `throttle/v1/checkpoint.proto`
+//! with `protox` (pure Rust), so no `protoc` is needed on the build
+//! machine.
 
 /// The `Central` service with `input` as what a node sends and `output` as
 /// what the central node sends back.
@@ -82,11 +82,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(false)
         .out_dir(node)
         .compile(&[central("crate::wire::Inbound", "crate::wire::Answer")]);
-    // etcd's API as the central's leader election uses it: a client only.
-    let etcd = "etcd/etcd.proto";
-    println!("cargo:rerun-if-changed={etcd}");
-    tonic_prost_build::configure()
-        .build_server(false)
-        .compile_fds(protox::compile([etcd], ["."])?)?;
     Ok(())
 }

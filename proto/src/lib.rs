@@ -15,8 +15,6 @@
 //!
 //! Besides the generated code this crate holds what both sides must agree on:
 //!
-//! - [`etcd`]: a client of etcd's API, for the central's election,
-//!   checkpoints and limits;
 //! - [`auth`]: how a node signs its stream with an access key and secret;
 //! - [`legacy`]: the JSON documents of the legacy system and their lossless
 //!   conversion to and from the protobuf messages.
@@ -48,14 +46,6 @@ pub mod wire;
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 pub mod v1 {
     tonic::include_proto!("throttle.v1");
-}
-
-/// A client of etcd's v3 API (package `etcdserverpb`), as much of it as
-/// the central uses: leases, ranges, puts, deletes, transactions and
-/// watches. Generated from `etcd/etcd.proto` without `protoc`.
-#[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
-pub mod etcd {
-    tonic::include_proto!("etcdserverpb");
 }
 
 /// Longest service, user, resource or node name accepted, in bytes.

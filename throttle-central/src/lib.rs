@@ -56,6 +56,13 @@ mod arena;
 mod atomic_file;
 mod central;
 pub mod election;
+/// A client of etcd's v3 API (package `etcdserverpb`), as much of it as
+/// the central uses: leases, ranges, puts, deletes, transactions and
+/// watches. Generated from `etcd/etcd.proto` without `protoc`.
+#[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+pub mod etcd_api {
+    tonic::include_proto!("etcdserverpb");
+}
 mod http;
 pub mod keys;
 pub mod leadership;

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use throttle_central::etcd_api::kv_client::KvClient;
+use throttle_central::etcd_api::{PutRequest, RangeRequest};
 use throttle_central::limits::{EtcdLimits, LimitSet};
 use throttle_central::{Central, RunningCentral, Subject};
 use throttle_clock::SlotLength;
-use throttle_proto::etcd::kv_client::KvClient;
-use throttle_proto::etcd::{PutRequest, RangeRequest};
 use throttle_test_servers::Etcd;
 
 mod common;

@@ -13,17 +13,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use throttle_clock::Clock;
-use throttle_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
-use throttle_proto::etcd::kv_client::KvClient;
-use throttle_proto::etcd::lease_client::LeaseClient;
-use throttle_proto::etcd::range_request::{SortOrder, SortTarget};
-use throttle_proto::etcd::request_op::Request as Op;
-use throttle_proto::etcd::response_op::Response as OpResponse;
-use throttle_proto::etcd::{
+use crate::etcd_api::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::etcd_api::kv_client::KvClient;
+use crate::etcd_api::lease_client::LeaseClient;
+use crate::etcd_api::range_request::{SortOrder, SortTarget};
+use crate::etcd_api::request_op::Request as Op;
+use crate::etcd_api::response_op::Response as OpResponse;
+use crate::etcd_api::{
     Compare, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest,
     PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
+use throttle_clock::Clock;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};

@@ -17,17 +17,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use throttle_proto::causes;
-use throttle_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
-use throttle_proto::etcd::event::EventType;
-use throttle_proto::etcd::kv_client::KvClient;
-use throttle_proto::etcd::request_op::Request as Op;
-use throttle_proto::etcd::watch_client::WatchClient;
-use throttle_proto::etcd::watch_request::RequestUnion;
-use throttle_proto::etcd::{
+use crate::etcd_api::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::etcd_api::event::EventType;
+use crate::etcd_api::kv_client::KvClient;
+use crate::etcd_api::request_op::Request as Op;
+use crate::etcd_api::watch_client::WatchClient;
+use crate::etcd_api::watch_request::RequestUnion;
+use crate::etcd_api::{
     Compare, PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest,
 };
+use futures_util::StreamExt;
+use throttle_proto::causes;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 

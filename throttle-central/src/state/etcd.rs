@@ -16,16 +16,16 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::etcd_api::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::etcd_api::kv_client::KvClient;
+use crate::etcd_api::range_request::{SortOrder, SortTarget};
+use crate::etcd_api::request_op::Request as Op;
+use crate::etcd_api::{
+    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
+};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use throttle_clock::{Clock, SystemClock};
-use throttle_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
-use throttle_proto::etcd::kv_client::KvClient;
-use throttle_proto::etcd::range_request::{SortOrder, SortTarget};
-use throttle_proto::etcd::request_op::Request as Op;
-use throttle_proto::etcd::{
-    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
-};
 use tonic::transport::Channel;
 
 use super::{StateError, StateStore};
