@@ -1,9 +1,10 @@
 //! The promise of a limit with the real binaries at their default flags:
 //! random cases of the simulator's kinds ([`promise::live::live_case`]:
-//! up to three `axum-node`s and one `throttle-central` on 127.0.0.1, an
-//! open-loop HTTP load, the central killed and started again with or
-//! without `--state`, a node killed and started again), read by the same
-//! oracle. `THROTTLE_PROMISE_SEED`
+//! up to three `axum-node`s and one `throttle-central` on 127.0.0.1, or
+//! two on etcd for a leader failover; an open-loop HTTP load; the central
+//! stopped and continued, or killed and started again with or without
+//! `--state`; a node killed and started again, or cut off by a relay),
+//! read by the same oracle. `THROTTLE_PROMISE_SEED`
 //! runs one case instead; `promise-soak` runs cases until stopped.
 //!
 //! The binaries are those `cargo test --workspace` builds; where they are

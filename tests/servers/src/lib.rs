@@ -4,7 +4,7 @@
 //! dropped, and headless Chromium ([`Chromium`]). Without the binary a test skips, saying why, unless
 //! `THROTTLE_REQUIRE_SERVERS=1` (as CI sets), where it fails. Also our own
 //! central node and app nodes as processes ([`CentralProcess`],
-//! [`AppProcess`]).
+//! [`AppProcess`]), and a TCP [`Relay`] a test cuts as a partition would.
 
 mod app;
 mod central;
@@ -15,6 +15,7 @@ mod legacy_node;
 mod pki;
 mod postgres;
 mod redis_cluster;
+mod relay;
 pub use app::AppProcess;
 pub use central::{CentralProcess, central_beside};
 pub use chromium::Chromium;
@@ -24,6 +25,7 @@ pub use legacy_node::{ANSWER_WAIT, LegacyNode};
 pub use pki::Pki;
 pub use postgres::Postgres;
 pub use redis_cluster::RedisCluster;
+pub use relay::Relay;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

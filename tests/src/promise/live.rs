@@ -1,7 +1,7 @@
-//! A [`Case`] run with the real binaries: one `throttle-central` and the
-//! example `axum-node`s at their default flags on 127.0.0.1, an open-loop
-//! HTTP load, and the central killed and started again where the case
-//! says. What each user was admitted per Unix second is read by the same
+//! A [`Case`] run with the real binaries: `throttle-central` and the
+//! example `axum-node`s at their default flags on 127.0.0.1 (`World`,
+//! `world.rs`), an open-loop HTTP load, and the faults the case names.
+//! What each user was admitted per Unix second is read by the same
 //! oracle as the simulator's.
 
 use std::path::PathBuf;
@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use throttle_examples::load::{Flow, Load, unix_second};
-use throttle_test_servers::{AppProcess, CentralProcess, TempDir, until};
+use throttle_test_servers::TempDir;
 
 use super::case::{Case, Fault, Resource};
 use super::generate::generate;
 use super::oracle::{Verdict, check};
-use crate::sim::{Comeback, NodeFaultKind};
+use super::world::World;
 
 /// Seconds a live case runs.
 pub const SECONDS: i64 = 12;
@@ -57,10 +57,11 @@ impl Binaries {
 
 /// The case of `seed` cut to what two cores run live: requests only, at
 /// most three nodes, [`SECONDS`] long, at most 1,200 requests a second in
-/// all (rates and amounts scaled together), ten rotated keys, a central
-/// killed and started again with or without `--state` (a central cut off
-/// becomes one restarted on its state), and a node killed and started
-/// again (a node cut off is left out).
+/// all (rates and amounts scaled together), ten rotated keys. Its faults
+/// are the simulator's: a central stopped (`SIGSTOP`) and continued where
+/// it is cut off, killed and started again with or without `--state`; a
+/// node killed and started again, or cut off from the central by a
+/// [`Relay`] while it serves.
 pub fn live_case(seed: u64) -> Case {
     let mut case = generate(seed);
     let time = (SECONDS * 1000) as f64 / (case.seconds * 1000) as f64;
@@ -100,21 +101,13 @@ pub fn live_case(seed: u64) -> Case {
     }
     case.faults.retain(|f| match *f {
         Fault::Central { .. } => true,
-        Fault::Node { node, kind, .. } => kind == NodeFaultKind::Restart && node < nodes,
+        Fault::Node { node, .. } => node < nodes,
     });
     for f in &mut case.faults {
         let (from_ms, to_ms) = match f {
-            Fault::Central {
-                from_ms,
-                to_ms,
-                comeback,
-            } => {
-                if *comeback == Comeback::Same {
-                    *comeback = Comeback::Checkpoint { every_ms: 1_000 };
-                }
+            Fault::Central { from_ms, to_ms, .. } | Fault::Node { from_ms, to_ms, .. } => {
                 (from_ms, to_ms)
             }
-            Fault::Node { from_ms, to_ms, .. } => (from_ms, to_ms),
         };
         *from_ms = at(*from_ms).max(2_000);
         *to_ms = at(*to_ms).max(*from_ms + 1_000).min(SECONDS * 1000 - 3_000);
@@ -156,28 +149,8 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
     let dir = TempDir::new("promise");
     let limits = dir.path().join("limits.toml");
     std::fs::write(&limits, case.limits_toml()).expect("limits written");
-    let mut args = vec!["--limits".to_owned(), limits.display().to_string()];
-    let state = case.faults.iter().any(|f| {
-        matches!(
-            f,
-            Fault::Central {
-                comeback: Comeback::Checkpoint { .. },
-                ..
-            }
-        )
-    });
-    if state {
-        let file = dir.path().join("checkpoint").display().to_string();
-        args.extend(["--state".to_owned(), file]);
-    }
-    let mut central = CentralProcess::start(&bins.central, &args);
-    let url = [central.url()];
-    let mut nodes: Vec<AppProcess> = (0..case.nodes)
-        .map(|i| AppProcess::node(&bins.node, &format!("node-{i}"), &url))
-        .collect();
-    until(Duration::from_secs(10), "the nodes connected", || {
-        central.streams().len() == case.nodes
-    });
+    let mut world = World::start(case, bins, &limits);
+    let nodes = &world.nodes;
     let load = Load::new(nodes.iter().map(|n| n.addr).collect(), "/");
     let flows: Vec<Vec<Arc<Flow>>> = (case.loads.iter())
         .map(|l| {
@@ -209,7 +182,7 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
             } else {
                 continue;
             }
-            tokio::task::block_in_place(|| apply(f, *down, &mut central, &mut nodes));
+            tokio::task::block_in_place(|| world.apply(f, *down));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -220,16 +193,6 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
         admitted,
         offered,
         verdict,
-    }
-}
-
-/// Kills the process `fault` names (`down`), or starts it again.
-fn apply(fault: &Fault, down: bool, central: &mut CentralProcess, nodes: &mut [AppProcess]) {
-    match (*fault, down) {
-        (Fault::Central { .. }, true) => central.kill(),
-        (Fault::Central { .. }, false) => central.restart(),
-        (Fault::Node { node, .. }, true) => nodes[node].kill(),
-        (Fault::Node { node, .. }, false) => nodes[node].restart(),
     }
 }
 

@@ -18,6 +18,7 @@ mod generate;
 pub mod live;
 pub mod oracle;
 pub mod simulate;
+mod world;
 
 pub use buckets::{IdealBucket, buckets};
 pub use case::{Case, Fault, Load, Resource, Rule, Span, Who};
