@@ -24,7 +24,7 @@ fn allowed(m: &Miss) -> f64 {
     let sim = match (m.side, m.fault) {
         (Side::Lower, _) => 9.1,
         (Side::Upper, None) => 1.15,
-        (Side::Upper, Some("central restarted without state")) => 6.25,
+        (Side::Upper, Some("central restarted without state")) => 2.9,
         (Side::Upper, Some(_)) => 2.1,
     };
     sim * 1.1

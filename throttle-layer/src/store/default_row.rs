@@ -45,7 +45,15 @@ impl ServiceStore {
             }
         };
         let has_row = decides.is_some_and(|(s, v)| st.row(s, v).is_some());
-        if has_row {
+        if !has_row {
+            self.install_default_row(st, user, slot);
+        }
+    }
+
+    /// Installs `user`'s default row for `slot` in `st`, if the service
+    /// has one for them.
+    pub(super) fn install_default_row(&self, st: &mut UserState, user: &str, slot: i64) {
+        if !self.has_default.load(Ordering::Acquire) {
             return;
         }
         let limits = self.limits.load();

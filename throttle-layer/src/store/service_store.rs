@@ -615,6 +615,12 @@ impl ServiceStore {
         record: bool,
     ) -> Decision {
         if quota_slot != slot {
+            // A last-known table decides, and it may have been sent again
+            // without them since they entered the slot on its row: their
+            // default row holds them, as it would have from the slot's start.
+            if st.row(slot, DEFAULT_VERSION).is_none() {
+                self.install_default_row(st, user, slot);
+            }
             return self.decide_without_table(st, slot, costs, fallback, record);
         }
         if self.has_default.load(Ordering::Acquire) {

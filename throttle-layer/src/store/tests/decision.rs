@@ -544,6 +544,30 @@ fn a_new_user_is_held_to_the_default_quota_without_a_table() {
     assert_eq!(held("alice"), [true, true, false, false], "her last quota");
 }
 
+/// The promise oracle's seed 5859: without a table for the slot, the
+/// last known table is sent again without the user's row (a central that
+/// came back without state, which does not know them yet). The user, who
+/// entered the slot on that table's row, is then held to their default
+/// quota, not let through.
+#[test]
+fn a_last_known_table_sent_again_without_a_user_leaves_them_the_default() {
+    let f = fixture();
+    f.store.set_limits(v1::Limits {
+        service: "front".into(),
+        default_quota: [("requests".to_string(), 2.5)].into(),
+        ..v1::Limits::default()
+    });
+    f.quota(r#"{"front": {"100": {"zoe": {"requests": 1.0}}}}"#);
+    f.clock.set(T + 2_000); // slot 102: no table; 100's names zoe
+    let fallback = Fallback::LastKnownThenAllow(60);
+    assert!(f.admit("zoe", fallback).is_allowed(), "her last quota, 1");
+    f.quota(r#"{"front": {"100": {"alice": {"requests": 1.0}}}}"#);
+    let held: Vec<_> = (0..3).map(|_| f.admit("zoe", fallback)).collect();
+    assert!(held.iter().all(|d| d.basis == Basis::Fallback), "{held:?}");
+    let allowed: Vec<bool> = held.iter().map(Decision::is_allowed).collect();
+    assert_eq!(allowed, [true, true, false], "the default, 2.5: {held:?}");
+}
+
 /// Under a service's capacity, the users without a row take together no
 /// more than the pool the central gives this node, each still within
 /// their default quota, with or without a table for the slot; a user
