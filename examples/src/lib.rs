@@ -52,3 +52,13 @@ pub struct OperationsGuideDoctests;
 #[doc = include_str!("../../docs/guides/policies.md")]
 #[cfg(doctest)]
 pub struct PoliciesGuideDoctests;
+
+#[cfg(test)]
+mod tests {
+    /// The README is a front door, read whole: it stays under 10 KiB.
+    #[test]
+    fn the_readme_stays_under_ten_kib() {
+        let len = include_str!("../../README.md").len();
+        assert!(len < 10_240, "README.md is {len} bytes");
+    }
+}
