@@ -17,9 +17,9 @@
 //! - `filed`: [`FiledUsage`], one report's entries;
 //! - `rollup`: what a batch adds to each row;
 //! - `retention`: [`Retention`], how long each step is kept;
-//! - `rows_query`, `cursor`, `row`: [`RowsQuery`], a page of rows, where it
-//!   ends, and a row;
-//! - `top_query`, `top_row`: [`TopQuery`], the heaviest users, and their
+//! - `rows`: [`RowsQuery`], a page of rows, [`UsageRow`], a row, and
+//!   [`RowCursor`], where a page ends;
+//! - `top`: [`TopQuery`], the heaviest users, and [`TopRow`], their
 //!   totals;
 //! - `sql`: the SQL both backends run;
 //! - `store`: [`UsageStore`], the backends' trait;
@@ -28,35 +28,29 @@
 //! - `config`: [`UsageConfig`], a store and its settings.
 
 mod config;
-mod cursor;
 mod error;
 mod filed;
 mod pending;
 mod postgres;
 mod retention;
 mod rollup;
-mod row;
-mod rows_query;
+mod rows;
 mod sql;
 mod sqlite;
 mod step;
 mod store;
 mod tap;
-mod top_query;
-mod top_row;
+mod top;
 mod writer;
 
 pub use config::UsageConfig;
-pub use cursor::RowCursor;
 pub use error::UsageError;
 pub use filed::{FiledUsage, UsageEntry};
 pub use postgres::PostgresUsage;
 pub use retention::Retention;
-pub use row::UsageRow;
-pub use rows_query::RowsQuery;
+pub use rows::{RowCursor, RowsQuery, UsageRow};
 pub use sqlite::SqliteUsage;
 pub use step::Step;
 pub use store::{UsageStore, Written};
 pub use tap::{QUEUE, UsageTap};
-pub use top_query::TopQuery;
-pub use top_row::TopRow;
+pub use top::{TopQuery, TopRow};

@@ -1,4 +1,56 @@
-//! Where a page of rows ends ([`RowCursor`]).
+//! The rows of the usage store a page at a time: the query
+//! ([`RowsQuery`]), a row ([`UsageRow`]) and where a page ends
+//! ([`RowCursor`]).
+
+use super::step::Step;
+
+/// Rows of one service over `[from_s, to_s)`, in (start, user, resource)
+/// order, a page at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowsQuery {
+    /// The table read.
+    pub step: Step,
+    /// The service.
+    pub service: String,
+    /// Only this user's rows, if set.
+    pub user: Option<String>,
+    /// Only this resource's rows, if set.
+    pub resource: Option<String>,
+    /// The first start included (Unix seconds).
+    pub from_s: i64,
+    /// The first start left out.
+    pub to_s: i64,
+    /// Rows after this one only: the last row of the page before.
+    pub after: Option<RowCursor>,
+    /// Most rows answered.
+    pub limit: usize,
+}
+
+/// One stored row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageRow {
+    /// The start of its minute, hour or day (Unix seconds, UTC).
+    pub start_s: i64,
+    /// The user.
+    pub user: String,
+    /// The resource.
+    pub resource: String,
+    /// Amount admitted.
+    pub admitted: i64,
+    /// Amount refused.
+    pub refused: i64,
+}
+
+impl UsageRow {
+    /// The cursor that asks for the rows after this one.
+    pub fn cursor(&self) -> RowCursor {
+        RowCursor {
+            start_s: self.start_s,
+            user: self.user.clone(),
+            resource: self.resource.clone(),
+        }
+    }
+}
 
 /// Where a page of rows ends: its last row's key.
 #[derive(Debug, Clone, PartialEq, Eq)]

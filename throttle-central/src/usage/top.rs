@@ -1,4 +1,5 @@
-//! The heaviest users of a range, asked of the usage store ([`TopQuery`]).
+//! The heaviest users of a range: the query ([`TopQuery`]) and one
+//! user's totals ([`TopRow`]).
 
 use super::step::Step;
 
@@ -18,4 +19,15 @@ pub struct TopQuery {
     pub to_s: i64,
     /// Most users answered.
     pub n: usize,
+}
+
+/// One user's totals over a [`TopQuery`](super::TopQuery)'s range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopRow {
+    /// The user.
+    pub user: String,
+    /// Amount admitted over the range.
+    pub admitted: i64,
+    /// Amount refused over the range.
+    pub refused: i64,
 }
