@@ -4,13 +4,13 @@
 //! What each user was admitted per Unix second is read by the same
 //! oracle as the simulator's.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use throttle_examples::load::{Flow, Load, unix_second};
 use throttle_test_servers::TempDir;
 
+pub use super::binaries::Binaries;
 use super::case::{Case, Fault, Resource};
 use super::generate::generate;
 use super::oracle::{Verdict, check};
@@ -25,35 +25,6 @@ const MOST_OFFERED: f64 = 1_200.0;
 const MOST_NODES: usize = 3;
 /// Most rotated keys of a live case.
 const MOST_KEYS: usize = 10;
-
-/// The binaries a live case runs.
-#[derive(Debug, Clone)]
-pub struct Binaries {
-    /// `throttle-central`.
-    pub central: String,
-    /// `axum-node`.
-    pub node: String,
-}
-
-impl Binaries {
-    /// The binaries of the build the running program belongs to (`cargo
-    /// test --workspace` builds both), or `None` where they are missing.
-    pub fn of_this_build() -> Option<Self> {
-        let exe = std::env::current_exe().ok()?;
-        let mut dir = exe.parent()?.to_path_buf();
-        if dir.ends_with("deps") {
-            dir.pop();
-        }
-        let find = |name: &str| -> Option<String> {
-            let path: PathBuf = dir.join(name);
-            path.exists().then(|| path.display().to_string())
-        };
-        Some(Self {
-            central: find("throttle-central")?,
-            node: find("axum-node")?,
-        })
-    }
-}
 
 /// The case of `seed` cut to what two cores run live: requests only, at
 /// most three nodes, [`SECONDS`] long, at most 1,200 requests a second in

@@ -12,6 +12,7 @@
 //! assert!(verdict.held(), "{case}\n{:?}", verdict.misses);
 //! ```
 
+mod binaries;
 pub mod buckets;
 pub mod case;
 mod generate;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use throttle_test_servers::{AppProcess, CentralProcess, Etcd, Relay, free_port, until};
 
+use super::binaries::Binaries;
 use super::case::{Case, Fault};
-use super::live::Binaries;
 use crate::sim::{Comeback, NodeFaultKind};
 
 /// The test that starts etcd for a leader failover, as it skips or fails
