@@ -32,7 +32,7 @@ const MOST_KEYS: usize = 10;
 /// are the simulator's: a central stopped (`SIGSTOP`) and continued where
 /// it is cut off, killed and started again with or without `--state`; a
 /// node killed and started again, or cut off from the central by a
-/// [`Relay`] while it serves.
+/// [`Relay`](throttle_test_servers::Relay) while it serves.
 pub fn live_case(seed: u64) -> Case {
     let mut case = generate(seed);
     let time = (SECONDS * 1000) as f64 / (case.seconds * 1000) as f64;
