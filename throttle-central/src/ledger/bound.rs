@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use throttle_proto::v1;
 
-use super::told::{ACTIVE_SLOTS, TOLD_SLOTS};
+use super::told::{ACTIVE_SLOTS, told_nodes};
 use crate::arena::ids::KeyId;
 use crate::arena::key::NodeUsage;
 use crate::arena::state::ServiceState;
@@ -89,10 +89,7 @@ impl Bound {
 /// of its buckets gets one.
 fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
     let mut out = Vec::new();
-    let recent = state.slot.slot_at(now_ms) - 1 - TOLD_SLOTS;
-    let active = (state.last_report.iter())
-        .filter(|(n, s)| **s + state.lag(**n) > recent)
-        .count();
+    let active = told_nodes(state, now_ms);
     for &id in &state.longer {
         let key = state.key(id);
         let pace = (key.buckets())

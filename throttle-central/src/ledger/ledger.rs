@@ -16,7 +16,7 @@ use super::gaps::{Gaps, Lost};
 use super::ingested::Ingested;
 use super::service::{PolicyFactory, Service};
 use super::source::ReportSource;
-use super::told::TOLD_SLOTS;
+use super::told::told_nodes;
 use crate::arena::charge::Charge;
 use crate::arena::filing_at::Filing;
 use crate::arena::ids::{Map, NodeId, valid_name};
@@ -775,14 +775,8 @@ impl Ledger {
     /// `None` for a service the ledger does not know.
     pub fn told(&mut self, service: &str, now_ms: i64) -> Option<Arc<v1::Limits>> {
         let slot_ms = self.config.slot.as_ms();
-        let current = self.config.slot.slot_at(now_ms);
         let svc = self.services.get_mut(service)?;
-        let recent = current - 1 - TOLD_SLOTS;
-        let state = &svc.state;
-        let reports = state.last_report.iter();
-        let nodes = reports
-            .filter(|(n, s)| **s + state.lag(**n) > recent)
-            .count();
+        let nodes = told_nodes(&svc.state, now_ms);
         let limits = (&svc.state.rules, svc.state.hierarchy.as_deref());
         svc.told.read(service, limits, nodes, slot_ms)
     }

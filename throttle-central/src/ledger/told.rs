@@ -14,6 +14,7 @@ use std::sync::Arc;
 use throttle_proto::v1;
 
 use crate::arena::rules::ServiceRules;
+use crate::arena::state::ServiceState;
 use crate::limits::{Hierarchy, Limit, limited_resources, resolve};
 
 /// Most users with a rule of their own one [`v1::Limits`] lists.
@@ -28,7 +29,16 @@ pub(super) const ACTIVE_SLOTS: i64 = 5;
 /// (the last known quotas for 60 slots) keeps applying it that long, out
 /// of the central's sight. Counting only the nodes active lately would
 /// give the first nodes back after an outage the whole of it each.
-pub(super) const TOLD_SLOTS: i64 = 60;
+const TOLD_SLOTS: i64 = 60;
+
+/// How many nodes of `state`'s service share what the nodes are told at
+/// `now_ms`: those heard from in the last [`TOLD_SLOTS`].
+pub(super) fn told_nodes(state: &ServiceState, now_ms: i64) -> usize {
+    let recent = state.slot.slot_at(now_ms) - 1 - TOLD_SLOTS;
+    (state.last_report.iter())
+        .filter(|(n, s)| **s + state.lag(**n) > recent)
+        .count()
+}
 
 /// A service's [`v1::Limits`], as last built.
 #[derive(Debug, Default)]
