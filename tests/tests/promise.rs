@@ -25,12 +25,12 @@ fn ceiling(side: Side, fault: Option<&str>) -> f64 {
     match (side, fault) {
         (Side::Lower, _) => 9.1,
         (Side::Upper, None) => 1.15,
-        (Side::Upper, Some("central cut off")) => 1.9,
-        (Side::Upper, Some("central restarted with --state")) => 2.1,
-        (Side::Upper, Some("central restarted without state")) => 2.9,
-        (Side::Upper, Some("leader failover")) => 1.75,
+        (Side::Upper, Some("central cut off")) => 1.4,
+        (Side::Upper, Some("central restarted with --state")) => 1.55,
+        (Side::Upper, Some("central restarted without state")) => 2.5,
+        (Side::Upper, Some("leader failover")) => 1.7,
         (Side::Upper, Some("node restarted")) => 1.45,
-        (Side::Upper, Some("node cut off")) => 1.5,
+        (Side::Upper, Some("node cut off")) => 1.4,
         (Side::Upper, Some(_)) => 1.0,
     }
 }
@@ -155,6 +155,32 @@ fn a_new_key_after_an_outage_is_split_over_every_node_of_the_service() {
 #[test]
 fn a_table_sent_again_without_a_user_holds_them_to_the_default() {
     held(5859);
+}
+
+/// Seed 5375: ben, 5x over his per-second bucket (burst 4.9 s), when his
+/// central is cut off for 28 s: the node's last quota held the stored
+/// burst he was spending (411,648 of 108,544 a second) and the fallback
+/// repeated it every slot (1.87x over six slots). A key granted more than
+/// a slot of its rate is now told its bucket as a budget that refills at
+/// the rate: what is left is the first slot's quota, granted before his
+/// last report came in.
+#[test]
+fn a_stored_burst_is_not_repeated_through_an_outage() {
+    let case = promise::generate(5375);
+    let (_, verdict) = simulate::run(&case);
+    let worst = verdict.misses.iter().map(|m| m.ratio()).fold(0.0, f64::max);
+    assert!(worst <= 1.2, "{worst}\n{case}");
+}
+
+/// Seed 6365: key-11, a `*` user of only `per_hour` (117) and `per_day`,
+/// spent their hour in one slot just before the leader was killed; the
+/// answer to the nodes' last report had come ahead, with the grants of
+/// the slot before for the next one, and the nodes applied it as a quota
+/// in a slot the central never saw (220 over three slots, 1.70x). A
+/// table that came ahead now leaves the budget to hold.
+#[test]
+fn a_table_that_came_ahead_does_not_outrun_a_budget_in_a_failover() {
+    held(6365);
 }
 
 /// Seed 9427: a key freed by retention stayed in the list of keys of

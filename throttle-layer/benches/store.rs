@@ -10,6 +10,9 @@
 //!   under both: the user's count found in a papaya map and bumped with
 //!   an atomic add, nothing else; `admit/allowed/slot-quota`, the least a
 //!   decision costs (see `Floor::SlotQuota`).
+//!   `admit/allowed/with-budgets` is `allowed/throttle` in a service
+//!   where the central told one user in a hundred a budget
+//!   ([`v1::Budget`]): every admission there is spent from them.
 //! - `threads2/*`: the same (and the `slot-quota` floor) from 2 threads
 //!   at once; the time is per decision per thread, so equal numbers mean
 //!   perfect scaling.
@@ -183,6 +186,32 @@ fn admit(c: &mut Criterion) {
             black_box(
                 front
                     .admit(&names[i], &[(req, 1)], Fallback::Allow)
+                    .decision,
+            )
+        })
+    });
+    // The same, with budgets told for one user in a hundred.
+    let (_b, budgeted, breq, _rb) = store(1e15);
+    budgeted.set_bound(v1::Bound {
+        service: "front".into(),
+        keys: Vec::new(),
+        budgets: (names.iter().step_by(100))
+            .map(|user| v1::Budget {
+                user: user.clone(),
+                resource: "requests".into(),
+                window_seconds: 1,
+                remaining: 1e15,
+                nodes: 1,
+                refill: 1e6,
+            })
+            .collect(),
+    });
+    g.bench_function("allowed/with-budgets", |b| {
+        b.iter(|| {
+            i = (i + 1) % USERS;
+            black_box(
+                budgeted
+                    .admit(&names[i], &[(breq, 1)], Fallback::Allow)
                     .decision,
             )
         })

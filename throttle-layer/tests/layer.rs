@@ -819,6 +819,7 @@ fn alice_has_left_of_the_hour(store: &SlotStore, remaining: f64) {
         window_seconds: 3600,
         remaining,
         nodes: 2,
+        refill: 0.0,
     };
     store.set_bound(v1::Bound {
         service: "front".into(),

@@ -264,7 +264,7 @@ proptest! {
             Kind::Bound(v1::Bound {
                 service: leader.clone(),
                 keys: vec![v1::BoundKey { user: leader.clone(), resource: "requests".into(), window_seconds: 60 }],
-                budgets: vec![v1::Budget { user: leader.clone(), resource: "requests".into(), window_seconds: 3600, remaining: 200.5, nodes: 2 }],
+                budgets: vec![v1::Budget { user: leader.clone(), resource: "requests".into(), window_seconds: 3600, remaining: 200.5, nodes: 2, refill: 0.5 }],
             }),
         ] {
             let bytes = v1::CentralMessage { kind: Some(kind.clone()) }.encode_to_vec();

@@ -8,7 +8,10 @@
 //! longer period: what its bucket still holds, which a node keeps to while
 //! the central is away. A node with last slot's quota would otherwise
 //! admit at that pace through the whole outage, whatever the hour or the
-//! day had left.
+//! day had left. So, too, for the keys whose newest quotas, all nodes
+//! together, hold more than a slot of their per-second rate: a stored
+//! burst, which a node repeating its last quota would take again every
+//! slot.
 
 use std::sync::Arc;
 
@@ -19,6 +22,7 @@ use crate::arena::ids::KeyId;
 use crate::arena::key::NodeUsage;
 use crate::arena::state::ServiceState;
 use crate::limits::Period;
+use crate::policy::Assignment;
 
 /// Most keys one [`v1::Bound`] lists.
 pub const MAX_BOUND_KEYS: usize = 100_000;
@@ -27,6 +31,10 @@ pub const MAX_BOUND_KEYS: usize = 100_000;
 /// longer buckets holds less than this many seconds of its per-second
 /// rate: an outage this long at that rate cannot spend the others.
 pub(super) const BUDGET_SECONDS: f64 = 120.0;
+
+/// A key's per-second bucket is given a budget when its newest grants, all
+/// nodes together, are more than this many slots of its rate.
+pub(super) const BURST_SLOTS: f64 = 1.05;
 
 /// A service's bound keys as last read: each key's id, generation and
 /// binding window, and the message built from them.
@@ -38,17 +46,25 @@ pub(crate) struct Bound {
 }
 
 impl Bound {
-    /// The keys of `service` (its keys: `state`) bound now by a longer
-    /// period than their shortest. Asked every tick: the keys are compared
-    /// by id first, and the message is built (names copied) only when
-    /// they or the budgets changed.
+    /// The keys of `service` (its keys: `state`, its newest assignment:
+    /// `newest`) bound now by a longer period than their shortest. Asked
+    /// every tick: the keys are compared by id first, and the message is
+    /// built (names copied) only when they or the budgets changed.
     pub(crate) fn read(
         &mut self,
         service: &str,
         state: &ServiceState,
+        newest: Option<&Assignment>,
         now_ms: i64,
     ) -> Option<Arc<v1::Bound>> {
-        let budgets = budgets(state, now_ms);
+        let mut budgets = budgets(state, now_ms);
+        if let Some(newest) = newest {
+            bursts(state, newest, now_ms, &mut budgets);
+        }
+        budgets.sort_unstable_by(|a, b| {
+            let (ka, kb) = ((&a.user, &a.resource), (&b.user, &b.resource));
+            (ka, a.window_seconds).cmp(&(kb, b.window_seconds))
+        });
         let keys: Vec<(KeyId, u32, u32)> = (state.longer.iter())
             .map(|&id| (id, state.key(id)))
             .filter(|(_, key)| {
@@ -109,11 +125,48 @@ fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
                 window_seconds: period.window_seconds(),
                 remaining,
                 nodes,
+                refill: bucket.rate(),
             });
         }
     }
-    out.sort_unstable_by(|a, b| (&a.user, &a.resource).cmp(&(&b.user, &b.resource)));
     out
+}
+
+/// Adds to `out` the per-second budgets of `state`'s keys whose grants in
+/// `newest`, all nodes together, hold more than [`BURST_SLOTS`] slots of
+/// their per-second rate: what the bucket holds at `now_ms` and its rate,
+/// shared as [`budgets`] shares them.
+fn bursts(state: &ServiceState, newest: &Assignment, now_ms: i64, out: &mut Vec<v1::Budget>) {
+    let mut granted = vec![0.0f64; state.key_count()];
+    for (_, grants) in newest.iter() {
+        for (&k, &amount) in grants.keys().iter().zip(grants.amounts()) {
+            if let Some(total) = granted.get_mut(k.index()) {
+                *total += f64::from(amount);
+            }
+        }
+    }
+    let slot_seconds = f64::from(state.slot.as_ms()) / 1000.0;
+    let active = told_nodes(state, now_ms);
+    for (i, &total) in granted.iter().enumerate() {
+        if total <= 0.0 || out.len() >= MAX_BOUND_KEYS {
+            continue;
+        }
+        let key = state.key(KeyId(i as u32));
+        let Some((_, bucket)) = key.buckets().find(|(p, _)| *p == Period::Second) else {
+            continue;
+        };
+        if total <= bucket.rate() * slot_seconds * BURST_SLOTS + 1.0 {
+            continue;
+        }
+        out.push(v1::Budget {
+            user: key.user().to_owned(),
+            resource: key.resource().to_owned(),
+            window_seconds: Period::Second.window_seconds(),
+            remaining: bucket.level_at(now_ms).max(0.0).floor(),
+            nodes: recent_nodes(key.nodes()).max(active as u32),
+            refill: bucket.rate(),
+        });
+    }
 }
 
 /// How many nodes reported a key in the last slots of its newest report

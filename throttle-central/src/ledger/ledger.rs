@@ -786,6 +786,7 @@ impl Ledger {
     /// `None` for a service the ledger does not know.
     pub fn bound(&mut self, service: &str, now_ms: i64) -> Option<Arc<v1::Bound>> {
         let svc = self.services.get_mut(service)?;
-        svc.bound.read(service, &svc.state, now_ms)
+        let newest = svc.book.values().next_back();
+        svc.bound.read(service, &svc.state, newest, now_ms)
     }
 }

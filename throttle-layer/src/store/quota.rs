@@ -8,7 +8,7 @@ use metrics::counter;
 use throttle_proto::MAX_NAME_LEN;
 
 use super::resource::MAX_RESOURCES;
-use super::service_store::{QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore, VERSION_MASK};
+use super::service_store::{AHEAD_BIT, QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore};
 use super::user::{UserState, whole_units};
 use super::users::{UserLock, Users, with_users};
 
@@ -16,18 +16,52 @@ use super::users::{UserLock, Users, with_users};
 #[derive(Clone, Copy)]
 pub(super) struct Install<'a>(pub(super) &'a ServiceStore);
 
+/// How a quota's tables are installed: at slot `now`, and whether those
+/// of slots after it came ahead, in an answer to a report (rendered
+/// before the reports of the slot before them were in, from the grants
+/// of that slot; a push at the next assign replaces them). While a node
+/// applies a table that came ahead, the budgets the central told it hold
+/// as without a table: the grants it repeats were never meant for a slot
+/// the central does not see.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ahead {
+    pub(super) now: i64,
+    answer: bool,
+}
+
+impl Ahead {
+    /// For a quota answering a report (`report_slot` given), at `now`.
+    pub(super) fn of(report_slot: Option<i64>, now: i64) -> Self {
+        Self {
+            now,
+            answer: report_slot.is_some(),
+        }
+    }
+
+    /// The bit a table of `slot` is published with.
+    fn bit(self, slot: i64) -> u64 {
+        if self.answer && slot > self.now {
+            AHEAD_BIT
+        } else {
+            0
+        }
+    }
+}
+
 impl Install<'_> {
     /// Installs one (service, slot) table: `users`, each with its
     /// (resource, quota) pairs, as prost decoded them or read in place.
-    pub(super) fn apply<'a, U, R>(&self, slot: i64, users: U, now_slot: i64)
+    pub(super) fn apply<'a, U, R>(&self, slot: i64, users: U, ahead: Ahead)
     where
         U: Iterator<Item = (&'a str, R)> + Clone,
         R: Iterator<Item = (&'a str, f64)>,
     {
         let _g = self.0.register.lock();
+        let now_slot = ahead.now;
         let Some((idx, published, row_version)) = self.next_version(slot) else {
             return;
         };
+        let published = published | ahead.bit(slot);
         if self.0.users.get().is_none() {
             // The map's cell class is fixed when it is made: count this
             // table's resources first.
@@ -73,7 +107,7 @@ impl Install<'_> {
         let old = self.0.ring[idx].load(Ordering::Acquire);
         let tag = (slot as u64 & SLOT_MASK) << (64 - SLOT_BITS);
         let version = if old >> (64 - SLOT_BITS) == tag >> (64 - SLOT_BITS) {
-            old & VERSION_MASK
+            old & u64::from(u16::MAX)
         } else {
             0
         } + 1;
@@ -92,8 +126,9 @@ impl Install<'_> {
     /// same quotas for `slot`, as if that table had come again for `slot`.
     /// Returns whether a table for `from` is installed; without one
     /// nothing is.
-    pub(super) fn copy_table(&self, slot: i64, from: i64, now_slot: i64) -> bool {
+    pub(super) fn copy_table(&self, slot: i64, from: i64, ahead: Ahead) -> bool {
         let _g = self.0.register.lock();
+        let now_slot = ahead.now;
         let Some(from_version) = self.0.quota_version(from) else {
             return false;
         };
@@ -103,6 +138,7 @@ impl Install<'_> {
         let Some((idx, published, row_version)) = self.next_version(slot) else {
             return true;
         };
+        let published = published | ahead.bit(slot);
         if let Some(users) = self.0.users.get() {
             with_users!(users, map => {
                 let users = map.pin();

@@ -18,7 +18,7 @@ use super::fallback::Fallback;
 use super::limits::{Allowance, Bound, ServiceLimits};
 use super::resource::{MAX_RESOURCES, ResourceId};
 use super::user::{Overflow, UserState};
-use super::users::{Entry, Guard, Name, UserGuard, UserLock, UserMap, Users, with_users};
+use super::users::{Entry, Guard, Name, UserGuard, UserLock, UserMap, Users, used_in, with_users};
 
 /// Slots of quota history a user keeps besides the current and coming ones.
 pub(super) const QUOTA_RING: usize = 16;
@@ -28,6 +28,9 @@ pub(super) const SLOT_BITS: u32 = 40;
 pub(super) const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
 pub(super) const VERSION_MASK: u64 = (1 << (64 - SLOT_BITS)) - 1;
+/// Set beside a table's version when it came ahead, in an answer to a
+/// report for a slot to come (`quota.rs`, `Ahead`).
+pub(super) const AHEAD_BIT: u64 = 1 << 16;
 
 /// The version of a default row: above any table's, so it is current for
 /// every table of its slot until a row of the user's own replaces it.
@@ -125,7 +128,9 @@ impl ServiceStore {
         let window = match told {
             Some(w) => Some(w),
             None if self.has_budgets.load(Ordering::Relaxed) => {
-                self.budgets.load().spent_window(user, resource)
+                self.budgets
+                    .load()
+                    .spent_window(user, resource, self.now_ms())
             }
             None => None,
         };
@@ -143,7 +148,12 @@ impl ServiceStore {
     #[doc(hidden)]
     pub fn set_bound(&self, mut bound: v1::Bound) {
         let list = std::mem::take(&mut bound.budgets);
-        let budgets = Budgets::from_message(list, |r| self.find_resource(r));
+        let now = self.now_ms();
+        let slot = self.slot.slot_at(now);
+        let budgets = Budgets::from_message(list, now, |r| self.find_resource(r));
+        // What the central told was left before this slot's admissions,
+        // which it has not heard of yet: they are spent from it.
+        budgets.spend_each(|user, r| used_in(self.user_map(), user, r, slot));
         self.has_budgets
             .store(!budgets.is_empty(), Ordering::Relaxed);
         self.budgets.store(Arc::new(budgets));
@@ -291,12 +301,17 @@ impl ServiceStore {
 impl ServiceStore {
     #[inline]
     pub(super) fn current_slot(&self) -> i64 {
-        let ms = if self.coarse_clock {
+        self.slot.slot_at(self.now_ms())
+    }
+
+    /// The store's clock, in ms.
+    #[inline]
+    fn now_ms(&self) -> i64 {
+        if self.coarse_clock {
             CoarseClock::now()
         } else {
             self.clock.now_ms()
-        };
-        self.slot.slot_at(ms)
+        }
     }
 
     /// The version of the quota table for `slot`, if one was received.
@@ -306,6 +321,13 @@ impl ServiceStore {
         // `apply` publishes versions up to `u16::MAX` only.
         (v != 0 && v >> (64 - SLOT_BITS) == slot as u64 & SLOT_MASK)
             .then_some((v & VERSION_MASK) as u16)
+    }
+
+    /// Whether the table for `slot`, if one was received, came ahead
+    /// (`quota.rs`, `Ahead`).
+    fn quota_ahead(&self, slot: i64) -> bool {
+        let v = self.ring[slot.rem_euclid(QUOTA_RING as i64) as usize].load(Ordering::Acquire);
+        self.quota_version(slot).is_some() && v & AHEAD_BIT != 0
     }
 
     /// The newest table of the `n` slots before `slot`: the newest one
@@ -523,8 +545,8 @@ impl ServiceStore {
         record: bool,
     ) -> Decision {
         let budgets = self.budgets.load();
-        let on_quota = self.quota_version(slot).is_some();
-        if !on_quota && let Some((resource, left)) = budgets.short(user, costs) {
+        let on_quota = self.quota_version(slot).is_some() && !self.quota_ahead(slot);
+        if !on_quota && let Some((resource, left)) = budgets.short(user, costs, self.now_ms()) {
             let used = st.cell(resource.index()).used;
             if record {
                 let cell = st.cell(resource.index());

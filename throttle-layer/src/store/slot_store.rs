@@ -15,7 +15,7 @@ use throttle_proto::{MAX_NAME_LEN, v1};
 
 use super::blocked::Blocked;
 use super::collect::Drain;
-use super::quota::Install;
+use super::quota::{Ahead, Install};
 use super::service_store::{QUOTA_RING, ServiceStore};
 use super::user::Overflow;
 
@@ -229,20 +229,23 @@ impl SlotStore {
     /// replaces any earlier one for that slot, then each of its
     /// [`refs`](v1::Quota::refs) installs a copy of a table already
     /// installed. Slots more than 16 slots in the past or future are
-    /// ignored.
+    /// ignored. The tables of an answer to a report for slots to come are
+    /// marked ahead: while the node applies one, the budgets the central
+    /// told it hold as without a table.
     pub fn apply_quota(&self, quota: &v1::Quota) {
         let now = self.current_slot();
+        let ahead = Ahead::of(quota.report_slot, now);
         for (name, sq) in &quota.services {
             for (&slot, users) in &sq.slots {
                 let users = users.users.iter().map(|(user, rq)| {
                     let resources = rq.resources.iter().map(|(r, &q)| (r.as_str(), q));
                     (user.as_str(), resources)
                 });
-                self.apply_table(name, slot, users, now);
+                self.apply_table(name, slot, users, ahead);
             }
         }
         for r in &quota.refs {
-            self.apply_ref(&r.service, r.slot, r.from_slot, now);
+            self.apply_ref(&r.service, r.slot, r.from_slot, ahead);
         }
     }
 
@@ -251,21 +254,23 @@ impl SlotStore {
     /// them into maps first.
     pub fn apply_raw_quota(&self, quota: &RawQuota) {
         let now = self.current_slot();
+        let ahead = Ahead::of(quota.report_slot(), now);
         for (name, slot, users) in quota.tables() {
-            self.apply_table(name, slot, users, now);
+            self.apply_table(name, slot, users, ahead);
         }
         for (name, slot, from) in quota.refs() {
-            self.apply_ref(name, slot, from, now);
+            self.apply_ref(name, slot, from, ahead);
         }
     }
 
-    pub(super) fn apply_table<'a, U, R>(&self, name: &str, slot: i64, users: U, now: i64)
+    pub(super) fn apply_table<'a, U, R>(&self, name: &str, slot: i64, users: U, ahead: Ahead)
     where
         U: Iterator<Item = (&'a str, R)> + Clone,
         R: Iterator<Item = (&'a str, f64)>,
     {
+        let now = ahead.now;
         if self.installable(name, slot, now) {
-            Install(&self.service(name)).apply(slot, users, now);
+            Install(&self.service(name)).apply(slot, users, ahead);
             counter!("throttle_quota_tables_installed_total", "service" => name.to_owned())
                 .increment(1);
         }
@@ -276,13 +281,13 @@ impl SlotStore {
     /// central node sends one only after the table, on the same stream)
     /// installs nothing, so the slot goes to the [`Fallback`]: counted and
     /// logged.
-    pub(super) fn apply_ref(&self, name: &str, slot: i64, from: i64, now: i64) {
-        if !self.installable(name, slot, now) {
+    pub(super) fn apply_ref(&self, name: &str, slot: i64, from: i64, ahead: Ahead) {
+        if !self.installable(name, slot, ahead.now) {
             return;
         }
         if self
             .served(name)
-            .is_some_and(|s| Install(&s).copy_table(slot, from, now))
+            .is_some_and(|s| Install(&s).copy_table(slot, from, ahead))
         {
             counter!("throttle_quota_tables_installed_total", "service" => name.to_owned())
                 .increment(1);

@@ -3,7 +3,7 @@
 
 use compact_str::CompactString;
 
-use super::resource::MAX_RESOURCES;
+use super::resource::{MAX_RESOURCES, ResourceId};
 use super::user::{Cell, UserState};
 
 /// The per-user lock. A spin lock rather than `parking_lot`'s: its unlock is
@@ -119,4 +119,18 @@ impl Users {
         }
         with_users!(self, m => of(m))
     }
+}
+
+/// What `user` was admitted of `resource` in `slot`, if `users` knows
+/// them: what a budget told during the slot has not counted.
+pub(super) fn used_in(users: &Users, user: &str, resource: ResourceId, slot: i64) -> i64 {
+    with_users!(users, map => {
+        let guard = map.guard();
+        map.get(&Name(user), &guard).map_or(0, |entry| {
+            let state: &UserLock<UserState> = entry;
+            let st = state.lock();
+            let cell = st.cells().get(resource.index());
+            cell.filter(|_| st.slot == slot).map_or(0, |c| c.used)
+        })
+    })
 }

@@ -358,3 +358,30 @@ fn a_budget_is_told_when_a_longer_period_runs_low() {
     };
     assert!((500.0..502.0).contains(&remaining), "{remaining}");
 }
+
+/// A key granted more than a slot of its per-second rate (a stored burst)
+/// is told its per-second bucket as a budget, with its rate as the refill,
+/// so that a node repeating its last quota through an outage takes the
+/// burst once; a key granted about its rate is not.
+#[test]
+fn a_stored_burst_is_told_as_a_budget_that_refills_at_the_rate() {
+    let mut l = keeping(5);
+    let limits = "[[limit]]\nservice = \"front\"\nusers = [\"ann\", \"bob\"]\nper_second = { requests = 100 }\nburst_seconds = 10\n";
+    l.apply_limits("front", &rules(limits), T);
+    let mut now = T;
+    for slot in 100..112 {
+        // Ann takes a little of her rate, bob ten times it.
+        let used = r#"{"ann": {"requests": 20}, "bob": {"requests": 1000}}"#;
+        l.ingest(&report("n1", slot, used, "{}"), now).unwrap();
+        l.assign(now + 500);
+        now += 1_000;
+    }
+    let bound = l.bound("front", now).unwrap();
+    let told: Vec<_> = (bound.budgets.iter())
+        .map(|b| (b.user.as_str(), b.window_seconds, b.nodes, b.refill))
+        .collect();
+    let grants = l.grants(NodeId::test(0), "front", 112).map(|(_, g)| g.amounts().to_vec());
+    assert_eq!(told, [("ann", 1, 1, 100.0)], "grants {grants:?}");
+    let remaining = bound.budgets[0].remaining;
+    assert!((900.0..=1000.0).contains(&remaining), "{remaining}");
+}

@@ -620,3 +620,39 @@ fn the_users_without_a_row_share_the_newcomers_pool() {
     });
     assert_eq!(one.count(), 5, "no rule of its own, the pool alone");
 }
+
+/// A table that came ahead, in an answer to a report, is applied in its
+/// slot, but the budgets the central told hold there as without a table:
+/// its grants were rendered before the slot before was reported. A push
+/// of the same slot is a quota the budget does not hold.
+#[test]
+fn a_table_that_came_ahead_leaves_the_budget_to_hold() {
+    let f = fixture();
+    let budget = v1::Budget {
+        user: "zoe".into(),
+        resource: "requests".into(),
+        window_seconds: 3600,
+        remaining: 2.0,
+        nodes: 1,
+        refill: 0.0,
+    };
+    f.store.set_bound(v1::Bound {
+        service: "front".into(),
+        budgets: vec![budget],
+        ..v1::Bound::default()
+    });
+    let mut answer = quota_from_json(r#"{"front": {"101": {"zoe": {"requests": 10.0}}}}"#).unwrap();
+    answer.report_slot = Some(100);
+    f.store.apply_quota(&answer);
+    f.clock.set(T + 1_000);
+    let held: Vec<bool> = (0..4)
+        .map(|_| f.admit("zoe", Fallback::default()).is_allowed())
+        .collect();
+    assert_eq!(held, [true, true, false, false], "the budget, 2");
+    f.quota(r#"{"front": {"101": {"zoe": {"requests": 10.0}}}}"#);
+    assert!(
+        f.admit("zoe", Fallback::default()).is_allowed(),
+        "pushed: on quota"
+    );
+    assert_eq!(f.admit("zoe", Fallback::default()).basis, Basis::Quota);
+}
