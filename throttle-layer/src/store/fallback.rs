@@ -16,9 +16,10 @@ use std::str::FromStr;
 /// meanwhile and the debt then refuses them for seconds
 /// (`docs/accuracy.md`, "Outages").
 ///
-/// Whatever the fallback, a user the central gave a budget of a longer
-/// period (a minute, an hour or a day nearly spent) is admitted, without
-/// a quota, no more than this node's share of it.
+/// Whatever the fallback, a user the central gave a budget (a minute, an
+/// hour or a day nearly spent, or a per-second bucket's stored burst
+/// being spent) is admitted, without a quota, no more than this node's
+/// share of it and of its refill since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fallback {
     /// Let everything through (fail-open, the legacy behaviour).
