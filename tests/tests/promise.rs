@@ -23,7 +23,7 @@ const BLOCKS: u64 = 8;
 /// case past it is a new miss.
 fn ceiling(side: Side, fault: Option<&str>) -> f64 {
     match (side, fault) {
-        (Side::Lower, _) => 9.1,
+        (Side::Lower, _) => 12.9,
         (Side::Upper, None) => 1.15,
         (Side::Upper, Some("central cut off")) => 1.4,
         (Side::Upper, Some("central restarted with --state")) => 1.55,
@@ -31,6 +31,8 @@ fn ceiling(side: Side, fault: Option<&str>) -> f64 {
         (Side::Upper, Some("leader failover")) => 1.7,
         (Side::Upper, Some("node restarted")) => 1.45,
         (Side::Upper, Some("node cut off")) => 1.4,
+        (Side::Upper, Some("etcd stopped")) => 1.4,
+        (Side::Upper, Some("etcd killed")) => 1.3,
         (Side::Upper, Some(_)) => 1.0,
     }
 }

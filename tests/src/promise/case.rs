@@ -3,7 +3,7 @@
 
 use std::fmt::{self, Write as _};
 
-use crate::sim::{Comeback, NodeFaultKind};
+use crate::sim::{Comeback, NodeFaultKind, Outage};
 
 /// The one service of every case.
 pub const SERVICE: &str = "front";
@@ -122,6 +122,20 @@ pub enum Fault {
         /// Who answers after.
         comeback: Comeback,
     },
+    /// etcd stopped (`SIGSTOP`) or killed from `from_ms` to `to_ms`,
+    /// under two centrals with `--etcd --state etcd` (the operations
+    /// guide's setup): the leader leads on until its lease could end
+    /// ([`ETCD_LEAD_ON_MS`]), then none does until etcd is back and one
+    /// is elected ([`Fault::etcd_back_ms`]), restoring the checkpoint
+    /// written before etcd went away (none is written while it is).
+    Etcd {
+        /// From when.
+        from_ms: i64,
+        /// Until when.
+        to_ms: i64,
+        /// Killed and started again on its data, not stopped.
+        killed: bool,
+    },
     /// Node `node` restarted or cut off from `from_ms` to `to_ms`.
     Node {
         /// Which node.
@@ -135,14 +149,67 @@ pub enum Fault {
     },
 }
 
+/// How long a leader leads on after etcd stops answering: a fifth of the
+/// default 2 s TTL before its lease could end, counted from its last
+/// renewal sent, one beat (100 ms) at most before.
+pub const ETCD_LEAD_ON_MS: i64 = 1_550;
+
 impl Fault {
-    /// The ms it covers.
-    pub fn span_ms(&self) -> (i64, i64) {
+    /// The ms it is applied over: what a live run does when.
+    pub fn applied_ms(&self) -> (i64, i64) {
         match *self {
-            Self::Central { from_ms, to_ms, .. } | Self::Node { from_ms, to_ms, .. } => {
-                (from_ms, to_ms)
-            }
+            Self::Central { from_ms, to_ms, .. }
+            | Self::Etcd { from_ms, to_ms, .. }
+            | Self::Node { from_ms, to_ms, .. } => (from_ms, to_ms),
         }
+    }
+
+    /// The ms it covers: as applied, and for etcd until a central leads
+    /// again.
+    pub fn span_ms(&self) -> (i64, i64) {
+        let (from_ms, to_ms) = self.applied_ms();
+        (from_ms, to_ms + self.etcd_back_ms())
+    }
+
+    /// For etcd, how long after it is back a central leads (as the
+    /// operations guide measured it: 0.16-0.27 s after a `SIGCONT`,
+    /// 1.24-1.92 s after a restart); 0 for any other fault.
+    pub fn etcd_back_ms(&self) -> i64 {
+        match *self {
+            Self::Etcd { killed: false, .. } => 300,
+            Self::Etcd { killed: true, .. } => 1_900,
+            _ => 0,
+        }
+    }
+
+    /// The time no central answers, for a fault of the central or etcd.
+    pub fn outage(&self) -> Option<Outage> {
+        let (from_ms, to_ms, comeback, checkpoints_until_ms) = match *self {
+            Self::Central {
+                from_ms,
+                to_ms,
+                comeback,
+            } => (from_ms, to_ms, comeback, None),
+            Self::Etcd { from_ms, .. } => {
+                let (_, back) = self.span_ms();
+                let every_ms = 1_000;
+                let until = Some(from_ms);
+                (
+                    from_ms + ETCD_LEAD_ON_MS,
+                    back,
+                    Comeback::Checkpoint { every_ms },
+                    until,
+                )
+            }
+            Self::Node { .. } => return None,
+        };
+        (to_ms > from_ms).then_some(Outage {
+            from_ms,
+            to_ms,
+            comeback,
+            spread_ms: 0,
+            checkpoints_until_ms,
+        })
     }
 
     /// The name of its kind, as `docs/accuracy.md` writes it.
@@ -165,6 +232,8 @@ impl Fault {
                 comeback: Comeback::Fresh,
                 ..
             } => "central restarted without state",
+            Self::Etcd { killed: false, .. } => "etcd stopped",
+            Self::Etcd { killed: true, .. } => "etcd killed",
             Self::Node {
                 kind: NodeFaultKind::Restart,
                 ..

@@ -30,9 +30,11 @@ const MOST_KEYS: usize = 10;
 /// most three nodes, [`SECONDS`] long, at most 1,200 requests a second in
 /// all (rates and amounts scaled together), ten rotated keys. Its faults
 /// are the simulator's: a central stopped (`SIGSTOP`) and continued where
-/// it is cut off, killed and started again with or without `--state`; a
-/// node killed and started again, or cut off from the central by a
-/// [`Relay`](throttle_test_servers::Relay) while it serves.
+/// it is cut off, killed and started again with or without `--state`;
+/// etcd stopped and continued, or killed and started again on its data,
+/// under two centrals; a node killed and started again, or cut off from
+/// the central by a [`Relay`](throttle_test_servers::Relay) while it
+/// serves.
 pub fn live_case(seed: u64) -> Case {
     let mut case = generate(seed);
     let time = (SECONDS * 1000) as f64 / (case.seconds * 1000) as f64;
@@ -71,14 +73,14 @@ pub fn live_case(seed: u64) -> Case {
         }
     }
     case.faults.retain(|f| match *f {
-        Fault::Central { .. } => true,
+        Fault::Central { .. } | Fault::Etcd { .. } => true,
         Fault::Node { node, .. } => node < nodes,
     });
     for f in &mut case.faults {
         let (from_ms, to_ms) = match f {
-            Fault::Central { from_ms, to_ms, .. } | Fault::Node { from_ms, to_ms, .. } => {
-                (from_ms, to_ms)
-            }
+            Fault::Central { from_ms, to_ms, .. }
+            | Fault::Etcd { from_ms, to_ms, .. }
+            | Fault::Node { from_ms, to_ms, .. } => (from_ms, to_ms),
         };
         *from_ms = at(*from_ms).max(2_000);
         *to_ms = at(*to_ms).max(*from_ms + 1_000).min(SECONDS * 1000 - 3_000);
@@ -145,7 +147,7 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
             }
         }
         for (f, down) in case.faults.iter().zip(&mut down) {
-            let (from_ms, to_ms) = f.span_ms();
+            let (from_ms, to_ms) = f.applied_ms();
             if !*down && (from_ms..to_ms).contains(&t) {
                 *down = true;
             } else if *down && t >= to_ms {

@@ -7,7 +7,7 @@ use throttle_central::policy::Projected;
 use super::buckets::buckets;
 use super::case::{Case, Fault, Load};
 use super::oracle::{Verdict, check};
-use crate::sim::{self, NodeFault, Outage, Scenario, Trace, User};
+use crate::sim::{self, NodeFault, Scenario, Trace, User};
 
 /// The scenario that runs `case`.
 ///
@@ -50,17 +50,10 @@ pub fn scenario(case: &Case) -> Scenario {
     s.warm_up = 0;
     for f in &case.faults {
         match *f {
-            Fault::Central {
-                from_ms,
-                to_ms,
-                comeback,
-            } => {
-                s.outage = Some(Outage {
-                    from_ms,
-                    to_ms,
-                    comeback,
-                    spread_ms: 0,
-                });
+            Fault::Central { .. } | Fault::Etcd { .. } => {
+                if let Some(outage) = f.outage() {
+                    s.outage = Some(outage);
+                }
             }
             Fault::Node {
                 node,

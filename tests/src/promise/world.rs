@@ -16,10 +16,10 @@ use crate::sim::{Comeback, NodeFaultKind};
 const TEST: &str = "the_promise_holds_over_random_cases_with_the_real_binaries";
 
 /// The centrals, the nodes and, between each node and each central, a
-/// relay a fault cuts. A case with a leader failover runs the high
-/// availability setup of `docs/guides/operations.md` (two centrals with
-/// `--etcd --advertise --limits FILE --state etcd`, the nodes listing
-/// both) where etcd is on `PATH`; any other, one central.
+/// relay a fault cuts. A case with a leader failover or an etcd fault
+/// runs the high availability setup of `docs/guides/operations.md` (two
+/// centrals with `--etcd --advertise --limits FILE --state etcd`, the
+/// nodes listing both) where etcd is on `PATH`; any other, one central.
 pub(super) struct World {
     /// One, or two on etcd.
     pub(super) centrals: Vec<CentralProcess>,
@@ -29,7 +29,7 @@ pub(super) struct World {
     relays: Vec<Vec<Relay>>,
     /// The central a failover killed, to start again as a standby.
     killed: Option<usize>,
-    _etcd: Option<Etcd>,
+    etcd: Option<Etcd>,
 }
 
 impl World {
@@ -41,7 +41,8 @@ impl World {
     ///
     /// If a process does not start, or the nodes do not connect in 10 s.
     pub(super) fn start(case: &Case, bins: &Binaries, limits: &Path) -> Self {
-        let failover = case.faults.iter().any(|f| f.kind() == "leader failover");
+        let failover = (case.faults.iter())
+            .any(|f| f.kind() == "leader failover" || matches!(f, Fault::Etcd { .. }));
         let etcd = if failover { Etcd::start(TEST) } else { None };
         let limits = limits.display().to_string();
         let centrals = match &etcd {
@@ -66,7 +67,7 @@ impl World {
             nodes,
             relays,
             killed: None,
-            _etcd: etcd,
+            etcd,
         };
         until(Duration::from_secs(10), "the nodes on the leader", || {
             (world.leader()).is_some_and(|l| world.centrals[l].streams().len() == case.nodes)
@@ -86,11 +87,22 @@ impl World {
     /// Begins `fault` (`down`) or ends it. A central cut off is stopped
     /// (`SIGSTOP`) and continued; one restarted is killed and started
     /// again; in a pair, the leader is killed and started again as a
-    /// standby. A node restarted is killed and started again; one cut
-    /// off has its relays cut and mended.
+    /// standby. etcd is stopped and continued, or killed and started
+    /// again. A node restarted is killed and started again; one cut off
+    /// has its relays cut and mended.
     pub(super) fn apply(&mut self, fault: &Fault, down: bool) {
         match *fault {
             Fault::Central { comeback, .. } => self.central(comeback, down),
+            Fault::Etcd { killed, .. } => {
+                if let Some(etcd) = &mut self.etcd {
+                    match (killed, down) {
+                        (false, true) => etcd.signal("STOP"),
+                        (false, false) => etcd.signal("CONT"),
+                        (true, true) => etcd.kill(),
+                        (true, false) => etcd.restart(),
+                    }
+                }
+            }
             Fault::Node { node, kind, .. } => match (kind, down) {
                 (NodeFaultKind::Cut, true) => self.relays[node].iter().for_each(Relay::cut),
                 (NodeFaultKind::Cut, false) => self.relays[node].iter().for_each(Relay::mend),

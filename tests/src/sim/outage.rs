@@ -21,6 +21,9 @@ pub struct Outage {
     /// The nodes come back over this long after `to_ms`, in an order
     /// drawn from the scenario's seed (0: all at once, in index order).
     pub spread_ms: i64,
+    /// Checkpoints are written only before this (ms since the start),
+    /// if set: etcd, where they are kept, went away then.
+    pub checkpoints_until_ms: Option<i64>,
 }
 
 /// The central that answers after an [`Outage`].

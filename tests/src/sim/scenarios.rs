@@ -231,6 +231,7 @@ fn beside_proxies() -> Vec<Scenario> {
             to_ms: 35_400,
             comeback: Comeback::Checkpoint { every_ms: 1_000 },
             spread_ms: 0,
+            checkpoints_until_ms: None,
         }),
         ..base(
             "28 two Envoy proxies, central restarted after 20 s",
@@ -267,6 +268,7 @@ pub fn outages() -> Vec<Scenario> {
             to_ms: 30_400 + ms,
             comeback,
             spread_ms,
+            checkpoints_until_ms: None,
         });
         s
     };

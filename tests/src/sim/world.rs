@@ -226,6 +226,7 @@ impl<'a> World<'a> {
         if let Comeback::Checkpoint { every_ms } = outage.comeback
             && !self.down
             && t % every_ms == 0
+            && outage.checkpoints_until_ms.is_none_or(|until| t < until)
         {
             self.checkpoint = Some(self.central.ledger().checkpoint(now));
         }

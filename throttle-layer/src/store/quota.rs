@@ -61,7 +61,7 @@ impl Install<'_> {
         let Some((idx, published, row_version)) = self.next_version(slot) else {
             return;
         };
-        let published = published | ahead.bit(slot);
+        let published = published | self.ahead_bit(slot, ahead);
         if self.0.users.get().is_none() {
             // The map's cell class is fixed when it is made: count this
             // table's resources first.
@@ -96,6 +96,15 @@ impl Install<'_> {
         // rows are missing.
         self.0.ring[idx].store(published, Ordering::Release);
         self.0.newest.fetch_max(slot, Ordering::Release);
+    }
+
+    /// The bit a table of `slot` is published with: [`Ahead::bit`], but
+    /// none where the slot holds a table that did not come ahead (a push),
+    /// which an answer sends again (a policy assigning two slots ahead
+    /// pushed it the slot before).
+    fn ahead_bit(&self, slot: i64, ahead: Ahead) -> u64 {
+        let pushed = self.0.quota_version(slot).is_some() && !self.0.quota_ahead(slot);
+        if pushed { 0 } else { ahead.bit(slot) }
     }
 
     /// The next version of `slot`'s table: its index in the ring, the
@@ -133,12 +142,17 @@ impl Install<'_> {
             return false;
         };
         if slot == from {
+            // Unchanged since: a push confirms a table that came ahead.
+            if ahead.bit(slot) == 0 {
+                let idx = slot.rem_euclid(QUOTA_RING as i64) as usize;
+                self.0.ring[idx].fetch_and(!AHEAD_BIT, Ordering::AcqRel);
+            }
             return true;
         }
         let Some((idx, published, row_version)) = self.next_version(slot) else {
             return true;
         };
-        let published = published | ahead.bit(slot);
+        let published = published | self.ahead_bit(slot, ahead);
         if let Some(users) = self.0.users.get() {
             with_users!(users, map => {
                 let users = map.pin();

@@ -325,7 +325,7 @@ impl ServiceStore {
 
     /// Whether the table for `slot`, if one was received, came ahead
     /// (`quota.rs`, `Ahead`).
-    fn quota_ahead(&self, slot: i64) -> bool {
+    pub(super) fn quota_ahead(&self, slot: i64) -> bool {
         let v = self.ring[slot.rem_euclid(QUOTA_RING as i64) as usize].load(Ordering::Acquire);
         self.quota_version(slot).is_some() && v & AHEAD_BIT != 0
     }

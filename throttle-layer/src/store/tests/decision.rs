@@ -649,10 +649,45 @@ fn a_table_that_came_ahead_leaves_the_budget_to_hold() {
         .map(|_| f.admit("zoe", Fallback::default()).is_allowed())
         .collect();
     assert_eq!(held, [true, true, false, false], "the budget, 2");
-    f.quota(r#"{"front": {"101": {"zoe": {"requests": 10.0}}}}"#);
+    // A push naming the table unchanged since (a ref to its own slot).
+    f.store.apply_quota(&v1::Quota {
+        refs: vec![v1::QuotaRef {
+            service: "front".into(),
+            slot: 101,
+            from_slot: 101,
+        }],
+        ..v1::Quota::default()
+    });
     assert!(
         f.admit("zoe", Fallback::default()).is_allowed(),
         "pushed: on quota"
     );
-    assert_eq!(f.admit("zoe", Fallback::default()).basis, Basis::Quota);
+}
+
+/// A table pushed for the next slot and sent again in an answer (a
+/// policy that assigns two slots ahead) is still a quota there: the
+/// budget does not hold on it.
+#[test]
+fn an_answer_sending_a_pushed_table_again_leaves_it_a_quota() {
+    let f = fixture();
+    f.store.set_bound(v1::Bound {
+        service: "front".into(),
+        budgets: vec![v1::Budget {
+            user: "zoe".into(),
+            resource: "requests".into(),
+            window_seconds: 3600,
+            remaining: 0.0,
+            nodes: 1,
+            refill: 0.0,
+        }],
+        ..v1::Bound::default()
+    });
+    let table = r#"{"front": {"101": {"zoe": {"requests": 10.0}}}}"#;
+    f.quota(table);
+    let mut answer = quota_from_json(table).unwrap();
+    answer.report_slot = Some(100);
+    f.store.apply_quota(&answer);
+    f.clock.set(T + 1_000);
+    let d = f.admit("zoe", Fallback::default());
+    assert!(d.is_allowed() && d.basis == Basis::Quota, "{d:?}");
 }
