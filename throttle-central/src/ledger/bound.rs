@@ -43,6 +43,9 @@ pub(crate) struct Bound {
     keys: Vec<(KeyId, u32, u32)>,
     budgets: Vec<v1::Budget>,
     message: Option<Arc<v1::Bound>>,
+    /// Per key, what the newest assignment grants it over all nodes:
+    /// scratch kept from one read to the next.
+    granted: Vec<f64>,
 }
 
 impl Bound {
@@ -57,9 +60,11 @@ impl Bound {
         newest: Option<&Assignment>,
         now_ms: i64,
     ) -> Option<Arc<v1::Bound>> {
-        let mut budgets = budgets(state, now_ms);
+        let active = told_nodes(state, now_ms) as u32;
+        let mut budgets = budgets(state, active, now_ms);
         if let Some(newest) = newest {
-            bursts(state, newest, now_ms, &mut budgets);
+            granted_by_key(newest, state.key_count(), &mut self.granted);
+            bursts(state, &self.granted, active, now_ms, &mut budgets);
         }
         budgets.sort_unstable_by(|a, b| {
             let (ka, kb) = ((&a.user, &a.resource), (&b.user, &b.resource));
@@ -103,9 +108,8 @@ impl Bound {
 /// service's active nodes. A key with no per-second bucket has no such
 /// pace: a node's last quota may be all that is left, every slot, so each
 /// of its buckets gets one.
-fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
+fn budgets(state: &ServiceState, active: u32, now_ms: i64) -> Vec<v1::Budget> {
     let mut out = Vec::new();
-    let active = told_nodes(state, now_ms);
     for &id in &state.longer {
         let key = state.key(id);
         let pace = (key.buckets())
@@ -113,7 +117,7 @@ fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
             .map_or(f64::INFINITY, |(_, b)| b.rate());
         // Every active node may serve the user while the central is
         // away, wherever they were before: each keeps to its part.
-        let nodes = recent_nodes(key.nodes()).max(active as u32);
+        let nodes = recent_nodes(key.nodes()).max(active);
         for (period, bucket) in key.buckets().filter(|(p, _)| *p != Period::Second) {
             let remaining = bucket.level_at(now_ms).max(0.0).floor();
             if remaining >= pace * BUDGET_SECONDS || out.len() >= MAX_BOUND_KEYS {
@@ -132,12 +136,11 @@ fn budgets(state: &ServiceState, now_ms: i64) -> Vec<v1::Budget> {
     out
 }
 
-/// Adds to `out` the per-second budgets of `state`'s keys whose grants in
-/// `newest`, all nodes together, hold more than [`BURST_SLOTS`] slots of
-/// their per-second rate: what the bucket holds at `now_ms` and its rate,
-/// shared as [`budgets`] shares them.
-fn bursts(state: &ServiceState, newest: &Assignment, now_ms: i64, out: &mut Vec<v1::Budget>) {
-    let mut granted = vec![0.0f64; state.key_count()];
+/// Per key of `keys`, what `newest` grants it over all nodes, into
+/// `granted`.
+fn granted_by_key(newest: &Assignment, keys: usize, granted: &mut Vec<f64>) {
+    granted.clear();
+    granted.resize(keys, 0.0);
     for (_, grants) in newest.iter() {
         for (&k, &amount) in grants.keys().iter().zip(grants.amounts()) {
             if let Some(total) = granted.get_mut(k.index()) {
@@ -145,8 +148,20 @@ fn bursts(state: &ServiceState, newest: &Assignment, now_ms: i64, out: &mut Vec<
             }
         }
     }
+}
+
+/// Adds to `out` the per-second budgets of `state`'s keys whose grants
+/// (`granted`, by key), all nodes together, hold more than
+/// [`BURST_SLOTS`] slots of their per-second rate: what the bucket holds
+/// at `now_ms` and its rate, shared as [`budgets`] shares them.
+fn bursts(
+    state: &ServiceState,
+    granted: &[f64],
+    active: u32,
+    now_ms: i64,
+    out: &mut Vec<v1::Budget>,
+) {
     let slot_seconds = f64::from(state.slot.as_ms()) / 1000.0;
-    let active = told_nodes(state, now_ms);
     for (i, &total) in granted.iter().enumerate() {
         if total <= 0.0 || out.len() >= MAX_BOUND_KEYS {
             continue;
@@ -163,7 +178,7 @@ fn bursts(state: &ServiceState, newest: &Assignment, now_ms: i64, out: &mut Vec<
             resource: key.resource().to_owned(),
             window_seconds: Period::Second.window_seconds(),
             remaining: bucket.level_at(now_ms).max(0.0).floor(),
-            nodes: recent_nodes(key.nodes()).max(active as u32),
+            nodes: recent_nodes(key.nodes()).max(active),
             refill: bucket.rate(),
         });
     }

@@ -24,7 +24,7 @@ pub(super) struct Install<'a>(pub(super) &'a ServiceStore);
 /// as without a table: the grants it repeats were never meant for a slot
 /// the central does not see.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Ahead {
+pub(super) struct Ahead {
     pub(super) now: i64,
     answer: bool,
 }
@@ -103,8 +103,11 @@ impl Install<'_> {
     /// which an answer sends again (a policy assigning two slots ahead
     /// pushed it the slot before).
     fn ahead_bit(&self, slot: i64, ahead: Ahead) -> u64 {
-        let pushed = self.0.quota_version(slot).is_some() && !self.0.quota_ahead(slot);
-        if pushed { 0 } else { ahead.bit(slot) }
+        if self.0.has_pushed_quota(slot) {
+            0
+        } else {
+            ahead.bit(slot)
+        }
     }
 
     /// The next version of `slot`'s table: its index in the ring, the
@@ -143,7 +146,7 @@ impl Install<'_> {
         };
         if slot == from {
             // Unchanged since: a push confirms a table that came ahead.
-            if ahead.bit(slot) == 0 {
+            if self.ahead_bit(slot, ahead) == 0 {
                 let idx = slot.rem_euclid(QUOTA_RING as i64) as usize;
                 self.0.ring[idx].fetch_and(!AHEAD_BIT, Ordering::AcqRel);
             }

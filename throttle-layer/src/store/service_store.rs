@@ -317,17 +317,21 @@ impl ServiceStore {
     /// The version of the quota table for `slot`, if one was received.
     #[inline]
     pub(super) fn quota_version(&self, slot: i64) -> Option<u16> {
-        let v = self.ring[slot.rem_euclid(QUOTA_RING as i64) as usize].load(Ordering::Acquire);
         // `apply` publishes versions up to `u16::MAX` only.
-        (v != 0 && v >> (64 - SLOT_BITS) == slot as u64 & SLOT_MASK)
-            .then_some((v & VERSION_MASK) as u16)
+        self.published(slot).map(|v| (v & VERSION_MASK) as u16)
     }
 
-    /// Whether the table for `slot`, if one was received, came ahead
-    /// (`quota.rs`, `Ahead`).
-    pub(super) fn quota_ahead(&self, slot: i64) -> bool {
+    /// Whether the table for `slot` was received and did not come ahead
+    /// (`quota.rs`, `Ahead`): a quota the budgets do not hold on.
+    pub(super) fn has_pushed_quota(&self, slot: i64) -> bool {
+        self.published(slot).is_some_and(|v| v & AHEAD_BIT == 0)
+    }
+
+    /// What the ring holds for `slot`'s table, if one was received.
+    #[inline]
+    fn published(&self, slot: i64) -> Option<u64> {
         let v = self.ring[slot.rem_euclid(QUOTA_RING as i64) as usize].load(Ordering::Acquire);
-        self.quota_version(slot).is_some() && v & AHEAD_BIT != 0
+        (v != 0 && v >> (64 - SLOT_BITS) == slot as u64 & SLOT_MASK).then_some(v)
     }
 
     /// The newest table of the `n` slots before `slot`: the newest one
@@ -545,7 +549,7 @@ impl ServiceStore {
         record: bool,
     ) -> Decision {
         let budgets = self.budgets.load();
-        let on_quota = self.quota_version(slot).is_some() && !self.quota_ahead(slot);
+        let on_quota = self.has_pushed_quota(slot);
         if !on_quota && let Some((resource, left)) = budgets.short(user, costs, self.now_ms()) {
             let used = st.cell(resource.index()).used;
             if record {

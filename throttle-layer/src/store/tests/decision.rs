@@ -628,21 +628,8 @@ fn the_users_without_a_row_share_the_newcomers_pool() {
 #[test]
 fn a_table_that_came_ahead_leaves_the_budget_to_hold() {
     let f = fixture();
-    let budget = v1::Budget {
-        user: "zoe".into(),
-        resource: "requests".into(),
-        window_seconds: 3600,
-        remaining: 2.0,
-        nodes: 1,
-        refill: 0.0,
-    };
-    f.store.set_bound(v1::Bound {
-        service: "front".into(),
-        budgets: vec![budget],
-        ..v1::Bound::default()
-    });
-    let mut answer = quota_from_json(r#"{"front": {"101": {"zoe": {"requests": 10.0}}}}"#).unwrap();
-    answer.report_slot = Some(100);
+    zoe_has_left_of_the_hour(&f, 2.0);
+    let answer = answer_of(r#"{"front": {"101": {"zoe": {"requests": 10.0}}}}"#);
     f.store.apply_quota(&answer);
     f.clock.set(T + 1_000);
     let held: Vec<bool> = (0..4)
@@ -670,24 +657,35 @@ fn a_table_that_came_ahead_leaves_the_budget_to_hold() {
 #[test]
 fn an_answer_sending_a_pushed_table_again_leaves_it_a_quota() {
     let f = fixture();
-    f.store.set_bound(v1::Bound {
-        service: "front".into(),
-        budgets: vec![v1::Budget {
-            user: "zoe".into(),
-            resource: "requests".into(),
-            window_seconds: 3600,
-            remaining: 0.0,
-            nodes: 1,
-            refill: 0.0,
-        }],
-        ..v1::Bound::default()
-    });
+    zoe_has_left_of_the_hour(&f, 0.0);
     let table = r#"{"front": {"101": {"zoe": {"requests": 10.0}}}}"#;
     f.quota(table);
-    let mut answer = quota_from_json(table).unwrap();
-    answer.report_slot = Some(100);
-    f.store.apply_quota(&answer);
+    f.store.apply_quota(&answer_of(table));
     f.clock.set(T + 1_000);
     let d = f.admit("zoe", Fallback::default());
     assert!(d.is_allowed() && d.basis == Basis::Quota, "{d:?}");
+}
+
+/// The central's budget of zoe's hour: `remaining`, for this node alone.
+fn zoe_has_left_of_the_hour(f: &Fixture, remaining: f64) {
+    let budget = v1::Budget {
+        user: "zoe".into(),
+        resource: "requests".into(),
+        window_seconds: 3600,
+        remaining,
+        nodes: 1,
+        refill: 0.0,
+    };
+    f.store.set_bound(v1::Bound {
+        service: "front".into(),
+        budgets: vec![budget],
+        ..v1::Bound::default()
+    });
+}
+
+/// The quota of `json` as an answer to the report of slot 100.
+fn answer_of(json: &str) -> v1::Quota {
+    let mut answer = quota_from_json(json).unwrap();
+    answer.report_slot = Some(100);
+    answer
 }
