@@ -23,7 +23,7 @@ const BLOCKS: u64 = 8;
 /// case past it is a new miss.
 fn ceiling(side: Side, fault: Option<&str>) -> f64 {
     match (side, fault) {
-        (Side::Lower, _) => 12.9,
+        (Side::Lower, _) => 7.5,
         (Side::Upper, None) => 1.15,
         (Side::Upper, Some("central cut off")) => 1.4,
         (Side::Upper, Some("central restarted with --state")) => 1.55,
@@ -183,6 +183,21 @@ fn a_stored_burst_is_not_repeated_through_an_outage() {
 #[test]
 fn a_table_that_came_ahead_does_not_outrun_a_budget_in_a_failover() {
     held(6365);
+}
+
+/// Seed 9560: etcd killed for 19 s under two centrals, cat (her own
+/// `per_minute` of 224) and ben (a `*` user first seen in the slot etcd
+/// went away) were held at their minute's rate for half a minute after,
+/// where their buckets had 70-100 left (12.82x under the lower bound).
+/// The new leader read cat's minute bucket, full and so not in the
+/// checkpoint, as new at the restore, with none of the refill of the
+/// outage kept for the nodes' late reports, and met ben at the filing of
+/// his late report rather than in its slot. A bucket a checkpoint leaves
+/// out now comes back full as of the checkpoint, and a user first seen
+/// in a late report is met in its slot.
+#[test]
+fn late_reports_after_an_etcd_outage_are_paid_by_the_refill_of_it() {
+    held(9560);
 }
 
 /// Seed 9427: a key freed by retention stayed in the list of keys of

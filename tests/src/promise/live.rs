@@ -13,7 +13,7 @@ use throttle_test_servers::TempDir;
 pub use super::binaries::Binaries;
 use super::case::{Case, Fault, Resource};
 use super::generate::generate;
-use super::oracle::{Verdict, check};
+use super::oracle::{Verdict, check_after};
 use super::world::World;
 
 /// Seconds a live case runs.
@@ -122,6 +122,7 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
     let dir = TempDir::new("promise");
     let limits = dir.path().join("limits.toml");
     std::fs::write(&limits, case.limits_toml()).expect("limits written");
+    let spawned = Instant::now();
     let mut world = World::start(case, bins, &limits);
     let nodes = &world.nodes;
     let load = Load::new(nodes.iter().map(|n| n.addr).collect(), "/");
@@ -161,7 +162,8 @@ pub async fn run(case: &Case, bins: &Binaries) -> LiveRun {
     }
     task.await.expect("the load ran");
     let (admitted, offered) = read(case, &load, first);
-    let verdict = check(case, &admitted, &offered);
+    let lead = started.duration_since(spawned).as_secs_f64();
+    let verdict = check_after(case, &admitted, &offered, lead);
     LiveRun {
         admitted,
         offered,

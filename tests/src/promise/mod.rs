@@ -24,4 +24,4 @@ mod world;
 pub use buckets::{IdealBucket, buckets};
 pub use case::{Case, Fault, Load, Resource, Rule, Span, Who};
 pub use generate::{Draw, generate};
-pub use oracle::{Miss, Side, Verdict, check};
+pub use oracle::{Miss, Side, Verdict, check, check_after};

@@ -137,6 +137,14 @@ fn fresh_starts(case: &Case) -> Vec<usize> {
 /// `offered` (per user of [`Case::users`], per slot, in the resource's
 /// units).
 pub fn check(case: &Case, admitted: &[Vec<i64>], offered: &[Vec<i64>]) -> Verdict {
+    check_after(case, admitted, offered, 0.0)
+}
+
+/// [`check`] where the central ran `lead` slots before the run's first
+/// slot: the buckets of the users a rule names started that much earlier
+/// and refilled meanwhile (a live run, whose centrals start, elect and
+/// take the nodes before the load begins).
+pub fn check_after(case: &Case, admitted: &[Vec<i64>], offered: &[Vec<i64>], lead: f64) -> Verdict {
     let faults = fault_slots(case);
     let fresh = fresh_starts(case);
     let mut verdict = Verdict {
@@ -152,9 +160,9 @@ pub fn check(case: &Case, admitted: &[Vec<i64>], offered: &[Vec<i64>]) -> Verdic
         }
         // The central meets a user a rule names at its start, one only
         // the `*` rule limits when a node first reports them.
-        let first = match named(case, user) {
-            true => 0,
-            false => off.iter().position(|&o| o > 0).unwrap_or(0),
+        let (first, lead) = match named(case, user) {
+            true => (0, lead.max(0.0)),
+            false => (off.iter().position(|&o| o > 0).unwrap_or(0), 0.0),
         };
         let user_buckets = buckets(case, user);
         if user_buckets.is_empty() {
@@ -165,6 +173,7 @@ pub fn check(case: &Case, admitted: &[Vec<i64>], offered: &[Vec<i64>]) -> Verdic
             user,
             admitted: adm,
             first,
+            lead,
             faults: &faults,
             fresh: &fresh,
         };
@@ -192,6 +201,8 @@ struct Run<'a> {
     admitted: &'a [i64],
     /// The slot the central met them in.
     first: usize,
+    /// Slots their bucket refilled before `first`.
+    lead: f64,
     faults: &'a [(usize, usize, &'static str)],
     fresh: &'a [usize],
 }
@@ -218,7 +229,10 @@ impl Run<'_> {
                 .filter(|&k| k <= first)
                 .max()
                 .map_or(self.first, |k| k.max(self.first));
-            let held = b.capacity.min(b.start + b.rate * (first - since) as f64);
+            let lead = if since == self.first { self.lead } else { 0.0 };
+            let held = b
+                .capacity
+                .min(b.start + b.rate * ((first - since) as f64 + lead));
             for last in first..n {
                 sum += self.admitted[last] as f64;
                 let w = (last - first + 1) as f64;

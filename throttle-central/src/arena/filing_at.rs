@@ -18,4 +18,9 @@ pub(crate) struct Filing {
     pub(crate) gap: i64,
     pub(crate) max_amount: i64,
     pub(crate) now_ms: i64,
+    /// When the buckets of a key this filing meets first start: the
+    /// slot's start for a slot that has passed ([`Charge::Late`]), whose
+    /// refill since then the capacity turns away and keeps for it, as
+    /// for a key met on time; `now_ms` otherwise.
+    pub(crate) met_ms: i64,
 }

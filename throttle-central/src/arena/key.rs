@@ -242,6 +242,20 @@ impl Key {
         }
     }
 
+    /// Every bucket as full when a checkpoint was taken (`taken_ms`) and
+    /// refilled since, what its capacity turned away kept for late
+    /// reports: a checkpoint lists only the buckets below their capacity.
+    pub(crate) fn fill_as_of(&mut self, taken_ms: i64, now_ms: i64) {
+        if !self.limited {
+            return;
+        }
+        let fill = |b: &mut Bucket| b.restore(b.capacity(), taken_ms, now_ms);
+        fill(&mut self.bucket);
+        if let Some(p) = self.periods.as_deref_mut() {
+            p.others.iter_mut().for_each(|(_, b)| fill(b));
+        }
+    }
+
     /// Whether every bucket holds at least what a new one would start
     /// with at `now_ms`: forgetting the key then gives its user nothing
     /// back.

@@ -118,6 +118,14 @@ impl ServiceState {
             .map(|(i, k)| (KeyId(i as u32), k))
     }
 
+    /// Every live key's buckets as full at `taken_ms`, refilled since
+    /// ([`Key::fill_as_of`]).
+    pub(crate) fn fill_as_of(&mut self, taken_ms: i64, now_ms: i64) {
+        for key in self.keys.iter_mut().filter(|k| k.live) {
+            key.fill_as_of(taken_ms, now_ms);
+        }
+    }
+
     /// The keys from id `start` on (of `user` only, if given), by id.
     pub fn keys_from<'a>(
         &'a self,

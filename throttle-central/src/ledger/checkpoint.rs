@@ -184,10 +184,11 @@ pub(super) fn restore_level(
     }
     let (id, added) = match state.find(&level.user, &level.resource) {
         Some(id) => (id, 0),
-        None if room => (
-            state.find_or_insert(&level.user, &level.resource, now_ms),
-            1,
-        ),
+        None if room => {
+            let id = state.find_or_insert(&level.user, &level.resource, now_ms);
+            state.key_mut(id).fill_as_of(taken_ms, now_ms);
+            (id, 1)
+        }
         None => return (false, 0),
     };
     let bucket = state.key_mut(id).bucket_of_mut(period);

@@ -49,7 +49,7 @@ impl Filer<'_> {
                 None => {
                     let refused =
                         self.state
-                            .keys_for(user, &mut entries, &mut ids, room, at.now_ms);
+                            .keys_for(user, &mut entries, &mut ids, room, at.met_ms);
                     for resource in refused {
                         let name = || format!("{service}/{user}/{resource}");
                         out.dropped.push(DropReason::TooManyKeys, name);

@@ -453,6 +453,10 @@ impl Ledger {
             false => Lost::default(),
         };
         let charge = charge.late_if(lost.late);
+        let met_ms = match charge {
+            Charge::Late => self.config.slot.start_ms(slot).min(now_ms),
+            _ => now_ms,
+        };
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.
         let mut seen: Vec<(&str, bool)> = Vec::new();
@@ -481,6 +485,7 @@ impl Ledger {
                     gap: lost.gap,
                     max_amount: self.config.max_amount,
                     now_ms,
+                    met_ms,
                 };
                 let mut room = self.config.max_keys.saturating_sub(self.key_total);
                 let before = room;
@@ -642,6 +647,10 @@ impl Ledger {
             return Ok(Restoration::default());
         }
         let mut out = Restoration::default();
+        // A bucket the checkpoint does not list was at its capacity.
+        for service in self.services.values_mut() {
+            service.state.fill_as_of(checkpoint.taken_ms, now_ms);
+        }
         for service in &checkpoint.services {
             if !valid_name(&service.service) || !self.has_room_for(&service.service) {
                 out.skipped += service.buckets.len();

@@ -394,3 +394,44 @@ fn a_proxy_back_on_a_restored_ledger_is_charged_for_the_slots_it_lost() {
     // pays for the report.
     assert_eq!(level_back(90..95), 1_000.0);
 }
+
+/// A checkpoint lists only the buckets below their capacity: one it
+/// leaves out was full when it was taken, and comes back full with the
+/// refill of the time away kept for the nodes' late reports, as a listed
+/// one does. Read as a bucket new at the restore, it started with a
+/// second's worth and the late reports emptied it.
+#[test]
+fn a_bucket_left_out_of_a_checkpoint_comes_back_full_with_its_refill_kept() {
+    let rules = [limit("alice", "requests", 100.0)];
+    let mut old = Ledger::new(LedgerConfig::default());
+    old.apply_limits("front", &rules, T);
+    old.ingest(&report("n", 101, "{}", "{}"), T + 1_050).unwrap();
+    // 20 s on, alice's bucket (10 s of 100 a second) is full.
+    let checkpoint = old.checkpoint(T + 20_000);
+    assert!(checkpoint.services.iter().all(|s| s.buckets.is_empty()));
+    let mut new = Ledger::new(LedgerConfig::default());
+    new.apply_limits("front", &rules, T + 40_000);
+    new.restore(&checkpoint, T + 40_000).unwrap();
+    // n, back, sends what it admitted 15 s ago on its last quota.
+    let late = report("n", 126, r#"{"alice": {"requests": 500}}"#, "{}");
+    new.ingest(&late, T + 40_050).unwrap();
+    let level = new.bucket_level("front", "alice", "requests", T + 40_050);
+    assert_eq!(level, Some(1_000.0));
+}
+
+/// A user first heard of in a late report (a slot admitted while the
+/// node's stream was down, sent again) was met in that slot: their
+/// bucket starts there, and its refill since pays for what they were
+/// admitted, as if the report had come on time. Met at its filing, the
+/// bucket started with a second's worth and the report emptied it.
+#[test]
+fn a_user_first_heard_of_in_a_late_report_is_met_in_its_slot() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &[limit("*", "requests", 100.0)], T);
+    l.ingest(&report("n", 100, "{}", "{}"), T + 50).unwrap();
+    // 30 s on, n sends slot 110 again: bob's first 500.
+    let late = report("n", 111, r#"{"bob": {"requests": 500}}"#, "{}");
+    l.ingest(&late, T + 30_050).unwrap();
+    let level = l.bucket_level("front", "bob", "requests", T + 30_050);
+    assert_eq!(level, Some(1_000.0));
+}
