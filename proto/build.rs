@@ -4,6 +4,7 @@
 
 /// The `Central` service with `input` as what a node sends and `output` as
 /// what the central node sends back.
+#[cfg(feature = "grpc")]
 fn central(input: &str, output: &str) -> tonic_build::manual::Service {
     let exchange = tonic_build::manual::Method::builder()
         .name("exchange")
@@ -63,11 +64,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile([proto, checkpoint], ["."])?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("fields.rs"), field_numbers(&fds))?;
-    tonic_prost_build::configure()
-        // Ordered maps: reports and quotas print and compare deterministically,
-        // and the legacy JSON keeps a stable key order.
-        .btree_map(".")
-        .compile_fds(fds)?;
+    // The messages alone with prost; the services too, with tonic, only
+    // under the `grpc` feature.
+    #[cfg(not(feature = "grpc"))]
+    {
+        prost_build::Config::new()
+            // Ordered maps: reports and quotas print and compare
+            // deterministically, and the legacy JSON keeps a stable key order.
+            .btree_map(["."])
+            .compile_fds(fds)?;
+        Ok(())
+    }
+    #[cfg(feature = "grpc")]
+    {
+        tonic_prost_build::configure()
+            .btree_map(".")
+            .compile_fds(fds)?;
+        services(&out)
+    }
+}
+
+/// The same service once more for the central node's side, and for a
+/// node's: see `wire`.
+#[cfg(feature = "grpc")]
+fn services(out: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     // The same service once more for the central node's side, receiving
     // `wire::Inbound` (reports kept as bytes) and sending `wire::Outbound`
     // (built or already encoded messages): see `wire`.
@@ -76,7 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile(&[central("crate::wire::Inbound", "crate::wire::Outbound")]);
     // And for a node's side, sending `wire::Inbound` (reports already
     // encoded) and receiving `wire::Answer` (quotas kept as bytes).
-    let node = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("node");
+    let node = out.join("node");
     std::fs::create_dir_all(&node)?;
     tonic_build::manual::Builder::new()
         .build_server(false)

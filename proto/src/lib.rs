@@ -42,10 +42,11 @@ pub mod auth;
 pub mod legacy;
 pub mod wire;
 
-/// Generated messages, client and server of package `throttle.v1`.
+/// Generated messages of package `throttle.v1`, and with the `grpc`
+/// feature its client and server.
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 pub mod v1 {
-    tonic::include_proto!("throttle.v1");
+    include!(concat!(env!("OUT_DIR"), "/throttle.v1.rs"));
 }
 
 /// Longest service, user, resource or node name accepted, in bytes.

@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use throttle_central::limits::LimitSet;
-use throttle_central::policy::Hierarchical;
+use throttle_core::policy::Hierarchical;
 
 use crate::sim::{self, Scenario, User, base};
 

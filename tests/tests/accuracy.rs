@@ -1,7 +1,7 @@
 //! The accuracy targets, asserted on the simulator with the default
 //! policy. Deterministic: the scenarios are seeded and run in virtual time.
 
-use throttle_central::policy::{Classic, Projected};
+use throttle_core::policy::{Classic, Projected};
 use throttle_layer::Fallback;
 use throttle_tests::hierarchy;
 use throttle_tests::sim::{self, Outcome};

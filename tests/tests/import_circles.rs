@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 const CRATES: &[&str] = &[
     "clock",
     "proto",
+    "core",
     "throttle-layer",
     "throttle-central",
     "examples",

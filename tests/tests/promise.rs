@@ -214,7 +214,7 @@ fn a_key_freed_by_retention_is_no_longer_read_for_budgets() {
 /// what each was admitted per slot.
 fn rotated_keys() -> (throttle_tests::promise::Case, throttle_tests::sim::Trace) {
     use throttle_central::limits::LimitSet;
-    use throttle_central::policy::Hierarchical;
+    use throttle_core::policy::Hierarchical;
     use throttle_tests::promise::{Case, Load, Resource, Rule, Span, Who};
     use throttle_tests::sim;
 

@@ -21,11 +21,11 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use throttle_central::assigner::render::{Rendering, Skeletons, quota_for};
-use throttle_central::ledger::{Ledger, LedgerConfig, PolicyFactory};
 use throttle_central::limits::Limit;
-use throttle_central::policy::{Classic, Projected, StaticSplit};
-use throttle_central::usage::UsageTap;
+use throttle_core::assigner::render::{Rendering, Skeletons, quota_for};
+use throttle_core::ledger::{Ledger, LedgerConfig, PolicyFactory};
+use throttle_core::policy::{Classic, Projected, StaticSplit};
+use throttle_core::usage_tap::UsageTap;
 use throttle_proto::v1;
 use throttle_proto::wire::RawReport;
 
@@ -119,7 +119,7 @@ fn ingest(c: &mut Criterion) {
     });
     // The same with usage kept (`--usage`): each report also handed to the
     // usage writer's queue, which a thread empties as the writer does.
-    let (tx, rx) = std::sync::mpsc::sync_channel(throttle_central::usage::QUEUE);
+    let (tx, rx) = std::sync::mpsc::sync_channel(throttle_core::usage_tap::QUEUE);
     std::thread::spawn(move || for _ in rx {});
     let tap = UsageTap::new(tx);
     g.bench_function(

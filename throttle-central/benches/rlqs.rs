@@ -22,10 +22,10 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usag
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
 use envoy_types::pb::google::protobuf::Duration;
 use prost::Message;
-use throttle_central::ledger::{Ledger, LedgerConfig};
 use throttle_central::limits::Limit;
 use throttle_central::rlqs::RlqsStream;
 use throttle_clock::SlotLength;
+use throttle_core::ledger::{Ledger, LedgerConfig};
 use throttle_proto::v1;
 use throttle_proto::wire::RawReport;
 

@@ -217,8 +217,8 @@ impl CentralBuilder {
         Ok(self)
     }
 
-    /// The policy of each service, by name (feature `internals`).
-    #[cfg(feature = "internals")]
+    /// The policy of each service, by name, from `factory` (the core's
+    /// policies, or one of the embedder's).
     pub fn policies(mut self, factory: PolicyFactory) -> Self {
         self.policies = Some(factory);
         self

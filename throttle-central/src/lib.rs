@@ -11,48 +11,24 @@
 //!   the timers and the HTTP monitor together;
 //! - [`net`]: how connections reach the two servers (the caps, the
 //!   deadline for a node's first stream, TLS);
-//! - `server`: the ledger's task and the node streams, which only move
+//! - [`server`]: the ledger's task and the node streams, which only move
 //!   data in and out; the HTTP monitor (`http`) asks it and renders JSON;
-//! - `assigner`: what to answer a report, what to push and when, and
-//!   how quotas are written onto the wire (`assigner::render`);
-//! - `ledger`: files the reports, keeps each service's book of
-//!   assignments, its checkpoints and the monitor's answers, and asks the
-//!   service's policy to assign;
-//! - `policy`: how a service's tokens are split between nodes;
-//! - `arena`: what policies read, each service's keys (user, resource)
-//!   with their buckets, distribution and per-slot sums;
-//! - `bucket`, [`limits`]: the token bucket and where limits come from;
-//!   [`state`]: where checkpoints are kept; `atomic_file`: a file replaced
-//!   whole (the limits file's edits, the checkpoint file).
+//! - [`rlqs`] and `legacy`: Envoy's and the legacy nodes' protocols,
+//!   translated to and from the ledger's reports and quotas;
+//! - [`limits`]: the core's limits model, and where limits come from (a
+//!   file, an etcd key); [`state`]: where checkpoints are kept;
+//!   `atomic_file`: a file replaced whole (the limits file's edits, the
+//!   checkpoint file).
 //!
-//! Everything from the assigner down is plain synchronous code with an
-//! injected clock.
-
+//! The decisions themselves (the token buckets, the ledger, the policies,
+//! the assigner) are the [`throttle_core`] crate: plain synchronous code
+//! with an injected clock, which the simulator runs too.
+//!
 //! Embedding a central needs [`Central::builder`] and the modules of
 //! what it is given: [`limits`], [`state`], [`keys`], [`net`],
 //! [`leadership`] and [`election`], [`usage`]; [`telemetry`] names its
-//! metrics. The rest (the ledger, the policies, the assigner, the
-//! streams) is the crate's own; the `internals` feature opens it to the
-//! simulator and the benches, with no promise of stability.
+//! metrics.
 
-/// Declares the crate's own modules: public only under the `internals`
-/// feature.
-macro_rules! internal {
-    ($($name:ident;)*) => {$(
-        #[cfg(feature = "internals")]
-        pub mod $name;
-        #[cfg(not(feature = "internals"))]
-        #[allow(dead_code, unreachable_pub, unused_imports)]
-        mod $name;
-    )*};
-}
-
-// What policies read, public through `ledger` and `policy`.
-#[cfg_attr(
-    not(feature = "internals"),
-    allow(dead_code, unreachable_pub, unused_imports)
-)]
-mod arena;
 mod atomic_file;
 mod central;
 pub mod election;
@@ -70,19 +46,15 @@ mod legacy;
 pub mod limits;
 mod log;
 pub mod net;
+pub mod rlqs;
+pub mod server;
 pub mod state;
 pub mod telemetry;
 pub mod usage;
 mod watched;
 
-internal! {
-    assigner;
-    bucket;
-    ledger;
-    policy;
-    rlqs;
-    server;
-}
+// The core's modules under the paths the central's own code names them by.
+use throttle_core::{assigner, ledger, policy};
 
 pub use central::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral};
 pub use ledger::{MAX_AMOUNT, MAX_KEYS, Page, SlotRange};

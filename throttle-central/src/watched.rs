@@ -6,9 +6,10 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use arc_swap::ArcSwap;
+pub(crate) use throttle_core::Published;
+pub(crate) use throttle_core::toml_text::{line_of, parse_toml};
 
 /// What a watched file holds, and how it is read.
 pub(crate) trait FileFormat: Sized + Send + Sync + fmt::Debug + 'static {
@@ -24,64 +25,6 @@ pub(crate) trait FileFormat: Sized + Send + Sync + fmt::Debug + 'static {
 
     /// The error for a file that could not be read.
     fn unreadable(path: &Path, error: &std::io::Error) -> Self::Error;
-}
-
-/// The version in force of something read again and again (a file, an
-/// etcd key), a number that changes with it, and why the last read
-/// failed: what a reader of the limits or node keys asks.
-#[derive(Debug)]
-pub(crate) struct Published<T> {
-    current: ArcSwap<T>,
-    /// Bumped after each new version.
-    version: AtomicU64,
-    error: ArcSwap<Option<String>>,
-}
-
-impl<T> Published<T> {
-    /// `value` in force, as version 0.
-    pub(crate) fn new(value: T) -> Self {
-        Self {
-            current: ArcSwap::from_pointee(value),
-            version: AtomicU64::new(0),
-            error: ArcSwap::from_pointee(None),
-        }
-    }
-
-    /// Puts `value` in force, and forgets the last error.
-    pub(crate) fn publish(&self, value: T) {
-        self.current.store(Arc::new(value));
-        // After the store: whoever sees the new version sees the value.
-        self.version.fetch_add(1, Ordering::Release);
-        self.error.store(Arc::new(None));
-    }
-
-    /// Records why the last read failed; the version in force stays.
-    pub(crate) fn fail(&self, error: String) {
-        self.error.store(Arc::new(Some(error)));
-    }
-
-    /// Forgets the last error: the version in force was read again as it
-    /// is (a file put back unchanged).
-    pub(crate) fn recover(&self) {
-        if self.error.load().is_some() {
-            self.error.store(Arc::new(None));
-        }
-    }
-
-    /// The version in force.
-    pub(crate) fn current(&self) -> Arc<T> {
-        self.current.load_full()
-    }
-
-    /// A number that changes whenever the version in force does.
-    pub(crate) fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
-    }
-
-    /// Why the last read failed, if it did.
-    pub(crate) fn last_error(&self) -> Option<String> {
-        (**self.error.load()).clone()
-    }
 }
 
 /// A file of `T`, read again by [`Watched::reload`] or [`Watched::poll`].
@@ -205,26 +148,4 @@ impl<T: FileFormat> Watched<T> {
     pub(crate) fn last_error(&self) -> Option<String> {
         self.published.last_error()
     }
-}
-
-/// Parses `text` as TOML of shape `D`; on failure, the 1-based line of
-/// the error and what is wrong.
-///
-/// # Errors
-///
-/// `(line, message)` for text that is not TOML of that shape.
-pub(crate) fn parse_toml<D: serde::de::DeserializeOwned>(text: &str) -> Result<D, (usize, String)> {
-    toml::from_str(text).map_err(|e| {
-        let line = e.span().map_or(1, |s| line_of(text, s.start));
-        (line, e.message().to_string())
-    })
-}
-
-/// The 1-based line of byte `offset` of `text`.
-pub(crate) fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
 }

@@ -12,6 +12,7 @@ use crate::v1;
 
 /// A node's gRPC client of the central, sending [`Inbound`](super::Inbound)
 /// messages (reports already encoded) and receiving [`Answer`]s.
+#[cfg(feature = "grpc")]
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 pub mod client {
     include!(concat!(env!("OUT_DIR"), "/node/throttle.v1.Central.rs"));

@@ -56,7 +56,9 @@ mod node_tests;
 #[cfg(test)]
 mod tests;
 
-pub use answer::{Answer, client};
+pub use answer::Answer;
+#[cfg(feature = "grpc")]
+pub use answer::client;
 pub use quota_encoder::QuotaEncoder;
 pub use raw_quota::{QuotaResources, QuotaUsers, RawQuota, RawQuotaError};
 pub use raw_report::{RawAmounts, RawReport, RawUsers};
@@ -64,4 +66,6 @@ pub use read::RawReportError;
 pub use report_encoder::{
     ReportEncoder, UnpackError, UsageEncoder, packed_report, unpacked_report,
 };
-pub use stream::{Inbound, Outbound, server};
+#[cfg(feature = "grpc")]
+pub use stream::server;
+pub use stream::{Inbound, Outbound};

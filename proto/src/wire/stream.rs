@@ -10,6 +10,7 @@ use super::write::*;
 use crate::v1;
 
 /// The central's gRPC service, sending [`Outbound`] messages.
+#[cfg(feature = "grpc")]
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 pub mod server {
     include!(concat!(env!("OUT_DIR"), "/throttle.v1.Central.rs"));

@@ -7,8 +7,8 @@
 
 use std::time::Instant;
 
-use throttle_central::ledger::PolicyFactory;
-use throttle_central::policy::{Classic, Projected, StaticSplit};
+use throttle_core::ledger::PolicyFactory;
+use throttle_core::policy::{Classic, Projected, StaticSplit};
 use throttle_layer::Fallback;
 use throttle_tests::{hierarchy, sim};
 

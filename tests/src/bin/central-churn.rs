@@ -23,9 +23,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use throttle_central::assigner::{Accepts, Assigner};
-use throttle_central::ledger::{Ledger, LedgerConfig, Monitor, Page, Paged, SlotRange};
 use throttle_central::limits::{LimitSet, StaticLimits};
+use throttle_core::assigner::{Accepts, Assigner};
+use throttle_core::ledger::{Ledger, LedgerConfig, Monitor, Page, Paged, SlotRange};
 use throttle_proto::v1;
 
 #[global_allocator]

@@ -43,9 +43,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
-use throttle_central::assigner::{Accepts, Assigner, Encoded};
-use throttle_central::ledger::{Ledger, LedgerConfig, NodeId};
 use throttle_central::limits::StaticLimits;
+use throttle_core::assigner::{Accepts, Assigner, Encoded};
+use throttle_core::ledger::{Ledger, LedgerConfig, NodeId};
 use throttle_proto::v1;
 use throttle_proto::wire::RawReport;
 use throttle_tests::fleet;

@@ -2,7 +2,7 @@
 //! buckets and policies in virtual time, at the nodes' default fallback.
 
 use throttle_central::limits::LimitSet;
-use throttle_central::policy::Projected;
+use throttle_core::policy::Projected;
 
 use super::buckets::buckets;
 use super::case::{Case, Fault, Load};

@@ -10,7 +10,7 @@
 //! hundreds of nodes take well under a second.
 //!
 //! [`SlotStore`]: throttle_layer::store::SlotStore
-//! [`Assigner`]: throttle_central::assigner::Assigner
+//! [`Assigner`]: throttle_core::assigner::Assigner
 //! [`ManualClock`]: throttle_clock::ManualClock
 
 mod envoy_bucket;
@@ -24,8 +24,8 @@ mod sim_proxy;
 mod tally;
 mod world;
 
-use throttle_central::ledger::PolicyFactory;
 use throttle_central::limits::LimitSet;
+use throttle_core::ledger::PolicyFactory;
 use throttle_layer::store::Fallback;
 
 pub use newcomers::{FirstSlots, NEWCOMERS, newcomers};

@@ -4,10 +4,10 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use throttle_central::assigner::{Accepts, Assigner, Push};
-use throttle_central::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory};
 use throttle_central::limits::{Limit, LimitSet, StaticLimits};
 use throttle_clock::{ManualClock, SlotLength};
+use throttle_core::assigner::{Accepts, Assigner, Push};
+use throttle_core::ledger::{Ledger, LedgerConfig, NodeId, PolicyFactory};
 use throttle_layer::reporter::report_point;
 use throttle_layer::store::{ResourceId, ServiceStore, SlotStore};
 use throttle_proto::v1;

@@ -105,7 +105,12 @@ impl Backfill {
 
     /// What is carried, each user's spread evenly over the slots from
     /// `next` to `end` that its report in `usage` covers.
-    fn spread(&mut self, usage: &Usage, next: i64, end: i64) -> BTreeMap<i64, Vec<(String, u64, u64)>> {
+    fn spread(
+        &mut self,
+        usage: &Usage,
+        next: i64,
+        end: i64,
+    ) -> BTreeMap<i64, Vec<(String, u64, u64)>> {
         let mut slots: BTreeMap<i64, Vec<(String, u64, u64)>> = BTreeMap::new();
         for (user, (a, d)) in std::mem::take(&mut self.carry) {
             let covered = usage.get(&user).map_or(1, |u| u.2).clamp(1, MAX_SLOTS);
@@ -124,7 +129,12 @@ impl Backfill {
     /// Files nothing in slot `end` for each user of `usage` that had
     /// something in its last report and nothing in this one, and notes
     /// who has something now.
-    fn note_stops(&mut self, usage: &Usage, slots: &mut BTreeMap<i64, Vec<(String, u64, u64)>>, end: i64) {
+    fn note_stops(
+        &mut self,
+        usage: &Usage,
+        slots: &mut BTreeMap<i64, Vec<(String, u64, u64)>>,
+        end: i64,
+    ) {
         for (user, &(a, d, _)) in usage {
             if a > 0 || d > 0 {
                 self.active.insert(user.clone());

@@ -118,7 +118,10 @@ impl RlqsSession {
         {
             return Err(Status::unavailable("restoring the checkpoint; try again"));
         }
-        let linked = self.link.connect(self.stream.hello(&domain), self.addr).await;
+        let linked = self
+            .link
+            .connect(self.stream.hello(&domain), self.addr)
+            .await;
         linked.map_err(|_| Status::unavailable("the central stopped"))?;
         let user_key = self.settings.limits.envoy_user_key(&domain);
         self.stream.opened(domain, user_key.as_deref());
@@ -148,7 +151,9 @@ impl RlqsSession {
     /// the proxy reports their slots.
     async fn tell(&mut self) {
         let told = self.stream.due(self.now_ms());
-        let Some(response) = told.response else { return };
+        let Some(response) = told.response else {
+            return;
+        };
         if let Some(service) = self.stream.service() {
             for share in told.first_shares {
                 let _ = (self.link)

@@ -122,9 +122,9 @@ impl RlqsStream {
             why,
         };
         match &self.service {
-            Some(service) if service != domain => Err(refused(format!(
-                "the domain changed from {service:?}"
-            ))),
+            Some(service) if service != domain => {
+                Err(refused(format!("the domain changed from {service:?}")))
+            }
             Some(_) => Ok(false),
             None if domain.is_empty() || domain.len() > MAX_NAME_LEN => Err(refused(format!(
                 "the domain must be 1 to {MAX_NAME_LEN} bytes"

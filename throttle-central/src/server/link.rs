@@ -129,7 +129,10 @@ impl Link {
             slots,
             per_slot,
         };
-        self.commands.send(command).await.map_err(|_| NotFiled::Stopped)
+        self.commands
+            .send(command)
+            .await
+            .map_err(|_| NotFiled::Stopped)
     }
 
     /// The next message for the node, waiting for one.

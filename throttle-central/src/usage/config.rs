@@ -11,8 +11,8 @@ use super::postgres::PostgresUsage;
 use super::retention::Retention;
 use super::sqlite::SqliteUsage;
 use super::store::UsageStore;
-use super::tap::{QUEUE, UsageTap};
 use super::writer::{DEFAULT_BUFFER, UsageWriter};
+use throttle_core::usage_tap::{QUEUE, UsageTap};
 
 /// Where usage is kept and for how long, for
 /// [`CentralBuilder::usage`](crate::CentralBuilder::usage).

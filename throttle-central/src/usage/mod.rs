@@ -39,7 +39,6 @@ mod sql;
 mod sqlite;
 mod step;
 mod store;
-mod tap;
 mod top;
 mod writer;
 
@@ -52,5 +51,5 @@ pub use rows::{RowCursor, RowsQuery, UsageRow};
 pub use sqlite::SqliteUsage;
 pub use step::Step;
 pub use store::{UsageStore, Written};
-pub use tap::{QUEUE, UsageTap};
+pub use throttle_core::usage_tap::{QUEUE, UsageTap};
 pub use top::{TopQuery, TopRow};

@@ -10,9 +10,9 @@ use super::filed::FiledUsage;
 use super::pending::Pending;
 use super::retention::Retention;
 use super::store::UsageStore;
-use super::tap::lost;
 use crate::ledger::OwnedReport;
 use crate::log::Throttled;
+use throttle_core::usage_tap::lost;
 
 /// How often waiting reports are written: well within the two slots a
 /// minute's rows may lag its last report.

@@ -405,7 +405,8 @@ fn a_bucket_left_out_of_a_checkpoint_comes_back_full_with_its_refill_kept() {
     let rules = [limit("alice", "requests", 100.0)];
     let mut old = Ledger::new(LedgerConfig::default());
     old.apply_limits("front", &rules, T);
-    old.ingest(&report("n", 101, "{}", "{}"), T + 1_050).unwrap();
+    old.ingest(&report("n", 101, "{}", "{}"), T + 1_050)
+        .unwrap();
     // 20 s on, alice's bucket (10 s of 100 a second) is full.
     let checkpoint = old.checkpoint(T + 20_000);
     assert!(checkpoint.services.iter().all(|s| s.buckets.is_empty()));

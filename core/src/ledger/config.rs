@@ -32,12 +32,12 @@ pub struct LedgerConfig {
     pub max_keys: usize,
 }
 
-/// The default of [`CentralBuilder::max_amount`](crate::CentralBuilder::max_amount): a petabyte (or 10^15
+/// The default of the central's `CentralBuilder::max_amount`: a petabyte (or 10^15
 /// requests) per node and slot, far past any real use, and far enough from
 /// `i64::MAX` that no sum of reports overflows a bucket into nonsense.
 pub const MAX_AMOUNT: i64 = 1_000_000_000_000_000;
 
-/// The default of [`CentralBuilder::max_keys`](crate::CentralBuilder::max_keys): four million (user, resource)
+/// The default of the central's `CentralBuilder::max_keys`: four million (user, resource)
 /// keys, about 0.8 GB of ledger when each is reported by one node
 /// (`docs/performance.md`: 188-191 B per key and node).
 pub const MAX_KEYS: usize = 4_000_000;

@@ -8,12 +8,11 @@ use throttle_proto::MAX_NAME_LEN;
 use throttle_proto::legacy::report_from_json;
 use throttle_proto::v1;
 
+use super::json;
 use super::*;
 use crate::assigner::render::{Rendering, Skeletons, quota_for};
-use crate::http::monitor::to_json;
 use crate::limits::Limit;
 use crate::policy::{Grant, Granted, Projected};
-use crate::server::MonitorView;
 
 mod apps;
 mod assign;
@@ -24,27 +23,20 @@ mod retention;
 mod rules;
 
 fn monitor_quota(l: &Ledger, range: SlotRange) -> Value {
-    to_json(&MonitorView::Quota(Monitor::of(l).quota(range, &Page::ALL)))
+    json::quota(&Monitor::of(l).quota(range, &Page::ALL).rows)
 }
 
 fn monitor_sums(l: &Ledger, range: SlotRange, rejection: bool) -> Value {
-    to_json(&MonitorView::Sums(Monitor::of(l).sums(
-        range,
-        rejection,
-        &Page::ALL,
-    )))
+    json::sums(&Monitor::of(l).sums(range, rejection, &Page::ALL).rows)
 }
 
 fn monitor_distribution(l: &Ledger, range: SlotRange, now_ms: i64) -> Value {
-    to_json(&MonitorView::Distribution(Monitor::of(l).distribution(
-        range,
-        now_ms,
-        &Page::ALL,
-    )))
+    let page = Monitor::of(l).distribution(range, now_ms, &Page::ALL);
+    json::distribution(&page.rows)
 }
 
 fn monitor_reported(l: &Ledger, range: SlotRange) -> Value {
-    to_json(&MonitorView::Reported(Monitor::of(l).reported(range)))
+    json::reported(&Monitor::of(l).reported(range))
 }
 
 fn limit(user: &str, resource: &str, rate: f64) -> Limit {

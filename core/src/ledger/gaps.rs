@@ -66,11 +66,20 @@ impl Gaps {
         let own = services.filter_map(|s| s.last_report.get(&node)).max();
         let (last, newest) = match (own, restored) {
             (Some(&last), _) => (Some(last), before),
-            (None, Some(r)) => r.last_filed(node).map_or((None, before), |(l, n)| (Some(l), n)),
+            (None, Some(r)) => r
+                .last_filed(node)
+                .map_or((None, before), |(l, n)| (Some(l), n)),
             (None, None) => (None, before),
         };
         let opened = before + 1;
-        self.opened.insert(node, Opened { last, newest, opened });
+        self.opened.insert(
+            node,
+            Opened {
+                last,
+                newest,
+                opened,
+            },
+        );
     }
 
     /// Whether `node` opened a stream and has not filed on it yet.

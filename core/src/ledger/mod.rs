@@ -14,8 +14,8 @@
 //! # Examples
 //!
 //! ```
-//! use throttle_central::ledger::{Ledger, LedgerConfig};
-//! use throttle_central::limits::Limit;
+//! use throttle_core::ledger::{Ledger, LedgerConfig};
+//! use throttle_core::limits::Limit;
 //! use throttle_proto::legacy;
 //!
 //! let mut ledger = Ledger::new(LedgerConfig::default());
@@ -49,6 +49,7 @@
 //! - `ingested`: [`Ingested`], what filing a report did;
 //! - `dropped`: entries of a report left out, counted per reason;
 //! - `page`: monitor answers a page at a time;
+//! - `json`: the monitor's pages as the legacy monitor's JSON;
 //! - `bound`: the keys a longer period binds, for the nodes' refusals;
 //! - `told`: what the nodes are told of a service's limits (the default
 //!   quota for users new to a node, every rule's allowances, the pool
@@ -67,6 +68,7 @@ mod dropped;
 mod filing;
 mod gaps;
 mod ingested;
+pub mod json;
 #[allow(clippy::module_inception)]
 mod ledger;
 mod monitor;
@@ -80,7 +82,7 @@ mod views;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub(crate) use crate::arena::valid_name;
+pub use crate::arena::valid_name;
 pub use crate::arena::{Cuts, Key, KeyId, Map, NodeId, NodeUsage, ServiceState};
 pub use bound::MAX_BOUND_KEYS;
 pub use catch_up::hold_ms;

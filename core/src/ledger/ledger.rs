@@ -453,10 +453,7 @@ impl Ledger {
             false => Lost::default(),
         };
         let charge = charge.late_if(lost.late);
-        let met_ms = match charge {
-            Charge::Late => self.config.slot.start_ms(slot).min(now_ms),
-            _ => now_ms,
-        };
+        let met_ms = charge.met_ms(self.config.slot.start_ms(slot), now_ms);
         let mut out = Ingested::default();
         // Services filed (or refused), each once, in the order first seen.
         let mut seen: Vec<(&str, bool)> = Vec::new();

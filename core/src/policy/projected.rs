@@ -139,7 +139,8 @@ fn first_come<'n>(
     let lag = nodes.iter().map(|(n, _)| newest.lag(*n)).max().unwrap_or(0);
     let proxies = nodes.iter().filter(|(n, _)| newest.lag(*n) > 0).count();
     let each = budget / nodes.len() as f64;
-    let spread = (budget + per_slot * (lag - 1).max(0) as f64) / (proxies.max(1) as i64 * lag.max(1)) as f64;
+    let spread =
+        (budget + per_slot * (lag - 1).max(0) as f64) / (proxies.max(1) as i64 * lag.max(1)) as f64;
     move |node| match newest.lag(node) {
         0 => each,
         _ => each.min(spread),
@@ -149,7 +150,7 @@ fn first_come<'n>(
 /// Whether a proxy's token bucket of `before` requests a second is told
 /// `after` instead: a move of more than a tenth, and of more than one
 /// request a second. Smaller moves are neither granted nor told.
-pub(crate) fn moved(before: f64, after: f64) -> bool {
+pub fn moved(before: f64, after: f64) -> bool {
     (after - before).abs() > (before / 10.0).max(1.0)
 }
 

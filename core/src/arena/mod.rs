@@ -34,7 +34,7 @@ pub(crate) mod state;
 pub(crate) mod sums;
 
 pub use cuts::Cuts;
-pub(crate) use ids::valid_name;
+pub use ids::valid_name;
 pub use ids::{KeyId, Map, NodeId};
 pub use key::{Key, NodeUsage};
 pub use state::ServiceState;

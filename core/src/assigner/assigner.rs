@@ -10,7 +10,7 @@ use throttle_proto::v1;
 use super::render::{Messages, QuotaFormat, QuotaRef, Rendering, Skeletons};
 use crate::ledger::{Ingested, Ledger, NodeId, ReportError, ReportSource, valid_name};
 use crate::limits::LimitSource;
-use crate::usage::UsageTap;
+use crate::usage_tap::UsageTap;
 
 /// A quota to send to one node.
 pub type Push<Q = v1::Quota> = (NodeId, Q);
@@ -229,12 +229,7 @@ impl<F: QuotaFormat> Assigner<F> {
                 .filter(|(_, (_, services))| services.contains(service.as_str()))
                 .map(|(n, _)| *n);
             for to in serving {
-                let quota = F::render(
-                    self.rendering(to),
-                    [(service.as_str(), current)],
-                    &[],
-                    None,
-                );
+                let quota = F::render(self.rendering(to), [(service.as_str(), current)], &[], None);
                 pushes.push((to, quota));
             }
         }

@@ -15,7 +15,7 @@ use super::{
     DEFAULT_BURST_SECONDS, EVERY_USER, Limit, LimitSet, LimitsError, MAX_BURST_SECONDS,
     POLICY_NAMES,
 };
-use crate::watched::{line_of, parse_toml};
+use crate::toml_text::{line_of, parse_toml};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -233,7 +233,8 @@ fn nodes_are_told_the_every_user_share_and_each_rules_allowances() {
     l.ingest(&report("n1", 107, "{}", "{}"), T + 7_000).unwrap();
     let silent = l.told("front", T + 7_000).unwrap();
     assert_eq!(silent.default_quota["requests"], 12.5, "{silent:?}");
-    l.ingest(&report("n1", 162, "{}", "{}"), T + 62_000).unwrap();
+    l.ingest(&report("n1", 162, "{}", "{}"), T + 62_000)
+        .unwrap();
     let later = l.told("front", T + 62_000).unwrap();
     assert_eq!(later.default_quota["requests"], 50.0, "n1 alone: {later:?}");
     assert!(
@@ -255,7 +256,10 @@ fn nodes_are_told_the_capacity_split_for_the_users_without_a_row() {
         let id = l.node_id(node);
         l.connect(id, ["front"], T);
     }
-    assert!(l.told("front", T).unwrap().newcomers.is_empty(), "no capacity");
+    assert!(
+        l.told("front", T).unwrap().newcomers.is_empty(),
+        "no capacity"
+    );
     let set = LimitSet::from_toml("[service.front]\ncapacity = { requests = 1000 }\n").unwrap();
     l.apply_hierarchy("front", LimitSource::hierarchy(&set, "front"));
     let told = l.told("front", T).unwrap();
@@ -263,7 +267,8 @@ fn nodes_are_told_the_capacity_split_for_the_users_without_a_row() {
     l.ingest(&report("n1", 107, "{}", "{}"), T + 7_000).unwrap();
     let silent = l.told("front", T + 7_000).unwrap();
     assert_eq!(silent.newcomers["requests"], 250.0, "silent nodes count");
-    l.ingest(&report("n1", 162, "{}", "{}"), T + 62_000).unwrap();
+    l.ingest(&report("n1", 162, "{}", "{}"), T + 62_000)
+        .unwrap();
     let later = l.told("front", T + 62_000).unwrap();
     assert_eq!(later.newcomers["requests"], 1000.0, "n1 alone");
     l.apply_hierarchy("front", None);
@@ -380,7 +385,9 @@ fn a_stored_burst_is_told_as_a_budget_that_refills_at_the_rate() {
     let told: Vec<_> = (bound.budgets.iter())
         .map(|b| (b.user.as_str(), b.window_seconds, b.nodes, b.refill))
         .collect();
-    let grants = l.grants(NodeId::test(0), "front", 112).map(|(_, g)| g.amounts().to_vec());
+    let grants = l
+        .grants(NodeId::test(0), "front", 112)
+        .map(|(_, g)| g.amounts().to_vec());
     assert_eq!(told, [("ann", 1, 1, 100.0)], "grants {grants:?}");
     let remaining = bound.budgets[0].remaining;
     assert!((900.0..=1000.0).contains(&remaining), "{remaining}");

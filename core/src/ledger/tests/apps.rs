@@ -119,7 +119,7 @@ fn a_burst_ends_after_its_seconds_and_the_rest_goes_down_the_priorities() {
     assert_eq!(names, ["video", "batch", "*"]);
     assert_eq!(status.apps[0].burst_seconds_left, 0.0);
     assert_eq!(status.apps[2].users, 1, "carol");
-    let json = to_json(&MonitorView::Apps(view));
+    let json = json::apps(&view);
     assert_eq!(json["front"]["resources"][0]["capacity"], 1000.0);
 }
 

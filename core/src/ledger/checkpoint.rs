@@ -15,8 +15,8 @@
 //! # Examples
 //!
 //! ```
-//! use throttle_central::ledger::{Ledger, LedgerConfig};
-//! use throttle_central::limits::Limit;
+//! use throttle_core::ledger::{Ledger, LedgerConfig};
+//! use throttle_core::limits::Limit;
 //! use throttle_proto::legacy;
 //!
 //! let limit = Limit {

@@ -23,7 +23,7 @@ static LOST: Throttled = Throttled::new();
 
 /// Counts and logs (at most once a second) `reports` whose usage could
 /// not be kept, and why.
-pub(crate) fn lost(reports: usize, reason: &'static str) {
+pub fn lost(reports: usize, reason: &'static str) {
     metrics::counter!("throttle_central_usage_lost_reports_total", "reason" => reason)
         .increment(reports as u64);
     if let Some(skipped) = LOST.allow_now() {

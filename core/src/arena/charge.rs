@@ -34,6 +34,17 @@ pub(crate) enum Charge {
 }
 
 impl Charge {
+    /// When the buckets of a key a report meets first start, for a report
+    /// of the slot that began at `slot_ms` filed at `now_ms`: in its slot
+    /// when it is late (the refill since is kept for it, as for a key met
+    /// on time), else now.
+    pub(crate) fn met_ms(self, slot_ms: i64, now_ms: i64) -> i64 {
+        match self {
+            Self::Late => slot_ms.min(now_ms),
+            _ => now_ms,
+        }
+    }
+
     /// [`Charge::Late`] instead of a charge that could put the buckets in
     /// debt, when `late` (a proxy's slot admitted while its stream was
     /// lost); as it is otherwise.

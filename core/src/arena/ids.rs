@@ -88,6 +88,6 @@ impl std::hash::Hash for Name {
 
 /// Whether `name` may name a service, user, resource or node: 1 to
 /// [`MAX_NAME_LEN`] bytes.
-pub(crate) fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME_LEN
 }

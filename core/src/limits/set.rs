@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::hierarchy::{HIERARCHICAL, Hierarchy};
 use super::{Block, Blocks, Limit, LimitSource, LimitsError};
-use crate::watched::Published;
+use crate::Published;
 
 /// A snapshot of limits: service -> user (or `*`) -> rule.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -194,7 +194,7 @@ impl Snapshots for StaticLimits {
 
 /// A source that holds a [`LimitSet`] and replaces it whole: it answers
 /// every [`LimitSource`] question from the set in force
-/// ([`StaticLimits`], [`FileLimits`](super::FileLimits)).
+/// ([`StaticLimits`], the central's `FileLimits`).
 pub trait Snapshots: Send + Sync + std::fmt::Debug + 'static {
     /// The limits in force.
     fn snapshot(&self) -> Arc<LimitSet>;

@@ -38,7 +38,7 @@ pub use hierarchy::{AppsStatus, Hierarchical};
 pub use history::{QuotaHistory, SlotQuotas};
 pub use policy::Policy;
 pub use projected::Projected;
-pub(crate) use projected::moved;
+pub use projected::moved;
 pub use split::StaticSplit;
 
 /// A new policy of the name a limits file or a flag gives it, one of

@@ -12,7 +12,7 @@
 //! # Examples
 //!
 //! ```
-//! use throttle_central::bucket::Bucket;
+//! use throttle_core::bucket::Bucket;
 //!
 //! let mut b = Bucket::new(100.0, 10.0, 0);
 //! assert_eq!(b.level(0), 100.0);
