@@ -21,8 +21,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 
 use super::answer::MAX_FRAME_BYTES;
-use super::legacy_session::LegacySession;
 use super::presigned::Presigned;
+use super::session::LegacySession;
 use crate::keys::NodeKeys;
 use crate::leadership::Leadership;
 use crate::log::{Throttled, peer};

@@ -10,7 +10,7 @@
 //! - `endpoint`: the handshake, refused at once by a central that does not
 //!   lead (503) and, with node keys, unless the URL is signed (403);
 //! - `presigned`: the URL's AWS Signature V4 query, checked;
-//! - `legacy_session`: one connection, each report filed by the ledger's task as a
+//! - `session`: one connection, each report filed by the ledger's task as a
 //!   node stream's is, then answered;
 //! - `quotas`: what the ledger granted the node, and the answer to its
 //!   report (`answer`), its tables in whole amounts (`whole_table`), in one
@@ -20,9 +20,9 @@
 
 mod answer;
 mod endpoint;
-mod legacy_session;
 mod presigned;
 mod quotas;
+mod session;
 mod whole_table;
 
 pub(crate) use endpoint::Endpoint;

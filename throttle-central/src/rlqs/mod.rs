@@ -8,10 +8,10 @@
 //! `requests`; the stream is a node of the ledger, named by its
 //! `x-throttle-node` metadata:
 //!
-//! - `rlqs`: the gRPC service, which names the proxy and spawns its
+//! - `service`: the gRPC service, which names the proxy and spawns its
 //!   session;
 //! - `settings`: what every stream reads;
-//! - `rlqs_session`: one stream's IO, running its `rlqs_stream`: each
+//! - `session`: one stream's IO, running its `stream`: each
 //!   report filed at once over the slots it covers (`backfill`),
 //!   assignments sent as the shares change (`buckets`, `shares`,
 //!   `bucket_rule`).
@@ -22,18 +22,17 @@ mod backfill;
 mod bucket_rule;
 mod buckets;
 mod certified;
-#[allow(clippy::module_inception)]
-mod rlqs;
-mod rlqs_session;
-mod rlqs_stream;
+mod service;
+mod session;
 mod settings;
 mod shares;
+mod stream;
 
 use std::time::Duration;
 
-pub(crate) use rlqs::Rlqs;
-pub use rlqs_stream::{FirstShareTold, REPORT_EVERY_S, Refused, RlqsStream, Taken, Told};
+pub(crate) use service::Rlqs;
 pub(crate) use settings::StreamSettings;
+pub use stream::{FirstShareTold, REPORT_EVERY_S, Refused, RlqsStream, Taken, Told};
 
 /// How long a proxy keeps an assignment by default: three of Envoy's 5 s
 /// reports.

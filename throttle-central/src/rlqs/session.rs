@@ -11,8 +11,8 @@ use throttle_proto::v1;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use super::rlqs_stream::{Refused, RlqsStream};
 use super::settings::StreamSettings;
+use super::stream::{Refused, RlqsStream};
 use crate::log::{Throttled, peer};
 use crate::server::{Heard, Link, NotFiled, restored};
 

@@ -1,7 +1,7 @@
 //! [`RlqsStream`]: one Envoy proxy's RLQS stream without its IO: the
 //! reports it files, the assignments it tells, on a clock it is given.
 //!
-//! The gRPC session (`rlqs_session`) runs it against the ledger's task;
+//! The gRPC session (`session`) runs it against the ledger's task;
 //! the simulator runs it against an `Assigner` in virtual time.
 
 use std::collections::BTreeMap;

@@ -17,7 +17,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::certified;
-use super::rlqs_session::RlqsSession;
+use super::session::RlqsSession;
 use super::settings::StreamSettings;
 use crate::keys::NodeKeys;
 use crate::log::{Throttled, peer};
