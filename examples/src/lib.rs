@@ -61,4 +61,11 @@ mod tests {
         let len = include_str!("../../README.md").len();
         assert!(len < 10_240, "README.md is {len} bytes");
     }
+
+    /// The figures' page is read whole: history belongs in the CHANGELOG.
+    #[test]
+    fn the_performance_page_stays_under_400_lines() {
+        let lines = include_str!("../../docs/performance.md").lines().count();
+        assert!(lines < 400, "docs/performance.md is {lines} lines");
+    }
 }
