@@ -5,8 +5,6 @@
 use serde_json::{Value, json};
 use throttle_core::ledger::json::{apps, distribution, quota, reported, sums};
 
-pub(super) use throttle_core::ledger::json::bucket;
-
 use crate::server::{Connections, MonitorView};
 
 /// `view` as the JSON the monitor API answers.

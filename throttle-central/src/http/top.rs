@@ -10,7 +10,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{HttpState, error, monitor};
+use throttle_core::ledger::json::bucket as bucket_json;
+
+use super::{HttpState, error};
 use crate::ledger::{RankBy, TopUsers, UserSeries};
 use crate::server::{TOP_KEPT, ask_top};
 
@@ -126,7 +128,7 @@ fn ranked(users: &[UserSeries], asked: &Asked) -> Vec<Value> {
                 "refused": u.total(RankBy::Refused, asked.slots),
                 "consumption": last(&u.admitted),
                 "rejection": last(&u.refused),
-                "bucket": u.bucket.as_ref().map(monitor::bucket),
+                "bucket": u.bucket.as_ref().map(bucket_json),
             })
         })
         .collect()
