@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use throttle_central::ha::state::FileState;
 use throttle_central::limits::{LimitSet, StaticLimits};
-use throttle_central::state::FileState;
 use throttle_central::{Central, Subject};
 use throttle_examples::load::Load;
 use throttle_layer::Fallback;

@@ -23,7 +23,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQ
 use envoy_types::pb::google::protobuf::Duration;
 use prost::Message;
 use throttle_central::limits::Limit;
-use throttle_central::rlqs::RlqsStream;
+use throttle_central::nodes::rlqs::RlqsStream;
 use throttle_clock::SlotLength;
 use throttle_core::ledger::{Ledger, LedgerConfig};
 use throttle_proto::v1;

@@ -26,22 +26,22 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::assigner::Assigner;
+use crate::ha::leadership::{AlwaysLeader, Leadership};
+use crate::ha::state::StateStore;
 use crate::http::{self, HttpState};
 use crate::keys::NodeKeys;
-use crate::leadership::{AlwaysLeader, Leadership};
 use crate::ledger::{Ledger, LedgerConfig, Page, PolicyFactory, SlotRange};
-use crate::legacy::Endpoint;
+use crate::ledger_task::{
+    Actor, Command, Keeper, MonitorView, Subject, ask, follow_etcd, reloader, ticker,
+};
 use crate::limits::{
     DEFAULT_POLICY_NAMES, Editable, EtcdLimits, FileLimits, LimitSet, LimitSource, UnknownPolicy,
 };
 use crate::net::{self, ConnectionLimits, ServerTls};
+use crate::nodes::grpc::CentralService;
+use crate::nodes::legacy::Endpoint;
+use crate::nodes::rlqs::{self, Rlqs, StreamSettings};
 use crate::policy::{self, Projected};
-use crate::rlqs::{self, Rlqs, StreamSettings};
-use crate::server::{
-    Actor, CentralService, Command, Keeper, MonitorView, Subject, ask, follow_etcd, reloader,
-    ticker,
-};
-use crate::state::StateStore;
 use crate::usage::UsageConfig;
 
 /// Settings and collaborators of a central node; see [`Central::builder`].
@@ -244,7 +244,7 @@ impl CentralBuilder {
         self
     }
 
-    /// Keeps the leader's checkpoint in `store` (see [`crate::state`]):
+    /// Keeps the leader's checkpoint in `store` (see [`crate::ha::state`]):
     /// restored at the start of each leadership, before the first node
     /// stream is welcomed, and written every
     /// [`checkpoint_every`](Self::checkpoint_every). Without one, a new

@@ -1,7 +1,7 @@
 //! The monitor API: `GET /v1/monitor/{subject}`, `/v1/limits` (`limits`),
 //! `/v1/monitor/top` (`top`), `/v1/usage` and `/v1/usage/top` (`usage`), `/metrics`, `/healthz` (and `/healthz/leader`); the page that draws it, `/dashboard`
 //! (`dashboard`); and the admin API on one user's rule, `GET`,
-//! `PUT`, `DELETE /v1/limits/{service}/{user}` (`admin`). It asks the ledger's task ([`crate::server`])
+//! `PUT`, `DELETE /v1/limits/{service}/{user}` (`admin`). It asks the ledger's task ([`crate::ledger_task`])
 //! and renders the typed answers as JSON ([`monitor`]).
 
 mod admin;
@@ -23,10 +23,10 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::leadership::Leadership;
+use crate::ha::leadership::Leadership;
 use crate::ledger::{Cursor, Page, SlotRange};
+use crate::ledger_task::{Command, Subject, ask};
 use crate::limits::LimitSource;
-use crate::server::{Command, Subject, ask};
 
 /// What the HTTP handlers share.
 #[derive(Clone)]

@@ -5,33 +5,35 @@
 //! token bucket per (service, user, resource) and sends every node its share
 //! of what is left, as the quota of a coming slot.
 //!
-//! The modules, from the shells down:
+//! The modules, by role:
 //!
 //! - [`Central`] (`central.rs`): wires the gRPC server, the ledger's task,
 //!   the timers and the HTTP monitor together;
-//! - [`net`]: how connections reach the two servers (the caps, the
-//!   deadline for a node's first stream, TLS);
-//! - [`server`]: the ledger's task and the node streams, which only move
-//!   data in and out; the HTTP monitor (`http`) asks it and renders JSON;
-//! - [`rlqs`] and `legacy`: Envoy's and the legacy nodes' protocols,
-//!   translated to and from the ledger's reports and quotas;
+//! - [`ledger_task`]: the task that owns the ledger, the commands it is
+//!   sent and its timers; everything else only moves data to and from it;
+//! - [`nodes`]: the three node protocols side by side (the library's gRPC
+//!   stream, Envoy's RLQS, the nginx nodes' legacy HTTP), translated to
+//!   and from the ledger's reports and quotas;
+//! - [`ha`]: the election on etcd, the leadership the central reads, and
+//!   where the leader's checkpoints are kept;
+//! - `http` (the monitor, admin API and dashboard) and [`usage`] (the
+//!   accounting store): the operator's surfaces;
+//! - [`net`]: how connections reach the servers (the caps, the deadline
+//!   for a node's first stream, TLS);
 //! - [`limits`]: the core's limits model, and where limits come from (a
-//!   file, an etcd key); [`state`]: where checkpoints are kept;
-//!   `atomic_file`: a file replaced whole (the limits file's edits, the
-//!   checkpoint file).
+//!   file, an etcd key); `atomic_file`: a file replaced whole (the limits
+//!   file's edits, the checkpoint file).
 //!
 //! The decisions themselves (the token buckets, the ledger, the policies,
 //! the assigner) are the [`throttle_core`] crate: plain synchronous code
 //! with an injected clock, which the simulator runs too.
 //!
 //! Embedding a central needs [`Central::builder`] and the modules of
-//! what it is given: [`limits`], [`state`], [`keys`], [`net`],
-//! [`leadership`] and [`election`], [`usage`]; [`telemetry`] names its
-//! metrics.
+//! what it is given: [`limits`], [`ha`], [`keys`], [`net`], [`usage`];
+//! [`telemetry`] names its metrics.
 
 mod atomic_file;
 mod central;
-pub mod election;
 /// A client of etcd's v3 API (package `etcdserverpb`), as much of it as
 /// the central uses: leases, ranges, puts, deletes, transactions and
 /// watches. Generated from `etcd/etcd.proto` without `protoc`.
@@ -39,16 +41,14 @@ pub mod election;
 pub mod etcd_api {
     tonic::include_proto!("etcdserverpb");
 }
+pub mod ha;
 mod http;
 pub mod keys;
-pub mod leadership;
-mod legacy;
+pub mod ledger_task;
 pub mod limits;
 mod log;
 pub mod net;
-pub mod rlqs;
-pub mod server;
-pub mod state;
+pub mod nodes;
 pub mod telemetry;
 pub mod usage;
 mod watched;
@@ -58,5 +58,7 @@ use throttle_core::{assigner, ledger, policy};
 
 pub use central::{Central, CentralBuilder, LEDGER_THREAD, RunningCentral};
 pub use ledger::{MAX_AMOUNT, MAX_KEYS, Page, SlotRange};
-pub use rlqs::{DEFAULT_TTL as DEFAULT_RLQS_TTL, MAX_TTL as MAX_RLQS_TTL, MIN_TTL as MIN_RLQS_TTL};
-pub use server::Subject;
+pub use ledger_task::Subject;
+pub use nodes::rlqs::{
+    DEFAULT_TTL as DEFAULT_RLQS_TTL, MAX_TTL as MAX_RLQS_TTL, MIN_TTL as MIN_RLQS_TTL,
+};

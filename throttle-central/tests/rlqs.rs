@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use throttle_central::keys::NodeKeys;
-use throttle_central::leadership::Follower;
+use throttle_central::ha::leadership::Follower;
 use throttle_central::SlotRange;
 use throttle_central::limits::{LimitSet, StaticLimits};
 use throttle_central::{Central, CentralBuilder, RunningCentral, Subject};

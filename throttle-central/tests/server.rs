@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
-use throttle_central::leadership::Follower;
+use throttle_central::ha::leadership::Follower;
 use throttle_central::limits::{FileLimits, LimitSet, StaticLimits};
 use throttle_central::{Central, RunningCentral, Subject};
 use throttle_clock::{Clock, SlotLength, SystemClock};

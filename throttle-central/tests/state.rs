@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use throttle_central::election::{Elected, ElectionConfig, Running};
-use throttle_central::leadership::Leadership;
-use throttle_central::state::{EtcdState, StateError, StateStore};
+use throttle_central::ha::election::{Elected, ElectionConfig, Running};
+use throttle_central::ha::leadership::Leadership;
+use throttle_central::ha::state::{EtcdState, StateError, StateStore};
 use throttle_test_servers::Etcd;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::Duration;
-use throttle_central::rlqs::REPORT_EVERY_S;
+use throttle_central::nodes::rlqs::REPORT_EVERY_S;
 
 use super::envoy_bucket::EnvoyBucket;
 

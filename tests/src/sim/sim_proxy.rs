@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use throttle_central::DEFAULT_RLQS_TTL;
-use throttle_central::rlqs::RlqsStream;
+use throttle_central::nodes::rlqs::RlqsStream;
 use throttle_clock::SlotLength;
 use throttle_core::assigner::{Accepts, Assigner, Push};
 use throttle_core::ledger::NodeId;

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use throttle_core::ledger::json::{apps, distribution, quota, reported, sums};
 
-use crate::server::{Connections, MonitorView};
+use crate::ledger_task::{Connections, MonitorView};
 
 /// `view` as the JSON the monitor API answers.
 pub(crate) fn to_json(view: &MonitorView) -> Value {

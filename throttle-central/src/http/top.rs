@@ -1,7 +1,7 @@
 //! `GET /v1/monitor/top?service=&resource=&slots=&n=&by=`: the heaviest
 //! users of each resource over the last slots, each with what it was
 //! admitted and refused slot by slot and its bucket. The ledger's task
-//! reads them at most once per half slot (`server::Actor::top`); each
+//! reads them at most once per half slot (`ledger_task::Actor::top`); each
 //! question takes its part of that reading.
 
 use axum::extract::{Query, State};
@@ -14,7 +14,7 @@ use throttle_core::ledger::json::bucket as bucket_json;
 
 use super::{HttpState, error};
 use crate::ledger::{RankBy, TopUsers, UserSeries};
-use crate::server::{TOP_KEPT, ask_top};
+use crate::ledger_task::{TOP_KEPT, ask_top};
 
 /// Users answered per resource unless `n` says otherwise.
 const DEFAULT_N: usize = 10;

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use super::{EditError, LimitSet, LimitsError, Snapshots};
-use crate::election::connect;
+use crate::ha::election::connect;
 use crate::log::Throttled;
 use crate::watched::Published;
 

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use throttle_proto::wire::{ReportEncoder, UsageEncoder};
 
-use super::service_store::ServiceStore;
+use super::service::ServiceStore;
 use super::totals::Totals;
 use super::user::{Counters, ROWS_PER_USER, UserState};
 use super::users::{UserLock, Users, with_users};

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::service_store::{DEFAULT_VERSION, ServiceStore};
+use super::service::{DEFAULT_VERSION, ServiceStore};
 use super::user::UserState;
 
 // The default quota: a user the central has not sent this node a quota

@@ -89,13 +89,13 @@
 //! `newcomers` (`Newcomers`, what the users without a row may take
 //! together), `user`
 //! (`UserState`, a user's counts and rows), `users` (the map of users),
-//! `totals` (what a collection took, for the metrics), `service_store`
+//! `totals` (what a collection took, for the metrics), `service`
 //! ([`ServiceStore`]: the request path, the default quota of a user
 //! without a row, installing quotas, collecting reports, amounts a
 //! handler takes before its work; with [`Admission`] and [`UserHandle`],
 //! which it hands out), `default_row` (the default row given to a user
 //! entering a slot), `taken` (amounts a handler takes before its work),
-//! `slot_store` ([`SlotStore`]).
+//! `slot` ([`SlotStore`]).
 
 mod blocked;
 mod budgets;
@@ -107,8 +107,8 @@ mod limits;
 mod newcomers;
 mod quota;
 mod resource;
-mod service_store;
-mod slot_store;
+mod service;
+mod slot;
 mod taken;
 mod totals;
 mod user;
@@ -121,5 +121,5 @@ pub use decision::{Basis, Decision, Tightest};
 pub use fallback::{Fallback, FallbackParseError};
 pub(crate) use limits::period_name;
 pub use resource::{MAX_RESOURCES, ResourceId};
-pub use service_store::{Admission, ServiceStore, UserHandle};
-pub use slot_store::{SlotStore, StoreBuilder};
+pub use service::{Admission, ServiceStore, UserHandle};
+pub use slot::{SlotStore, StoreBuilder};

@@ -8,7 +8,7 @@ use metrics::counter;
 use throttle_proto::MAX_NAME_LEN;
 
 use super::resource::MAX_RESOURCES;
-use super::service_store::{AHEAD_BIT, QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore};
+use super::service::{AHEAD_BIT, QUOTA_RING, SLOT_BITS, SLOT_MASK, ServiceStore};
 use super::user::{UserState, whole_units};
 use super::users::{UserLock, Users, with_users};
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::decision::Tightest;
 use super::resource::ResourceId;
-use super::service_store::ServiceStore;
+use super::service::ServiceStore;
 
 // An amount taken by a handler before the work it pays for
 // ([`ServiceStore::try_take`]): allowed or refused by the user's quota

@@ -13,8 +13,8 @@ use throttle_proto::v1;
 use throttle_proto::wire::RawQuota;
 
 use super::decision::*;
-use super::service_store::*;
-use super::slot_store::*;
+use super::service::*;
+use super::slot::*;
 use super::user::*;
 use super::users::*;
 use super::*;

@@ -1,7 +1,7 @@
 //! Leader election on etcd: several centrals, one leader, the others
 //! standing by.
 //!
-//! - `role`: [`Elected`], the [`Leadership`](crate::leadership::Leadership)
+//! - `role`: [`Elected`], the [`Leadership`](crate::ha::leadership::Leadership)
 //!   the central reads, and the lease arithmetic that fences a leader;
 //! - `campaign`: [`Campaign`], the task that runs for leadership on etcd
 //!   and writes the role.

@@ -16,15 +16,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::ahead::AnswerAhead;
 use super::auth::{authenticate, other_node_id};
-use super::command::{Command, Outgoing};
-use super::keeper::restored;
-use super::received::Received;
 use super::standby::{Settled, Standby};
+use crate::ha::leadership::Leadership;
 use crate::keys::NodeKeys;
-use crate::leadership::Leadership;
 use crate::ledger::LedgerConfig;
+use crate::ledger_task::{AnswerAhead, Command, Outgoing, Received, restored};
 use crate::log::{Throttled, peer, truncate};
 use crate::net::NodeConnInfo;
 
@@ -317,17 +314,9 @@ impl CentralService {
             && report
                 .check(&self.config, node_id, self.clock.now_ms())
                 .is_ok();
-        // Held until the answer is queued: a push of newer grants, queued
-        // after the ledger clears this answer, cannot be overtaken.
-        let ready = ahead.ready.lock();
-        let quota = match ready.as_ref() {
-            Some(r)
-                if valid
-                    && r.report_slot == report.slot_number()
-                    && report.services_within(&r.services) =>
-            {
-                r.quota.clone()
-            }
+        let ready = ahead.lock();
+        let quota = match ready.as_ref().and_then(|r| r.answers(&report)) {
+            Some(quota) if valid => quota,
             _ => {
                 return Ahead::Later(Command::Report {
                     conn,

@@ -13,8 +13,8 @@ use tonic::{Status, Streaming};
 
 use super::settings::StreamSettings;
 use super::stream::{Refused, RlqsStream};
+use crate::ledger_task::{Heard, Link, NotFiled, restored};
 use crate::log::{Throttled, peer};
-use crate::server::{Heard, Link, NotFiled, restored};
 
 /// Lines about refused reports and buckets, at most once a second.
 static REFUSED: Throttled = Throttled::new();

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use super::received::Received;
+
 /// A stream's answer to its node's next report, rendered ahead by the
 /// ledger task, so that the stream answers a report as soon as it has read
 /// it, rather than after the ledger has filed every report queued before
@@ -51,8 +53,26 @@ pub(crate) struct AnswerAhead {
 /// An answer rendered ahead: for the report of `report_slot`, covering
 /// `services`.
 #[derive(Debug, Clone)]
-pub(super) struct Ready {
+pub(crate) struct Ready {
     pub(super) report_slot: i64,
     pub(super) services: Arc<[String]>,
     pub(super) quota: bytes::Bytes,
+}
+
+impl AnswerAhead {
+    /// The answer rendered ahead, locked: held until the report it answers
+    /// is queued, so that a push of newer grants, queued after the ledger
+    /// clears this answer, cannot overtake it.
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Option<Ready>> {
+        self.ready.lock()
+    }
+}
+
+impl Ready {
+    /// The encoded answer to `report`, if this is its answer: the report is
+    /// of `report_slot` and names no service outside `services`.
+    pub(crate) fn answers(&self, report: &Received) -> Option<bytes::Bytes> {
+        (self.report_slot == report.slot_number() && report.services_within(&self.services))
+            .then(|| self.quota.clone())
+    }
 }

@@ -16,7 +16,7 @@ use throttle_proto::{MAX_NAME_LEN, v1};
 use super::blocked::Blocked;
 use super::collect::Drain;
 use super::quota::{Ahead, Install};
-use super::service_store::{QUOTA_RING, ServiceStore};
+use super::service::{QUOTA_RING, ServiceStore};
 use super::user::Overflow;
 
 pub(super) struct Shared {

@@ -14,10 +14,10 @@ use tokio::sync::{mpsc, watch};
 
 use super::answer::MAX_FRAME_BYTES;
 use super::quotas::LegacyQuotas;
+use crate::ha::leadership::Leadership;
 use crate::keys::NodeKeys;
-use crate::leadership::Leadership;
+use crate::ledger_task::{Command, Heard, Link, NotFiled, restored};
 use crate::log::{Throttled, peer, truncate};
-use crate::server::{Command, Heard, Link, NotFiled, restored};
 
 /// Most services one legacy node may name, as for a node stream's Hello.
 const MAX_SERVICES: usize = 1_000;

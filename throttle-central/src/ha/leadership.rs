@@ -5,7 +5,7 @@
 //! with the leader's address so nodes can follow it. The election itself is
 //! behind the [`Leadership`] trait: [`AlwaysLeader`] for a single central,
 //! [`Follower`] for one that knows it is not the leader, and
-//! [`Elected`](crate::election::Elected) for one elected on etcd.
+//! [`Elected`](crate::ha::election::Elected) for one elected on etcd.
 
 use std::fmt;
 

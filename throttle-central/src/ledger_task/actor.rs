@@ -20,7 +20,7 @@ use super::monitor::{Connection, Connections, MonitorView, Subject};
 use super::received::Received;
 use super::sent::{Sent, SentLimits, ToldNow};
 use crate::assigner::{Accepts, Assigner, Encoded, Filed, Push};
-use crate::leadership::Leadership;
+use crate::ha::leadership::Leadership;
 use crate::ledger::{
     FromNode, Ingested, Monitor, NodeId, Page, ReportError, ReportSource, SlotRange, TopUsers,
 };

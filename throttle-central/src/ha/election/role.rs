@@ -7,7 +7,7 @@ use futures_util::future::BoxFuture;
 use throttle_clock::Clock;
 use tokio::sync::watch;
 
-use crate::leadership::Leadership;
+use crate::ha::leadership::Leadership;
 
 /// This central's part, as the campaign last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]

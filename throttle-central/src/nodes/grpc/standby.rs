@@ -16,7 +16,7 @@ use std::time::Duration;
 use throttle_proto::UNREACHABLE_METADATA;
 use tokio::time::Instant;
 
-use crate::leadership::Leadership;
+use crate::ha::leadership::Leadership;
 
 /// The longest a stream is kept: below the node's wait for its first
 /// answer (5 s), so that it hears a redirect rather than a timeout.
@@ -113,7 +113,7 @@ impl Standby {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leadership::Follower;
+    use crate::ha::leadership::Follower;
 
     fn standby(unreachable: &str) -> Standby {
         let mut metadata = tonic::metadata::MetadataMap::new();

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use throttle_clock::{Clock, SlotLength};
 use tokio::sync::{mpsc, watch};
 
-use crate::leadership::Leadership;
+use crate::ha::leadership::Leadership;
+use crate::ledger_task::Command;
 use crate::limits::LimitSource;
-use crate::server::Command;
 
 /// The bucket id entry that names the user, unless a service sets
 /// another (`[service.NAME] envoy_user_key`).

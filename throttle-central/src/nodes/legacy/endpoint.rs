@@ -23,11 +23,11 @@ use tokio_rustls::TlsAcceptor;
 use super::answer::MAX_FRAME_BYTES;
 use super::presigned::Presigned;
 use super::session::LegacySession;
+use crate::ha::leadership::Leadership;
 use crate::keys::NodeKeys;
-use crate::leadership::Leadership;
+use crate::ledger_task::Command;
 use crate::log::{Throttled, peer};
 use crate::net::{ConnectionLimits, serve_http};
-use crate::server::Command;
 
 /// Lines about refused handshakes, at most once a second.
 static REFUSED: Throttled = Throttled::new();

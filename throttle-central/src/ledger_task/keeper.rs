@@ -1,4 +1,4 @@
-//! The leader's checkpoints (see [`crate::state`]): the last one restored
+//! The leader's checkpoints (see [`crate::ha::state`]): the last one restored
 //! at the start of each leadership, before any node stream is welcomed
 //! under it, and a new one written every few slots while it lasts.
 
@@ -12,9 +12,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::command::Command;
-use crate::leadership::Leadership;
+use crate::ha::leadership::Leadership;
+use crate::ha::state::{StateError, StateStore};
 use crate::log::Throttled;
-use crate::state::{StateError, StateStore};
 
 /// How often the keeper looks at the leadership.
 const LOOK: Duration = Duration::from_millis(20);

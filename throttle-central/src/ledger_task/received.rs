@@ -24,7 +24,7 @@ impl Received {
     /// A report of more than `max_users` users is refused as soon as it is
     /// measured: at the first user past it when read in place, before
     /// prost decodes anything otherwise.
-    pub(super) fn read(bytes: bytes::Bytes, max_users: usize) -> Result<Self, Status> {
+    pub(crate) fn read(bytes: bytes::Bytes, max_users: usize) -> Result<Self, Status> {
         let too_many = || {
             counter!("throttle_central_invalid_messages_total", "reason" => "too_many_users")
                 .increment(1);
@@ -58,14 +58,14 @@ impl Received {
         Ok(Self::Decoded(report))
     }
 
-    pub(super) fn node_id(&self) -> &str {
+    pub(crate) fn node_id(&self) -> &str {
         match self {
             Self::Raw(r) => r.node_id(),
             Self::Decoded(r) => &r.node_id,
         }
     }
 
-    pub(super) fn slot_number(&self) -> i64 {
+    pub(crate) fn slot_number(&self) -> i64 {
         match self {
             Self::Raw(r) => r.slot_number(),
             Self::Decoded(r) => r.slot_number,
@@ -73,7 +73,7 @@ impl Received {
     }
 
     /// The ledger's own check ([`LedgerConfig::check`]), for `node_id`.
-    pub(super) fn check(
+    pub(crate) fn check(
         &self,
         config: &LedgerConfig,
         node_id: &str,
@@ -86,7 +86,7 @@ impl Received {
     }
 
     /// Whether every service the report names is one of `services`.
-    pub(super) fn services_within(&self, services: &[String]) -> bool {
+    pub(crate) fn services_within(&self, services: &[String]) -> bool {
         let known = |name: &str| services.iter().any(|s| s == name);
         match self {
             Self::Raw(r) => r.usages().all(|(name, ..)| known(name)),

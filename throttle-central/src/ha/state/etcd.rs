@@ -29,8 +29,8 @@ use throttle_clock::{Clock, SystemClock};
 use tonic::transport::Channel;
 
 use super::{StateError, StateStore};
-use crate::election::{Elected, connect, prefix_end};
-use crate::leadership::Leadership;
+use crate::ha::election::{Elected, connect, prefix_end};
+use crate::ha::leadership::Leadership;
 
 /// The largest piece of a checkpoint in one etcd request.
 const PIECE: usize = 1024 * 1024;

@@ -1,17 +1,13 @@
 //! The async shell around the [`Assigner`](crate::assigner::Assigner): the
-//! ledger's task, the node streams and the timers.
+//! ledger's task and its timers.
 //!
 //! One task owns the assigner and its ledger and receives commands on a
-//! channel ([`command`](self)); stream tasks and timers only move data to
-//! and from it, so no stream ever waits on a lock held by another. Each node
-//! stream is a task of its own: a node that sends garbage loses its stream,
-//! nobody else notices.
+//! channel ([`command`](self)); node streams (`crate::nodes`) and timers
+//! only move data to and from it, so no stream ever waits on a lock held by
+//! another. Each node stream is a task of its own: a node that sends
+//! garbage loses its stream, nobody else notices.
 //!
 //! - `actor`: the ledger's task;
-//! - `stream`: a node stream's task, and the gRPC service;
-//! - `standby`: a new stream at a central that does not lead, kept until
-//!   a leader it can reach is known;
-//! - `auth`: a stream's credentials, checked before it is read;
 //! - `blocks`: block lists carried to the nodes;
 //! - `sent`: limits carried to the nodes (the default quota, allowances);
 //! - `ahead`: answers rendered ahead of filing;
@@ -28,7 +24,6 @@
 
 mod actor;
 mod ahead;
-mod auth;
 mod blocks;
 mod command;
 mod keeper;
@@ -36,14 +31,13 @@ mod link;
 mod monitor;
 mod received;
 mod sent;
-mod standby;
-mod stream;
 mod timers;
 
 pub(crate) use actor::{Actor, TOP_KEPT};
-pub(crate) use command::{Command, ask, ask_top};
+pub(crate) use ahead::AnswerAhead;
+pub(crate) use command::{Command, Outgoing, ask, ask_top};
 pub(crate) use keeper::{Keeper, restored};
 pub(crate) use link::{Heard, Link, NotFiled};
 pub use monitor::{Connection, Connections, MonitorView, Subject};
-pub(crate) use stream::CentralService;
+pub(crate) use received::Received;
 pub(crate) use timers::{follow_etcd, reloader, ticker};
