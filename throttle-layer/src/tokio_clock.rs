@@ -8,10 +8,10 @@ use tokio::time::Instant;
 /// made, plus what tokio's [`Instant`] has advanced since. Under
 /// `tokio::time::pause()` it stands still until the test (or an idle
 /// runtime) advances it, so limits reading it ([`LocalLimit::clock`],
-/// [`StoreBuilder::clock`]) follow the test's time exactly.
+/// [`SlotStoreBuilder::clock`]) follow the test's time exactly.
 ///
 /// [`LocalLimit::clock`]: crate::local::LocalLimit::clock
-/// [`StoreBuilder::clock`]: crate::store::StoreBuilder::clock
+/// [`SlotStoreBuilder::clock`]: crate::store::SlotStoreBuilder::clock
 #[derive(Debug, Clone, Copy)]
 pub struct TokioClock {
     unix_ms: i64,

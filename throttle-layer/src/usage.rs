@@ -108,14 +108,10 @@ impl Usage {
     }
 
     /// Adds `amount` of `resource` to this slot. Returns whether it was
-    /// counted: not for a request without user, an amount below zero, or a
-    /// service already counting its maximum number of resources.
-    pub fn add(&self, resource: &str, amount: i64) -> bool {
+    /// counted: not for a request without user, or a service already
+    /// counting its maximum number of resources.
+    pub fn add(&self, resource: &str, amount: u64) -> bool {
         let Some(h) = &self.handle else { return false };
-        if amount < 0 {
-            tracing::warn!(resource, amount, "negative usage ignored");
-            return false;
-        }
         match h.service().resource(resource) {
             Some(id) => {
                 h.consume(id, amount);
@@ -131,18 +127,13 @@ impl Usage {
     /// refused, nothing is taken and one rejection of the resource is
     /// counted. Without a quota for the slot, a user, or room for one
     /// more resource in the service, the amount is taken (or nothing
-    /// is): the layer decided the request itself. A negative amount is
-    /// ignored, with a warning.
+    /// is): the layer decided the request itself.
     ///
     /// # Errors
     ///
     /// [`Exhausted`], which axum turns into a 429.
-    pub fn try_take(&self, resource: &str, amount: i64) -> Result<(), Exhausted> {
+    pub fn try_take(&self, resource: &str, amount: u64) -> Result<(), Exhausted> {
         let Some(h) = &self.handle else { return Ok(()) };
-        if amount < 0 {
-            tracing::warn!(resource, amount, "negative usage ignored");
-            return Ok(());
-        }
         let Some(id) = h.service().resource(resource) else {
             return Ok(());
         };

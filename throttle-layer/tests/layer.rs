@@ -312,7 +312,6 @@ async fn handler_amounts_and_route_costs() {
             get(|usage: Usage| async move {
                 assert_eq!(usage.user(), Some("alice"));
                 assert!(usage.add("database_write", 4));
-                assert!(!usage.add("database_write", -1));
                 "ok"
             })
             .layer(db),
@@ -460,7 +459,6 @@ async fn builder_errors() {
         ThrottleLayer::builder(&store, "front").build(),
         Err(throttle_layer::layer::LayerError::NoUserKey)
     ));
-    assert!(builder(&store).cost("db", -1).build().is_err());
     assert!(builder(&store).cost("", 1).build().is_err());
 }
 

@@ -540,7 +540,7 @@ impl<'a> World<'a> {
                     && n.resource != n.requests
                     && let Some(h) = a.handle
                 {
-                    h.consume(n.resource, cost);
+                    h.consume(n.resource, u64::try_from(cost).unwrap_or(0));
                 }
             }
         }

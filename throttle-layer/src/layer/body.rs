@@ -29,7 +29,7 @@ impl Meter {
             let n = data.remaining();
             if n > 0 {
                 self.handle
-                    .consume(self.resource, i64::try_from(n).unwrap_or(i64::MAX));
+                    .consume(self.resource, u64::try_from(n).unwrap_or(u64::MAX));
             }
         }
     }

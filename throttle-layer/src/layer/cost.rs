@@ -7,7 +7,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::config::Config;
-use crate::store::ResourceId;
+use crate::store::{ResourceId, counted};
 use crate::user::RequestHead;
 
 /// The function of a [`CostFn`].
@@ -50,8 +50,7 @@ pub(crate) type Costs = SmallVec<[(ResourceId, i64); 4]>;
 pub(crate) fn computed(cfg: &Config, fns: &[CostFn], head: RequestHead<'_>) -> Costs {
     let mut costs: Costs = cfg.costs.iter().copied().collect();
     for c in fns {
-        // An absurd amount is held to what a counter takes.
-        let amount = i64::try_from((c.f)(head)).unwrap_or(i64::MAX);
+        let amount = counted((c.f)(head));
         match costs.iter_mut().find(|(r, _)| *r == c.resource) {
             Some((_, a)) => *a = a.saturating_add(amount),
             None => costs.push((c.resource, amount)),

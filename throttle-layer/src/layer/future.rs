@@ -35,7 +35,7 @@ pin_project! {
 /// local limit's hold, or a shared limit's answer, which may refuse it.
 /// Boxed: a held request is rare, and a timer in place would grow every
 /// request's future by its size.
-pub struct Hold {
+pub(crate) struct Hold {
     gate: Pin<Box<dyn Future<Output = Option<Refusal>> + Send>>,
 }
 

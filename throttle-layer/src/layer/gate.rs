@@ -29,7 +29,7 @@ impl Refund {
     fn apply(&self, built: &Built) {
         if let Some(user) = &self.user {
             for &(resource, cost) in &self.costs {
-                built.config.service.consume(user, resource, -cost);
+                built.config.service.count(user, resource, -cost);
             }
         }
         if let Some(local) = &built.local {
@@ -82,14 +82,14 @@ pub(crate) fn gate(
                 continue;
             }
             refund.apply(&built);
-            let retry = retry_secs(wait, &l.shape);
+            let retry = retry_seconds(wait, &l.shape);
             return Some(refuse_limit(
                 &built.config,
                 LimitRefusal {
                     status: l.limit.status,
                     grpc,
                     json,
-                    retry_secs: retry,
+                    retry_seconds: retry,
                     by: OwnLimit::Shared,
                     limit: &l.text,
                     user: refund.user.as_deref(),
@@ -105,7 +105,7 @@ pub(crate) fn gate(
 
 /// Seconds to tell the client to wait: the bucket's answer, else one
 /// fill interval.
-fn retry_secs(wait: Wait, shape: &Shape) -> u64 {
+fn retry_seconds(wait: Wait, shape: &Shape) -> u64 {
     let wait = match wait {
         Wait::For(d) => d,
         _ => shape.interval(),

@@ -27,19 +27,19 @@ pub(crate) struct Stated {
     /// What is left of this node's share of the slot.
     pub(crate) remaining: u64,
     /// Seconds until the next slot, at least 1.
-    pub(crate) reset_secs: u64,
+    pub(crate) reset_seconds: u64,
 }
 
 impl Stated {
     /// The figures of `tightest` for `user`, with `spent` more of it
     /// taken (the request's own cost, on an allowed response) and
-    /// `reset_secs` to the next slot.
+    /// `reset_seconds` to the next slot.
     pub(crate) fn of(
         cfg: &Config,
         user: &str,
         tightest: &Tightest,
         spent: i64,
-        reset_secs: u64,
+        reset_seconds: u64,
     ) -> Self {
         let left = tightest.quota - (tightest.used.saturating_add(spent)) as f64;
         let configured = cfg.service.configured(user, tightest.resource);
@@ -51,13 +51,13 @@ impl Stated {
             }),
             window: configured.map(|a| a.window_seconds),
             remaining: left.max(0.0).floor() as u64,
-            reset_secs,
+            reset_seconds,
         }
     }
 
     /// The window the headers give: the configured limit's, else the
     /// slot's length rounded up to whole seconds.
-    pub(crate) fn window_secs(&self, cfg: &Config) -> u64 {
+    pub(crate) fn window_seconds(&self, cfg: &Config) -> u64 {
         self.window.map_or_else(
             || {
                 u64::from(cfg.store.slot_length().as_ms())
@@ -77,7 +77,7 @@ pub(crate) fn wait_ms(cfg: &Config) -> u64 {
 
 /// `wait_ms` in whole seconds, rounded up, at least 1: the reset the
 /// headers state.
-pub(crate) fn reset_secs(wait_ms: u64) -> u64 {
+pub(crate) fn reset_seconds(wait_ms: u64) -> u64 {
     wait_ms.div_ceil(1000).max(1)
 }
 
@@ -94,11 +94,20 @@ pub(crate) fn write(
     // Each value is written once and handed over without a copy.
     let mut policy = sf_string(name);
     let mut ratelimit = policy.clone();
-    let _ = write!(policy, ";q={};w={}", stated.limit, stated.window_secs(cfg));
+    let _ = write!(
+        policy,
+        ";q={};w={}",
+        stated.limit,
+        stated.window_seconds(cfg)
+    );
     if [cfg.traffic_up, cfg.traffic_down].contains(&Some(resource)) {
         policy.push_str(";qu=\"content-bytes\"");
     }
-    let _ = write!(ratelimit, ";r={};t={}", stated.remaining, stated.reset_secs);
+    let _ = write!(
+        ratelimit,
+        ";r={};t={}",
+        stated.remaining, stated.reset_seconds
+    );
     for (header, value) in [(RATELIMIT_POLICY, policy), (RATELIMIT, ratelimit)] {
         if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
             h.insert(header, v);
@@ -106,7 +115,7 @@ pub(crate) fn write(
     }
     h.insert(X_LIMIT, number(stated.limit));
     h.insert(X_REMAINING, number(stated.remaining));
-    h.insert(X_RESET, number(stated.reset_secs));
+    h.insert(X_RESET, number(stated.reset_seconds));
 }
 
 /// A number as a header value; the usual small ones (a reset in 1 s, none

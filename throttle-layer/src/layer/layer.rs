@@ -14,7 +14,7 @@ use super::shared::{SharedLimits, SharedSpec};
 use super::throttle::Throttle;
 use crate::bucket::Store;
 use crate::local::LocalLimit;
-use crate::store::{Fallback, SlotStore};
+use crate::store::{Fallback, SlotStore, counted};
 use crate::user::{MissingUser, RequestHead, UserKey};
 
 /// Applies [`Throttle`] to a service; see the [module docs](crate::layer).
@@ -44,9 +44,6 @@ pub enum LayerError {
         /// The resource.
         resource: String,
     },
-    /// A fixed cost below zero.
-    #[error("cost of {0:?} must not be negative")]
-    NegativeCost(String),
 }
 
 /// Configures a [`ThrottleLayer`]; from [`ThrottleLayer::builder`].
@@ -67,7 +64,7 @@ struct Settings {
     traffic_down: bool,
     local: Vec<LocalLimit>,
     shared: Vec<SharedSpec>,
-    costs: Vec<(String, i64)>,
+    costs: Vec<(String, u64)>,
     cost_fns: Vec<CostFn<String>>,
     resources: Vec<String>,
     handler_usage: bool,
@@ -150,7 +147,7 @@ impl<M> ThrottleLayerBuilder<M> {
     }
 
     /// A fixed extra cost per admitted request, e.g. `("database_read", 3)`.
-    pub fn cost(mut self, resource: &str, amount: i64) -> Self {
+    pub fn cost(mut self, resource: &str, amount: u64) -> Self {
         self.settings.costs.push((resource.to_owned(), amount));
         self
     }
@@ -327,18 +324,15 @@ impl<M> ThrottleLayerBuilder<M> {
                 resource: name.to_owned(),
             })
         };
-        let mut costs = Vec::new();
+        let mut costs: Vec<(crate::store::ResourceId, i64)> = Vec::new();
         if settings.requests {
             costs.push((resource("requests")?, 1));
         }
         for (name, amount) in &settings.costs {
-            if *amount < 0 {
-                return Err(LayerError::NegativeCost(name.clone()));
-            }
-            let id = resource(name)?;
+            let (id, amount) = (resource(name)?, counted(*amount));
             match costs.iter_mut().find(|(r, _)| *r == id) {
-                Some((_, a)) => *a += amount,
-                None => costs.push((id, *amount)),
+                Some((_, a)) => *a = a.saturating_add(amount),
+                None => costs.push((id, amount)),
             }
         }
         for name in &settings.resources {

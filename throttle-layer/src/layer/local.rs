@@ -93,7 +93,7 @@ impl LocalZones {
                             status: z.limit.status,
                             grpc: is_grpc(head),
                             json: accepts_json(head),
-                            retry_secs: z.retry_secs(),
+                            retry_seconds: z.retry_seconds(),
                             by: OwnLimit::Local,
                             limit: &z.text,
                             user,
@@ -189,7 +189,7 @@ pub(super) fn log_refusal(level: tracing::Level, by: OwnLimit, limit: &str) {
 
 impl LocalZone {
     /// Seconds until one more request fits the rate.
-    fn retry_secs(&self) -> u64 {
+    fn retry_seconds(&self) -> u64 {
         let rate = self.zone.shape.rate.max(1);
         (1_000_000u64).div_ceil(rate).div_ceil(1000).max(1)
     }

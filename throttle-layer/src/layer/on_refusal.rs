@@ -49,7 +49,7 @@ pub struct Refused<'a> {
     /// For a local or shared limit: the limit, in nginx's form.
     pub rule: Option<&'a str>,
     /// Seconds until a retry may pass.
-    pub retry_after_secs: u64,
+    pub retry_after_seconds: u64,
     /// Whether the request was a gRPC call (the response is then a
     /// trailers-only gRPC status).
     pub grpc: bool,

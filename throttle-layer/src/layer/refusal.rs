@@ -21,7 +21,7 @@ use serde_json::Map;
 
 use super::config::Config;
 use super::future::Refusal;
-use super::headers::{self, Stated, number, reset_secs, sf_string, wait_ms};
+use super::headers::{self, Stated, number, reset_seconds, sf_string, wait_ms};
 use super::on_refusal::{Refused, RefusedBy};
 use super::refusal_body::{Said, accepts_json};
 use super::refusal_cache::{Figures, RefusalCache};
@@ -61,14 +61,14 @@ pub(crate) fn reject(
 ) -> Refusal {
     let wait_ms = wait_ms(cfg);
     let grpc = is_grpc(req);
-    let reset_secs = reset_secs(wait_ms);
+    let reset_seconds = reset_seconds(wait_ms);
     let stated = match decision.tightest {
-        Some(t) => Stated::of(cfg, user, &t, 0, reset_secs),
+        Some(t) => Stated::of(cfg, user, &t, 0, reset_seconds),
         None => Stated {
             limit: 0,
             window: None,
             remaining: 0,
-            reset_secs,
+            reset_seconds,
         },
     };
     let figures = Figures {
@@ -81,7 +81,7 @@ pub(crate) fn reject(
             Stated {
                 limit: stated.window.map_or(0, |_| stated.limit),
                 remaining: 0,
-                reset_secs: 0,
+                reset_seconds: 0,
                 ..stated
             }
         } else {
@@ -116,7 +116,7 @@ pub(crate) fn reject(
                     cfg,
                     RefusedBy::Quota,
                     Some(user),
-                    reset_secs,
+                    reset_seconds,
                     grpc,
                     figures.json,
                 )
@@ -131,7 +131,7 @@ fn refused<'a>(
     cfg: &'a Config,
     by: RefusedBy,
     user: Option<&'a str>,
-    retry_after_secs: u64,
+    retry_after_seconds: u64,
     grpc: bool,
     accepts_json: bool,
 ) -> Refused<'a> {
@@ -143,7 +143,7 @@ fn refused<'a>(
         limit: None,
         window_seconds: None,
         rule: None,
-        retry_after_secs,
+        retry_after_seconds,
         grpc,
         accepts_json,
     }
@@ -166,7 +166,7 @@ fn build(cfg: &Config, f: &Figures) -> Refusal {
         return (head, Bytes::new());
     }
     head.status = cfg.reject_status;
-    h.insert(RETRY_AFTER, number(f.stated.reset_secs));
+    h.insert(RETRY_AFTER, number(f.stated.reset_seconds));
     if let (Some(id), Some(name), true) = (f.resource, &name, cfg.rate_limit_headers) {
         headers::write(cfg, h, id, name, &f.stated);
     }
@@ -175,10 +175,10 @@ fn build(cfg: &Config, f: &Figures) -> Refusal {
     fields.insert("resource".into(), name.as_deref().into());
     if name.is_some() {
         fields.insert("limit".into(), f.stated.limit.into());
-        fields.insert("window_seconds".into(), f.stated.window_secs(cfg).into());
+        fields.insert("window_seconds".into(), f.stated.window_seconds(cfg).into());
         fields.insert("remaining".into(), f.stated.remaining.into());
     }
-    fields.insert("retry_after_seconds".into(), f.stated.reset_secs.into());
+    fields.insert("retry_after_seconds".into(), f.stated.reset_seconds.into());
     let said = Said {
         title: cfg.reject_status.canonical_reason().unwrap_or("Refused"),
         error: "rate_limited",
@@ -300,7 +300,7 @@ pub(crate) struct LimitRefusal<'a> {
     pub(crate) status: StatusCode,
     pub(crate) grpc: bool,
     pub(crate) json: bool,
-    pub(crate) retry_secs: u64,
+    pub(crate) retry_seconds: u64,
     pub(crate) by: OwnLimit,
     /// The limit, in nginx's form.
     pub(crate) limit: &'a str,
@@ -318,7 +318,7 @@ pub(crate) fn refuse_limit(cfg: &Config, r: LimitRefusal<'_>) -> Refusal {
     fields.insert("service".into(), cfg.service.name().into());
     fields.insert("by".into(), r.by.name().into());
     fields.insert("limit".into(), r.limit.into());
-    fields.insert("retry_after_seconds".into(), r.retry_secs.into());
+    fields.insert("retry_after_seconds".into(), r.retry_seconds.into());
     let said = Said {
         title: r.status.canonical_reason().unwrap_or("Refused"),
         error: "rate_limited",
@@ -329,9 +329,9 @@ pub(crate) fn refuse_limit(cfg: &Config, r: LimitRefusal<'_>) -> Refusal {
     let (mut head, body) = plain_refusal(r.grpc, r.json, r.status, said, ("8", &grpc_message));
     let h = &mut head.headers;
     if r.grpc {
-        h.insert(GRPC_PUSHBACK, HeaderValue::from(r.retry_secs * 1000));
+        h.insert(GRPC_PUSHBACK, HeaderValue::from(r.retry_seconds * 1000));
     } else {
-        h.insert(RETRY_AFTER, number(r.retry_secs));
+        h.insert(RETRY_AFTER, number(r.retry_seconds));
     }
     let by = format!("{}; limit={}", r.by.name(), sf_string(r.limit));
     if let Ok(v) = HeaderValue::from_str(&by) {
@@ -343,7 +343,7 @@ pub(crate) fn refuse_limit(cfg: &Config, r: LimitRefusal<'_>) -> Refusal {
     };
     finish(cfg, (head, body), || Refused {
         rule: Some(r.limit),
-        ..refused(cfg, kind, r.user, r.retry_secs, r.grpc, r.json)
+        ..refused(cfg, kind, r.user, r.retry_seconds, r.grpc, r.json)
     })
 }
 

@@ -5,7 +5,7 @@ use http::HeaderMap;
 
 use super::config::Config;
 use super::future::Headers;
-use super::headers::{self, Stated, reset_secs, wait_ms};
+use super::headers::{self, Stated, reset_seconds, wait_ms};
 use super::refusal::is_grpc;
 use crate::store::{Decision, ResourceId};
 use crate::user::RequestHead;
@@ -30,7 +30,7 @@ pub(crate) fn success_headers(
         .iter()
         .find(|(r, _)| *r == tightest.resource)
         .map_or(0, |&(_, cost)| cost);
-    let stated = Stated::of(cfg, user, &tightest, spent, reset_secs(wait_ms(cfg)));
+    let stated = Stated::of(cfg, user, &tightest, spent, reset_seconds(wait_ms(cfg)));
     let mut h = HeaderMap::with_capacity(5);
     headers::write(cfg, &mut h, tightest.resource, &name, &stated);
     Some(Box::new(h))

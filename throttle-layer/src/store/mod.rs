@@ -37,7 +37,7 @@
 //! separate allocation. A per-service ring of `(slot, version)` says which
 //! rows are current, so replacing a slot's table never blocks a reader.
 //!
-//! The number of tracked users is capped ([`StoreBuilder::max_keys`], default
+//! The number of tracked users is capped ([`SlotStoreBuilder::max_keys`], default
 //! 1,000,000 over all services). At the cap a *new* user is neither tracked nor
 //! counted: the layer's [`Fallback`] decides for it, and the metric
 //! `throttle_keys_at_cap_total` counts such decisions. Users idle for two slots
@@ -120,6 +120,7 @@ mod tests;
 pub use decision::{Basis, Decision, Tightest};
 pub use fallback::{Fallback, FallbackParseError};
 pub(crate) use limits::period_name;
+pub(crate) use resource::counted;
 pub use resource::{MAX_RESOURCES, ResourceId};
 pub use service::{Admission, ServiceStore, UserHandle};
-pub use slot::{SlotStore, StoreBuilder};
+pub use slot::{SlotStore, SlotStoreBuilder};

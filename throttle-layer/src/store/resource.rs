@@ -13,3 +13,10 @@ impl ResourceId {
         usize::from(self.0)
     }
 }
+
+/// An amount as a counter holds it: an absurd one (past `i64::MAX`) is
+/// held to the most a counter takes.
+#[inline]
+pub(crate) fn counted(amount: u64) -> i64 {
+    i64::try_from(amount).unwrap_or(i64::MAX)
+}

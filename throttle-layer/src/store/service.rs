@@ -209,7 +209,7 @@ impl fmt::Debug for UserHandle {
 
 impl UserHandle {
     /// Adds `amount` of `resource` to the current slot.
-    pub fn consume(&self, resource: ResourceId, amount: i64) {
+    pub fn consume(&self, resource: ResourceId, amount: u64) {
         self.service.consume(&self.user, resource, amount);
     }
 
@@ -785,7 +785,13 @@ impl ServiceStore {
 
     /// Adds `amount` of `resource` for `user` to the current slot, without a
     /// decision. At the key cap the amount is not counted.
-    pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
+    pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: u64) {
+        self.count(user, resource, super::counted(amount));
+    }
+
+    /// Adds `amount` of `resource` for `user`, as [`consume`](Self::consume)
+    /// does; below zero, gives it back (a refused request's refund).
+    pub(crate) fn count(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
         let slot = self.current_slot();
         self.with_entry(user, slot, |st| st.add(resource, amount));
         // What a budget's resource costs after the response is spent from

@@ -49,7 +49,7 @@ impl fmt::Debug for SlotStore {
 
 /// Builds a [`SlotStore`].
 #[derive(Debug)]
-pub struct StoreBuilder {
+pub struct SlotStoreBuilder {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) slot: SlotLength,
     pub(super) max_keys: usize,
@@ -64,8 +64,8 @@ impl Default for SlotStore {
 impl SlotStore {
     /// A builder: the system clock (read through [`CoarseClock`]), 1 s
     /// slots, 1,000,000 keys.
-    pub fn builder() -> StoreBuilder {
-        StoreBuilder {
+    pub fn builder() -> SlotStoreBuilder {
+        SlotStoreBuilder {
             clock: Arc::new(CoarseClock),
             slot: SlotLength::SECOND,
             max_keys: 1_000_000,
@@ -187,7 +187,7 @@ pub(super) fn named<'s>(
     services.iter().find(|s| &*s.name == name)
 }
 
-impl StoreBuilder {
+impl SlotStoreBuilder {
     /// The clock slots are read from (default: [`CoarseClock`], the system
     /// clock at the kernel's last tick).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {

@@ -27,8 +27,9 @@ impl ServiceStore {
         self: &Arc<Self>,
         user: &str,
         resource: ResourceId,
-        amount: i64,
+        amount: u64,
     ) -> Result<(), Tightest> {
+        let amount = super::counted(amount);
         let slot = self.current_slot();
         let version = self.quota_version(slot);
         let taken = self.with_entry(user, slot, |st| {

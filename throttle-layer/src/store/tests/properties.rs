@@ -108,7 +108,7 @@ enum Step {
     /// (0: now) and was admitted only now.
     Admit { user: u8, late: i64 },
     /// A byte count for this user, added without a decision.
-    Consume { user: u8, amount: i64 },
+    Consume { user: u8, amount: u64 },
     /// The reporter collects the slots that ended, as it does at every
     /// slot boundary (or late, after several).
     Collect,
@@ -120,7 +120,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         (1..2_500i64).prop_map(Step::Wait),
         (0..3u8, prop_oneof![4 => Just(0i64), 1 => 1..3i64])
             .prop_map(|(user, late)| Step::Admit { user, late }),
-        (0..3u8, 1..1_000i64).prop_map(|(user, amount)| Step::Consume { user, amount }),
+        (0..3u8, 1..1_000u64).prop_map(|(user, amount)| Step::Consume { user, amount }),
         Just(Step::Collect),
     ]
 }
@@ -155,7 +155,7 @@ proptest::proptest! {
                 Step::Consume { user, amount } => {
                     f.clock.set(now);
                     f.front.consume(&format!("u{user}"), f.down, amount);
-                    want_bytes += amount;
+                    want_bytes += i64::try_from(amount).unwrap();
                 }
                 Step::Collect => {
                     f.clock.set(now);
@@ -185,7 +185,7 @@ enum ReportStep {
     /// A user admitted (quota 0 or none) with a cost, in a service.
     Admit(u8, u8, bool),
     /// A user's handle counts an amount of a resource.
-    Consume(u8, u8, u8, i64),
+    Consume(u8, u8, u8, u64),
     /// The clock moves on this many slots.
     Advance(u8),
     /// The last slot is collected.
@@ -196,7 +196,7 @@ fn report_step() -> impl proptest::strategy::Strategy<Value = ReportStep> {
     use proptest::prelude::*;
     prop_oneof![
         4 => (0..2u8, 0..12u8, any::<bool>()).prop_map(|(s, u, q)| ReportStep::Admit(s, u, q)),
-        4 => (0..2u8, 0..12u8, 0..5u8, prop_oneof![1i64..1000, any::<i64>()])
+        4 => (0..2u8, 0..12u8, 0..5u8, prop_oneof![1u64..1000, any::<u64>()])
             .prop_map(|(s, u, r, a)| ReportStep::Consume(s, u, r, a)),
         1 => (0..3u8).prop_map(ReportStep::Advance),
         1 => Just(ReportStep::Collect),
