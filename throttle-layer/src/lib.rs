@@ -17,6 +17,16 @@
 //!   store of the layer's shared limits.
 //! - [`telemetry`]: the metrics a node exports, and their help text.
 //!
+//! # Features
+//!
+//! - `axum` (default): the peer address from axum's `ConnectInfo`, and
+//!   [`Usage`] as an axum extractor;
+//! - `tonic` (default): the peer address from tonic's `TcpConnectInfo`,
+//!   refusals in tonic's body type;
+//! - `redis`: `bucket::RedisStore`, for shared limits across nodes;
+//! - `sim`: the setters and counts the simulator and the integration tests
+//!   drive a store by; not an API to build on.
+//!
 //! # Examples
 //!
 //! ```no_run
@@ -37,6 +47,8 @@
 //! axum::serve(listener, app).await?;
 //! # Ok(()) }
 //! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bucket;
 mod every_second;

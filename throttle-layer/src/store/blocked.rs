@@ -35,6 +35,7 @@ impl Blocked {
     }
 
     /// How many users are blocked.
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn len(&self) -> usize {
         self.users.load().len()
     }

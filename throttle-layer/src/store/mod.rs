@@ -78,10 +78,10 @@
 //! deterministic simulator drive: [`SlotStore`], [`ServiceStore`]'s
 //! decisions, [`SlotStore::collect`] and [`SlotStore::apply_quota`]. The
 //! setters of what the central sends besides quotas (`set_limits`,
-//! `set_bound`, `set_blocked`) and the counts of users and cells are
-//! `#[doc(hidden)]`: the reporter installs the first from the central's
-//! messages and tests read the others; they stay public for the
-//! simulator and the integration tests, not as an API to build on.
+//! `set_bound`, `set_blocked`), which the reporter installs from the
+//! central's messages, and the counts of blocked users, quotas and cells
+//! are public only with the `sim` feature: the simulator and the
+//! integration tests drive a store through them, not an API to build on.
 //!
 //! The files, one type each: `decision` ([`Decision`], [`Basis`],
 //! [`Tightest`]: what the request path answers), `limits`

@@ -90,8 +90,8 @@ impl ServiceStore {
     }
 
     /// Makes `users` the blocked users (the central's `Blocks`).
-    #[doc(hidden)]
-    pub fn set_blocked(&self, users: Vec<String>) {
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn set_blocked(&self, users: Vec<String>) {
         let count = users.len();
         self.blocked.set(users);
         metrics::gauge!("throttle_blocked_users", "service" => self.name.to_string())
@@ -99,8 +99,8 @@ impl ServiceStore {
     }
 
     /// Makes `limits` the service's limits (the central's `Limits`).
-    #[doc(hidden)]
-    pub fn set_limits(&self, limits: v1::Limits) {
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn set_limits(&self, limits: v1::Limits) {
         let _g = self.register.lock();
         let limits = ServiceLimits::from_message(limits, |r| self.resource_locked(r));
         let has_default = limits.has_default();
@@ -145,8 +145,8 @@ impl ServiceStore {
     /// Makes `bound` the service's keys bound by a longer period, and its
     /// budgets the ones it spends while it has no quota (the central's
     /// `Bound`).
-    #[doc(hidden)]
-    pub fn set_bound(&self, mut bound: v1::Bound) {
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn set_bound(&self, mut bound: v1::Bound) {
         let list = std::mem::take(&mut bound.budgets);
         let now = self.now_ms();
         let slot = self.slot.slot_at(now);
@@ -161,8 +161,9 @@ impl ServiceStore {
     }
 
     /// How many users are blocked.
-    #[doc(hidden)]
-    pub fn blocked_count(&self) -> usize {
+    #[cfg(any(test, feature = "sim"))]
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn blocked_count(&self) -> usize {
         self.blocked.len()
     }
 }
@@ -276,22 +277,24 @@ impl ServiceStore {
     }
 
     /// Whether a quota table for `slot` has been received.
-    #[doc(hidden)]
-    pub fn has_quota(&self, slot: i64) -> bool {
+    #[cfg(any(test, feature = "sim"))]
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn has_quota(&self, slot: i64) -> bool {
         self.quota_version(slot).is_some()
     }
 
     /// The resources a user's counters have room for in its map node, fixed
     /// at the service's first user (`None` before it); a user counting more
     /// moves its counters to a separate allocation.
-    #[doc(hidden)]
-    pub fn cells_per_user(&self) -> Option<usize> {
+    #[cfg(any(test, feature = "sim"))]
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn cells_per_user(&self) -> Option<usize> {
         self.users.get().map(Users::class)
     }
 
     /// Number of users tracked.
-    #[doc(hidden)]
-    pub fn users(&self) -> usize {
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn users(&self) -> usize {
         self.users.get().map_or(0, Users::len)
     }
 }

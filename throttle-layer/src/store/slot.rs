@@ -149,16 +149,16 @@ impl SlotStore {
     }
 
     /// Blocks `users` of `service`, if the store serves it.
-    #[doc(hidden)]
-    pub fn set_blocked(&self, service: &str, users: Vec<String>) {
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn set_blocked(&self, service: &str, users: Vec<String>) {
         if let Some(s) = self.served(service) {
             s.set_blocked(users);
         }
     }
 
     /// Makes `limits` its service's limits, if the store serves it.
-    #[doc(hidden)]
-    pub fn set_limits(&self, limits: v1::Limits) {
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn set_limits(&self, limits: v1::Limits) {
         if let Some(s) = self.served(&limits.service) {
             s.set_limits(limits);
         }
@@ -166,8 +166,8 @@ impl SlotStore {
 
     /// Makes `bound` its service's keys bound by a longer period, if the
     /// store serves it.
-    #[doc(hidden)]
-    pub fn set_bound(&self, bound: v1::Bound) {
+    #[cfg_attr(feature = "sim", visibility::make(pub))]
+    pub(crate) fn set_bound(&self, bound: v1::Bound) {
         if let Some(s) = self.served(&bound.service) {
             s.set_bound(bound);
         }

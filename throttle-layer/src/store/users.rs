@@ -113,6 +113,7 @@ impl Users {
     }
 
     /// Cells inline in each user's node.
+    #[cfg(any(test, feature = "sim"))]
     pub(super) fn class(&self) -> usize {
         fn of<const N: usize>(_: &UserMap<N>) -> usize {
             N
