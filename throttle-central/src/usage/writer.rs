@@ -28,8 +28,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often rows past their retention are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// The default bound of [`Pending`]: entries kept while the store is
-/// down.
-pub(super) const DEFAULT_BUFFER: usize = 1_000_000;
+/// down (about 150 bytes each), twice a batch.
+pub(super) const DEFAULT_BUFFER: usize = 2 * BATCH_ENTRIES;
 
 static FAILED: Throttled = Throttled::new();
 
@@ -65,11 +65,15 @@ impl UsageWriter {
                 Err(RecvTimeoutError::Timeout) => true,
                 Err(RecvTimeoutError::Disconnected) => false,
             };
-            while let Ok(report) = self.rx.try_recv() {
+            // Past a batch the rest waits in the queue while the store
+            // takes writes; while it does not, the buffer holds more.
+            while (pending.entries() < self.batch() || Instant::now() < retry_at)
+                && let Ok(report) = self.rx.try_recv()
+            {
                 self.keep(&mut pending, &report);
             }
             let now = Instant::now();
-            let due = last_write.elapsed() >= WRITE_EVERY || pending.entries() >= BATCH_ENTRIES;
+            let due = last_write.elapsed() >= WRITE_EVERY || pending.entries() >= self.batch();
             let may = now >= retry_at || !open;
             if (due || !open) && may && !pending.is_empty() {
                 last_write = now;
@@ -99,7 +103,7 @@ impl UsageWriter {
     fn write_all(&self, pending: &mut Pending) -> Result<(), ()> {
         pending.settle();
         while !pending.is_empty() {
-            let batch = pending.next_batch(BATCH_ENTRIES);
+            let batch = pending.next_batch(self.batch());
             match self.store.write(batch) {
                 Ok(w) => {
                     metrics::counter!("throttle_central_usage_reports_written_total")
@@ -122,6 +126,13 @@ impl UsageWriter {
             }
         }
         Ok(())
+    }
+
+    /// Most entries a transaction writes: [`BATCH_ENTRIES`], or half the
+    /// buffer if that is less, so that the reports
+    /// drained while a batch fills always have room.
+    fn batch(&self) -> usize {
+        BATCH_ENTRIES.min(self.buffer / 2).max(1)
     }
 
     fn prune(&self) {
@@ -148,5 +159,87 @@ impl UsageWriter {
         if !usage.entries.is_empty() && pending.push(usage).is_err() {
             lost(1, "buffer_full");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::mpsc::sync_channel;
+
+    use parking_lot::Mutex;
+    use throttle_clock::ManualClock;
+    use throttle_proto::v1;
+
+    use super::*;
+    use crate::usage::{RowsQuery, TopQuery, TopRow, UsageError, UsageRow, Written};
+
+    /// A store that records the entries of each batch it is given.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<usize>>);
+
+    impl UsageStore for Recorded {
+        fn write(&self, batch: &[FiledUsage]) -> Result<Written, UsageError> {
+            let entries = batch.iter().map(|r| r.entries.len()).sum();
+            self.0.lock().push(entries);
+            Ok(Written {
+                reports: batch.len(),
+                repeated: 0,
+                rows: entries,
+            })
+        }
+        fn prune(&self, _: &Retention, _: i64) -> Result<u64, UsageError> {
+            Ok(0)
+        }
+        fn rows(&self, _: &RowsQuery) -> Result<Vec<UsageRow>, UsageError> {
+            Ok(Vec::new())
+        }
+        fn top(&self, _: &TopQuery) -> Result<Vec<TopRow>, UsageError> {
+            Ok(Vec::new())
+        }
+        fn resources(&self, _: &TopQuery) -> Result<Vec<String>, UsageError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// A node's report of one user's request in slot `slot`.
+    fn report(node: usize, slot: i64) -> OwnedReport {
+        let amounts = v1::Amounts {
+            resources: BTreeMap::from([("requests".to_owned(), 1)]),
+        };
+        let usage = v1::Usage {
+            users: BTreeMap::from([("alice".to_owned(), amounts)]),
+        };
+        OwnedReport::Decoded(v1::Report {
+            node_id: format!("node-{node}"),
+            slot_number: slot,
+            consumption: BTreeMap::from([("front".to_owned(), usage)]),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_queue_longer_than_the_buffer_is_written_in_batches_and_nothing_lost() {
+        let (tx, rx) = sync_channel(64);
+        for node in 0..12 {
+            tx.send(report(node, 100)).expect("queued");
+        }
+        drop(tx);
+        let store = Arc::new(Recorded::default());
+        let writer = UsageWriter {
+            store: store.clone(),
+            rx,
+            slot: SlotLength::from_ms(1000).expect("a slot"),
+            max_amount: 1_000_000,
+            retention: Retention::default(),
+            clock: Arc::new(ManualClock::new(101_000)),
+            buffer: 10,
+        };
+        writer.run();
+        let batches = store.0.lock().clone();
+        // Half the buffer a batch, and all twelve written, where draining
+        // the queue whole into a buffer of ten would lose two.
+        assert!(batches.iter().all(|&n| n <= 5), "{batches:?}");
+        assert_eq!(batches.iter().sum::<usize>(), 12, "{batches:?}");
     }
 }
