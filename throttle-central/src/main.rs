@@ -14,7 +14,7 @@ use throttle_central::ha::state::{EtcdState, FileState, StateStore};
 use throttle_central::keys::NodeKeys;
 use throttle_central::limits::{DEFAULT_POLICY_NAMES, EtcdLimits, FileLimits, UnknownPolicy};
 use throttle_central::net::{ConnectionLimits, ServerTls};
-use throttle_central::usage::{Retention, UsageConfig};
+use throttle_central::usage::{DEFAULT_BUFFER, Retention, UsageConfig};
 use throttle_central::{Central, CentralBuilder};
 use throttle_clock::SlotLength;
 
@@ -158,7 +158,7 @@ struct Args {
     usage_retention: Retention,
     /// Most usage entries kept in memory while the usage store cannot be
     /// written; past it, entries are counted as lost.
-    #[arg(long, env = "THROTTLE_CENTRAL_USAGE_BUFFER", default_value_t = 2_000_000, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    #[arg(long, env = "THROTTLE_CENTRAL_USAGE_BUFFER", default_value_t = DEFAULT_BUFFER, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     usage_buffer: usize,
     /// Log filter in tracing's syntax, e.g. `info` or `throttle_central=debug`.
     #[arg(long, env = "THROTTLE_CENTRAL_LOG", default_value = "info")]

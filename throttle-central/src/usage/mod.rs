@@ -53,4 +53,4 @@ pub use step::Step;
 pub use store::{UsageStore, Written};
 pub use throttle_core::usage_tap::{QUEUE, UsageTap};
 pub use top::{TopQuery, TopRow};
-pub use writer::BATCH_ENTRIES;
+pub use writer::{BATCH_ENTRIES, DEFAULT_BUFFER};

@@ -27,9 +27,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often rows past their retention are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
-/// The default bound of [`Pending`]: entries kept while the store is
-/// down (about 150 bytes each), twice a batch.
-pub(super) const DEFAULT_BUFFER: usize = 2 * BATCH_ENTRIES;
+/// The default of `--usage-buffer` (`UsageConfig::buffer`): entries kept
+/// while the store is down (about 150 bytes each), twice a batch.
+pub const DEFAULT_BUFFER: usize = 2 * BATCH_ENTRIES;
 
 static FAILED: Throttled = Throttled::new();
 
@@ -129,8 +129,8 @@ impl UsageWriter {
     }
 
     /// Most entries a transaction writes: [`BATCH_ENTRIES`], or half the
-    /// buffer if that is less, so that the reports
-    /// drained while a batch fills always have room.
+    /// buffer if that is less, so that the reports drained while a batch
+    /// fills always have room.
     fn batch(&self) -> usize {
         BATCH_ENTRIES.min(self.buffer / 2).max(1)
     }
