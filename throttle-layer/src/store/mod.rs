@@ -91,11 +91,12 @@
 //! (`UserState`, a user's counts and rows), `users` (the map of users),
 //! `totals` (what a collection took, for the metrics), `service`
 //! ([`ServiceStore`]: the request path, the default quota of a user
-//! without a row, installing quotas, collecting reports, amounts a
-//! handler takes before its work; with [`Admission`] and [`UserHandle`],
-//! which it hands out), `default_row` (the default row given to a user
-//! entering a slot), `taken` (amounts a handler takes before its work),
-//! `slot` ([`SlotStore`]).
+//! without a row, installing quotas, collecting reports; with
+//! [`Admission`] and [`UserHandle`], which it hands out), `installed`
+//! (the central's limits, bounds and blocks installed, and the allowance
+//! a refusal names), `default_row` (the default row given to a user
+//! entering a slot), `taken` (amounts counted outside a decision: taken
+//! by a handler before its work, or added after), `slot` ([`SlotStore`]).
 
 mod blocked;
 mod budgets;
@@ -103,6 +104,7 @@ mod collect;
 mod decision;
 mod default_row;
 mod fallback;
+mod installed;
 mod limits;
 mod newcomers;
 mod quota;

@@ -9,16 +9,16 @@ use compact_str::CompactString;
 use metrics::counter;
 use parking_lot::Mutex;
 use throttle_clock::{Clock, CoarseClock, SlotLength};
-use throttle_proto::{MAX_NAME_LEN, v1};
+use throttle_proto::MAX_NAME_LEN;
 
 use super::blocked::Blocked;
 use super::budgets::Budgets;
 use super::decision::{Basis, Decision, Tightest};
 use super::fallback::Fallback;
-use super::limits::{Allowance, Bound, ServiceLimits};
+use super::limits::{Bound, ServiceLimits};
 use super::resource::{MAX_RESOURCES, ResourceId};
 use super::user::{Overflow, UserState};
-use super::users::{Entry, Guard, Name, UserGuard, UserLock, UserMap, Users, used_in, with_users};
+use super::users::{Entry, Guard, Name, UserGuard, UserLock, UserMap, Users, with_users};
 
 /// Slots of quota history a user keeps besides the current and coming ones.
 pub(super) const QUOTA_RING: usize = 16;
@@ -87,84 +87,6 @@ impl ServiceStore {
     #[inline]
     pub fn is_blocked(&self, user: &str) -> bool {
         self.blocked.contains(user)
-    }
-
-    /// Makes `users` the blocked users (the central's `Blocks`).
-    #[cfg_attr(feature = "sim", visibility::make(pub))]
-    pub(crate) fn set_blocked(&self, users: Vec<String>) {
-        let count = users.len();
-        self.blocked.set(users);
-        metrics::gauge!("throttle_blocked_users", "service" => self.name.to_string())
-            .set(count as f64);
-    }
-
-    /// Makes `limits` the service's limits (the central's `Limits`).
-    #[cfg_attr(feature = "sim", visibility::make(pub))]
-    pub(crate) fn set_limits(&self, limits: v1::Limits) {
-        let _g = self.register.lock();
-        let limits = ServiceLimits::from_message(limits, |r| self.resource_locked(r));
-        let has_default = limits.has_default();
-        let has_newcomers = limits.newcomers().is_limited();
-        self.limits.store(Arc::new(limits));
-        self.has_default.store(has_default, Ordering::Release);
-        self.has_newcomers.store(has_newcomers, Ordering::Release);
-    }
-
-    /// `user`'s configured allowance of `resource` that binds now: the one
-    /// the central says binds, else the one with the shortest window; if
-    /// the central's limits give one. Without a reference count or a
-    /// copy: a refusal asks.
-    pub(crate) fn configured(&self, user: &str, resource: ResourceId) -> Option<Allowance> {
-        let limits = self.limits.load();
-        if limits.is_empty() {
-            return None;
-        }
-        let names = self.resources.load();
-        let name = names.get(resource.index())?;
-        let bound = self.bound.load();
-        let told = (!bound.is_empty())
-            .then(|| bound.window(user, name))
-            .flatten();
-        let window = match told {
-            Some(w) => Some(w),
-            None if self.has_budgets.load(Ordering::Relaxed) => {
-                self.budgets
-                    .load()
-                    .spent_window(user, resource, self.now_ms())
-            }
-            None => None,
-        };
-        if let Some(window) = window
-            && let Some(allowance) = limits.over(user, name, window)
-        {
-            return Some(allowance);
-        }
-        limits.shortest(user, name)
-    }
-
-    /// Makes `bound` the service's keys bound by a longer period, and its
-    /// budgets the ones it spends while it has no quota (the central's
-    /// `Bound`).
-    #[cfg_attr(feature = "sim", visibility::make(pub))]
-    pub(crate) fn set_bound(&self, mut bound: v1::Bound) {
-        let list = std::mem::take(&mut bound.budgets);
-        let now = self.now_ms();
-        let slot = self.slot.slot_at(now);
-        let budgets = Budgets::from_message(list, now, |r| self.find_resource(r));
-        // What the central told was left before this slot's admissions,
-        // which it has not heard of yet: they are spent from it.
-        budgets.spend_each(|user, r| used_in(self.user_map(), user, r, slot));
-        self.has_budgets
-            .store(!budgets.is_empty(), Ordering::Relaxed);
-        self.budgets.store(Arc::new(budgets));
-        self.bound.store(Arc::new(Bound::from_message(bound)));
-    }
-
-    /// How many users are blocked.
-    #[cfg(any(test, feature = "sim"))]
-    #[cfg_attr(feature = "sim", visibility::make(pub))]
-    pub(crate) fn blocked_count(&self) -> usize {
-        self.blocked.len()
     }
 }
 
@@ -309,7 +231,7 @@ impl ServiceStore {
 
     /// The store's clock, in ms.
     #[inline]
-    fn now_ms(&self) -> i64 {
+    pub(super) fn now_ms(&self) -> i64 {
         if self.coarse_clock {
             CoarseClock::now()
         } else {
@@ -784,23 +706,5 @@ impl ServiceStore {
             st.charge(costs);
         }
         d
-    }
-
-    /// Adds `amount` of `resource` for `user` to the current slot, without a
-    /// decision. At the key cap the amount is not counted.
-    pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: u64) {
-        self.count(user, resource, super::counted(amount));
-    }
-
-    /// Adds `amount` of `resource` for `user`, as [`consume`](Self::consume)
-    /// does; below zero, gives it back (a refused request's refund).
-    pub(crate) fn count(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
-        let slot = self.current_slot();
-        self.with_entry(user, slot, |st| st.add(resource, amount));
-        // What a budget's resource costs after the response is spent from
-        // it too, or a node would admit it through a whole outage.
-        if self.has_budgets.load(Ordering::Relaxed) {
-            self.budgets.load().spend(user, &[(resource, amount)]);
-        }
     }
 }

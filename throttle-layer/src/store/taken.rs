@@ -1,7 +1,9 @@
-//! Amounts a handler takes before the work they pay for; see the comment
-//! on its `impl` block.
+//! Amounts counted outside a request's decision: taken by a handler
+//! before the work they pay for, or added after it; see the comments on
+//! the `impl` blocks.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::decision::Tightest;
 use super::resource::ResourceId;
@@ -69,5 +71,28 @@ impl ServiceStore {
             })
         })
         .flatten()
+    }
+}
+
+// Amounts added without a decision: what a handler or a body counts after
+// the request was admitted ([`ServiceStore::consume`]), and a refused
+// request's refund.
+impl ServiceStore {
+    /// Adds `amount` of `resource` for `user` to the current slot, without a
+    /// decision. At the key cap the amount is not counted.
+    pub fn consume(self: &Arc<Self>, user: &str, resource: ResourceId, amount: u64) {
+        self.count(user, resource, super::counted(amount));
+    }
+
+    /// Adds `amount` of `resource` for `user`, as [`consume`](Self::consume)
+    /// does; below zero, gives it back (a refused request's refund).
+    pub(crate) fn count(self: &Arc<Self>, user: &str, resource: ResourceId, amount: i64) {
+        let slot = self.current_slot();
+        self.with_entry(user, slot, |st| st.add(resource, amount));
+        // What a budget's resource costs after the response is spent from
+        // it too, or a node would admit it through a whole outage.
+        if self.has_budgets.load(Ordering::Relaxed) {
+            self.budgets.load().spend(user, &[(resource, amount)]);
+        }
     }
 }
