@@ -180,6 +180,15 @@ impl Bucket {
         self.take_spilled_first(amount as f64, floor);
     }
 
+    /// Keeps for late reports at least the refill from `since_ms` to
+    /// `now_ms` (at most [`SPILL_SECONDS`] of rate): a new bucket charged
+    /// with slots before it began, whose nodes admitted on that refill.
+    pub fn keep_refill_since(&mut self, since_ms: i64, now_ms: i64) {
+        let since = (now_ms - since_ms).max(0) as f64 / 1000.0;
+        let refill = (self.rate * since).min(self.rate * SPILL_SECONDS);
+        self.spilled = self.spilled.max(refill);
+    }
+
     /// Takes `amount` from what was spilled, then the rest from the level
     /// down to `floor`.
     fn take_spilled_first(&mut self, amount: f64, floor: f64) {

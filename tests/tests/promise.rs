@@ -23,7 +23,7 @@ const BLOCKS: u64 = 8;
 /// case past it is a new miss.
 fn ceiling(side: Side, fault: Option<&str>) -> f64 {
     match (side, fault) {
-        (Side::Lower, _) => 7.5,
+        (Side::Lower, _) => 2.6,
         (Side::Upper, None) => 1.15,
         (Side::Upper, Some("central cut off")) => 1.4,
         (Side::Upper, Some("central restarted with --state")) => 1.55,
@@ -198,6 +198,17 @@ fn a_table_that_came_ahead_does_not_outrun_a_budget_in_a_failover() {
 #[test]
 fn late_reports_after_an_etcd_outage_are_paid_by_the_refill_of_it() {
     held(9560);
+}
+
+/// Seed 2143: ann, with only her own minute, first offered while a
+/// central was away; it came back without state and charged what the
+/// nodes had admitted of her meanwhile to her new minute, not to the
+/// refill they admitted it on: held at her rate with a fifth of a minute
+/// out of reach (7.48x under the lower bound). A key's first slot from
+/// before a central without state began is now paid by its refill.
+#[test]
+fn a_central_without_state_charges_the_outage_to_its_refill() {
+    held(2143);
 }
 
 /// Seed 9427: a key freed by retention stayed in the list of keys of

@@ -27,10 +27,15 @@ pub(crate) enum Charge {
         /// When the slot charged began.
         since_ms: i64,
     },
-    /// Only out of what the buckets hold, never into debt: a slot before
-    /// a ledger without a checkpoint began, admitted on the refill of a
-    /// ledger it has no record of.
-    Emptying,
+    /// Out of what the buckets hold, never into debt: a slot before a
+    /// ledger without a checkpoint began, admitted on the refill of a
+    /// ledger it has no record of. A key's first such report is charged
+    /// first to the refill since its slot began (`since_ms`): the nodes
+    /// admitted on that refill, which the key's new buckets never held.
+    Emptying {
+        /// When the slot charged began.
+        since_ms: i64,
+    },
 }
 
 impl Charge {

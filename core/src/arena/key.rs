@@ -234,7 +234,7 @@ impl Key {
             Charge::Batched { since_ms } => {
                 b.consume_batched(amount, now_ms, max_debt.floor(b), since_ms)
             }
-            Charge::Emptying => b.consume_down_to(amount, now_ms, 0.0),
+            Charge::Emptying { .. } => b.consume_late(amount, now_ms, 0.0),
         };
         charge(&mut self.bucket);
         if let Some(p) = self.periods.as_deref_mut() {
@@ -253,6 +253,18 @@ impl Key {
         fill(&mut self.bucket);
         if let Some(p) = self.periods.as_deref_mut() {
             p.others.iter_mut().for_each(|(_, b)| fill(b));
+        }
+    }
+
+    /// Every bucket keeps for late reports the refill since `since_ms`
+    /// (at most what a bucket keeps): a key new to a ledger without a
+    /// checkpoint, first filed with a slot before that ledger began, so
+    /// the refill its nodes admitted on then pays for it, and the level
+    /// is the new buckets' start.
+    fn keep_refill_since(&mut self, since_ms: i64, now_ms: i64) {
+        self.bucket.keep_refill_since(since_ms, now_ms);
+        if let Some(p) = self.periods.as_deref_mut() {
+            (p.others.iter_mut()).for_each(|(_, b)| b.keep_refill_since(since_ms, now_ms));
         }
     }
 
@@ -280,6 +292,11 @@ impl Key {
     pub(crate) fn file(&mut self, at: Filing, amount: i64) {
         let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
         if !is_rejection && self.limited {
+            if let Charge::Emptying { since_ms } = at.charge
+                && self.nodes.is_empty()
+            {
+                self.keep_refill_since(since_ms, at.now_ms);
+            }
             self.charge(amount, at.now_ms, at.charge);
             if at.gap > 0 && at.charge != Charge::No {
                 self.charge(amount.saturating_mul(at.gap), at.now_ms, Charge::Late);

@@ -710,7 +710,9 @@ impl Ledger {
         if !self.charges(node, slot, answered) {
             Charge::No
         } else if early {
-            Charge::Emptying
+            Charge::Emptying {
+                since_ms: self.config.slot.start_ms(slot),
+            }
         } else if slot >= self.config.slot.slot_at(now_ms) - 1 {
             if self.awaits_late_reports() {
                 Charge::OnTime

@@ -436,3 +436,20 @@ fn a_user_first_heard_of_in_a_late_report_is_met_in_its_slot() {
     let level = l.bucket_level("front", "bob", "requests", T + 30_050);
     assert_eq!(level, Some(1_000.0));
 }
+
+/// A central back without a checkpoint makes the keys of the users a rule
+/// names at its start. A node's first report there of a slot before that
+/// start (admitted while the central was away) is charged first to the
+/// refill since that slot, which the nodes admitted on: the key's new
+/// bucket keeps its start. Charged to the level, it emptied the bucket
+/// (seed 2143: a minute's worth that never came back).
+#[test]
+fn slots_before_a_fresh_ledger_began_are_paid_by_their_refill() {
+    let mut l = Ledger::new(LedgerConfig::default());
+    l.apply_limits("front", &[limit("alice", "requests", 100.0)], T + 10_000);
+    // n sends slot 105 (5 s before the ledger began): alice's 300.
+    let kept = report("n", 106, r#"{"alice": {"requests": 300}}"#, "{}");
+    l.ingest(&kept, T + 10_050).unwrap();
+    let level = l.bucket_level("front", "alice", "requests", T + 10_050);
+    assert!(level.is_some_and(|l| l >= 104.0), "{level:?}");
+}
