@@ -29,9 +29,10 @@ pub(crate) enum Charge {
     },
     /// Out of what the buckets hold, never into debt: a slot before a
     /// ledger without a checkpoint began, admitted on the refill of a
-    /// ledger it has no record of. A key's first such report is charged
-    /// first to the refill since its slot began (`since_ms`): the nodes
-    /// admitted on that refill, which the key's new buckets never held.
+    /// ledger it has no record of. A key's first consumption so charged
+    /// is charged first to the refill since its slot began (`since_ms`):
+    /// the nodes admitted on that refill, which the key's new buckets
+    /// never held.
     Emptying {
         /// When the slot charged began.
         since_ms: i64,

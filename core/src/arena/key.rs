@@ -258,9 +258,10 @@ impl Key {
 
     /// Every bucket keeps for late reports the refill since `since_ms`
     /// (at most what a bucket keeps): a key new to a ledger without a
-    /// checkpoint, first filed with a slot before that ledger began, so
-    /// the refill its nodes admitted on then pays for it, and the level
-    /// is the new buckets' start.
+    /// checkpoint, whose first consumption filed is of a slot before that
+    /// ledger began (refusals may come first), so the refill its nodes
+    /// admitted on then pays for it, and the level is the new buckets'
+    /// start.
     fn keep_refill_since(&mut self, since_ms: i64, now_ms: i64) {
         self.bucket.keep_refill_since(since_ms, now_ms);
         if let Some(p) = self.periods.as_deref_mut() {
@@ -293,7 +294,7 @@ impl Key {
         let (node, slot, is_rejection) = (at.node, at.slot, at.is_rejection);
         if !is_rejection && self.limited {
             if let Charge::Emptying { since_ms } = at.charge
-                && self.nodes.is_empty()
+                && self.nodes.iter().all(|n| n.consumption == 0)
             {
                 self.keep_refill_since(since_ms, at.now_ms);
             }

@@ -270,46 +270,29 @@ impl Run<'_> {
     /// The lower bound: over any window of [`LOWER_WINDOW`] slots where
     /// the user offered, every slot, at least what exact buckets charged
     /// with what was admitted could admit, away from faults and the
-    /// user's first slots, at least [`LOWER_SHARE`] of that.
+    /// user's first slots, at least [`LOWER_SHARE`] of what exact buckets
+    /// at their levels of the window's start would admit over it.
     fn lower(&self, buckets: &[IdealBucket], offered: &[i64], verdict: &mut Verdict) {
         let n = self.admitted.len();
         let mut levels: Vec<f64> = buckets.iter().map(|b| b.start).collect();
-        let mut could = vec![0.0; n];
+        let mut at_start = vec![Vec::new(); n];
         let mut saturated = vec![false; n];
         let unit = self.case.resource.cost as f64 * self.case.nodes as f64;
         // A central without state is sent every report the nodes keep,
         // and charges them: its buckets are not read as new here.
         for t in self.first..n {
-            let (room, rate) = (buckets.iter().zip(&levels))
-                .map(|(b, l)| {
-                    let room = if t == self.first {
-                        *l
-                    } else {
-                        (l + b.rate).min(b.capacity)
-                    };
-                    // The burst a per-second bucket holds is allowed, not
-                    // promised: a saturated user is promised its rate.
-                    let room = match b.span {
-                        Span::Second => room.min(b.rate),
-                        _ => room,
-                    };
-                    (room, b.rate)
-                })
-                .fold((f64::INFINITY, 0.0), |a, b| if b.0 < a.0 { b } else { a });
-            let room = room.max(0.0);
-            could[t] = room.min(offered[t] as f64);
+            at_start[t] = levels.clone();
+            let (room, rate) = room_of(buckets, &levels, t == self.first);
             // A node refuses on a quota below one request: a binding rate
             // below a request per node and slot is not promised.
             let whole = rate >= unit;
             saturated[t] = offered[t] as f64 >= room && room > 0.0 && whole;
-            for (b, l) in buckets.iter().zip(levels.iter_mut()) {
-                let refilled = if t == self.first {
-                    *l
-                } else {
-                    (*l + b.rate).min(b.capacity)
-                };
-                *l = refilled - self.admitted[t] as f64;
-            }
+            charge(
+                buckets,
+                &mut levels,
+                t == self.first,
+                self.admitted[t] as f64,
+            );
         }
         let mut worst: Option<Miss> = None;
         for first in (self.first + SETTLE_SLOTS)..n.saturating_sub(LOWER_WINDOW - 1) {
@@ -325,7 +308,8 @@ impl Run<'_> {
                 * self.case.resource.cost as f64
                 * self.case.nodes as f64
                 * LOWER_WINDOW as f64;
-            let bound: f64 = could[first..=last].iter().sum::<f64>() * LOWER_SHARE - slack;
+            let could = exact_over(buckets, at_start[first].clone(), &offered[first..=last]);
+            let bound = could * LOWER_SHARE - slack;
             let sum: f64 = self.admitted[first..=last].iter().map(|&a| a as f64).sum();
             if sum < bound && worst.as_ref().is_none_or(|m| bound / sum > m.ratio()) {
                 worst = Some(Miss {
@@ -344,6 +328,56 @@ impl Run<'_> {
     }
 }
 
+/// What exact buckets at `levels` would admit of `offered`, slot by slot,
+/// each slot charged with what they admitted in it.
+fn exact_over(buckets: &[IdealBucket], mut levels: Vec<f64>, offered: &[i64]) -> f64 {
+    let mut sum = 0.0;
+    for &o in offered {
+        let (room, _) = room_of(buckets, &levels, false);
+        let admitted = room.min(o as f64);
+        charge(buckets, &mut levels, false, admitted);
+        sum += admitted;
+    }
+    sum
+}
+
+/// The room of the buckets at `levels` in a slot (the least over them,
+/// a per-second bucket's at most its rate), and the binding bucket's
+/// rate. In the user's first slot (`first`) the buckets hold their start
+/// and do not refill.
+fn room_of(buckets: &[IdealBucket], levels: &[f64], first: bool) -> (f64, f64) {
+    let (room, rate) = (buckets.iter().zip(levels))
+        .map(|(b, l)| {
+            let room = if first {
+                *l
+            } else {
+                (l + b.rate).min(b.capacity)
+            };
+            // The burst a per-second bucket holds is allowed, not
+            // promised: a saturated user is promised its rate.
+            let room = match b.span {
+                Span::Second => room.min(b.rate),
+                _ => room,
+            };
+            (room, b.rate)
+        })
+        .fold((f64::INFINITY, 0.0), |a, b| if b.0 < a.0 { b } else { a });
+    (room.max(0.0), rate)
+}
+
+/// Refills the buckets at `levels` for one slot (none in the user's
+/// first) and charges them `admitted`.
+fn charge(buckets: &[IdealBucket], levels: &mut [f64], first: bool, admitted: f64) {
+    for (b, l) in buckets.iter().zip(levels.iter_mut()) {
+        let refilled = if first {
+            *l
+        } else {
+            (*l + b.rate).min(b.capacity)
+        };
+        *l = refilled - admitted;
+    }
+}
+
 /// Keeps the largest ratio seen per fault kind, and without one.
 fn record(verdict: &mut Verdict, fault: Option<&'static str>, ratio: f64) {
     match fault {
@@ -352,5 +386,75 @@ fn record(verdict: &mut Verdict, fault: Option<&'static str>, ratio: f64) {
             Some((_, w)) => *w = w.max(ratio),
             None => verdict.worst_by_fault.push((kind, ratio)),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::promise::case::{Load, Resource, Rule};
+
+    /// ann alone under a minute of 600 (10 a second), offered 1,000 a
+    /// second on one node for 40 s.
+    fn minute_case() -> Case {
+        Case {
+            seed: 0,
+            seconds: 40,
+            nodes: 1,
+            resource: Resource {
+                name: "requests",
+                cost: 1,
+            },
+            rules: vec![Rule {
+                who: Who::One("ann".into()),
+                amounts: vec![(Span::Minute, 600.0)],
+                burst_seconds: None,
+            }],
+            loads: vec![Load {
+                user: "ann".into(),
+                from_ms: 0,
+                to_ms: 40_000,
+                rate: 1000.0,
+                shares: vec![1.0],
+                moved: None,
+            }],
+            faults: Vec::new(),
+        }
+    }
+
+    fn lower_misses(admitted: Vec<i64>) -> Vec<Miss> {
+        let case = minute_case();
+        let offered = vec![vec![1000; 40]];
+        let verdict = check(&case, &[admitted], &offered);
+        (verdict.misses.into_iter())
+            .filter(|m| m.side == Side::Lower)
+            .collect()
+    }
+
+    /// 300 of the minute left unspent, then held at the rate: a window
+    /// could have had the 300 once more than it got, not once a slot.
+    #[test]
+    fn a_level_held_back_is_counted_once_over_a_window() {
+        let mut admitted = vec![30; 10];
+        admitted.extend([10; 30]);
+        // Exact buckets from slot 10 on: 390 and the refill, 490 over
+        // ten slots, 85% of it less 10 (406.5), where 100 were admitted.
+        // Counted every slot, the 390 made it 3,315.
+        let misses = lower_misses(admitted);
+        assert_eq!(misses.len(), 1, "{misses:?}");
+        let m = &misses[0];
+        assert!((m.bound - 406.5).abs() < 1e-6, "{m}");
+    }
+
+    /// The minute spent in the first slots, then the rate: no miss; and
+    /// a user refused everything past the first slots is one.
+    #[test]
+    fn the_rate_after_a_spent_minute_holds_and_nothing_misses() {
+        let mut spent = vec![100, 100, 100, 100, 100, 150];
+        spent.extend([10; 34]);
+        assert!(lower_misses(spent).is_empty());
+        let mut refused = vec![100, 100, 100, 100, 100, 150];
+        refused.extend([0; 34]);
+        assert!(!lower_misses(refused).is_empty());
     }
 }
